@@ -1,0 +1,10 @@
+; main.asm: process start-up and the command line.
+
+; start: the ELF entry point. The kernel leaves argc at [rsp], argv after it.
+;   in: rsp -> argc, argv[], 0, envp[]   out: never returns
+start:
+        mov     [argv_base], rsp        ; the engine proper is not assembled yet
+usage:
+        lea     rsi, [msg_usage]
+        mov     ebx, EXIT_USAGE
+        jmp     fatal

@@ -1,0 +1,152 @@
+"""Reopen an executable with pyelftools and check what the engine relies on.
+
+Contract: `check(path_or_bytes, budget=None)` returns None when every check passes, else raises
+`ElfCheckError("ELF check 'NAME' failed: detail")` for the first failing check, in this order:
+  parse       pyelftools can read the headers, segments and sections
+  class       ELFCLASS64, little-endian
+  machine     EM_X86_64
+  type        ET_EXEC
+  interp      no PT_INTERP segment
+  dynamic     no PT_DYNAMIC segment
+  wx          no segment both writable and executable
+  stack       a PT_GNU_STACK segment, not executable
+  sections    .text (PROGBITS, AX), .data (PROGBITS, WA), .bss (NOBITS, WA), .shstrtab (STRTAB,
+              not allocated) present, section names read from e_shstrndx
+  entry       e_entry inside .text
+  bounds      every segment's file bytes inside the file, p_filesz <= p_memsz, PT_LOADs do
+              not share a page in memory
+  congruence  every PT_LOAD has p_offset == p_vaddr modulo the page size (and its p_align)
+  coverage    .text inside a readable, executable PT_LOAD; .data and .bss inside a writable one;
+              file bytes of .text/.data where the segment maps them
+  budget      file size <= budget (when a budget is given)
+"""
+import io
+import os
+import struct
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.constants import P_FLAGS, SH_FLAGS
+from elftools.elf.elffile import ELFFile
+
+from .layout import PAGE
+
+REQUIRED = {  # name: (sh_type, flags among SHF_ALLOC|SHF_WRITE|SHF_EXECINSTR)
+    ".text": ("SHT_PROGBITS", SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR),
+    ".data": ("SHT_PROGBITS", SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_WRITE),
+    ".bss": ("SHT_NOBITS", SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_WRITE),
+    ".shstrtab": ("SHT_STRTAB", 0),
+}
+FLAG_MASK = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_WRITE | SH_FLAGS.SHF_EXECINSTR
+
+
+class ElfCheckError(Exception):
+    """One failed check: the message names it ("ELF check 'wx' failed: ...")."""
+
+    def __init__(self, check: str, detail: str):
+        super().__init__(f"ELF check '{check}' failed: {detail}")
+        self.check = check
+
+
+def _read(elf: ELFFile) -> tuple[list, dict]:
+    """Segments (as header dicts) and the first section of each name (as (header, name))."""
+    segments = [seg.header for seg in elf.iter_segments()]
+    sections = {}
+    for sec in elf.iter_sections():
+        sections.setdefault(sec.name, sec.header)
+    return segments, sections
+
+
+def _perm(flags: int) -> str:
+    return "".join(c if flags & f else "-" for c, f in
+                   (("r", P_FLAGS.PF_R), ("w", P_FLAGS.PF_W), ("x", P_FLAGS.PF_X)))
+
+
+def check(path_or_bytes: "bytes | str | os.PathLike", budget: int | None = None) -> None:
+    """Run every check above on the file (a path or its bytes); raise ElfCheckError on the
+    first failure."""
+    blob = (bytes(path_or_bytes) if isinstance(path_or_bytes, (bytes, bytearray))
+            else open(path_or_bytes, "rb").read())
+    try:
+        elf = ELFFile(io.BytesIO(blob))
+        hdr = elf.header
+        segments, sections = _read(elf)
+    except (ELFError, struct.error, ValueError, KeyError, IndexError) as exc:
+        raise ElfCheckError("parse", f"pyelftools cannot read it: {exc}") from None
+
+    if elf.elfclass != 64 or not elf.little_endian:
+        raise ElfCheckError("class", f"ELFCLASS{elf.elfclass}, "
+                            f"{'little' if elf.little_endian else 'big'}-endian; want "
+                            "ELFCLASS64 little-endian")
+    if hdr.e_machine != "EM_X86_64":
+        raise ElfCheckError("machine", f"e_machine is {hdr.e_machine}, want EM_X86_64")
+    if hdr.e_type != "ET_EXEC":
+        raise ElfCheckError("type", f"e_type is {hdr.e_type}, want ET_EXEC")
+    for seg_type, name in (("PT_INTERP", "interp"), ("PT_DYNAMIC", "dynamic")):
+        found = [i for i, s in enumerate(segments) if s.p_type == seg_type]
+        if found:
+            raise ElfCheckError(name, f"program header {found[0]} is {seg_type}")
+    for i, seg in enumerate(segments):
+        if seg.p_flags & P_FLAGS.PF_W and seg.p_flags & P_FLAGS.PF_X:
+            raise ElfCheckError("wx", f"program header {i} ({seg.p_type}) is "
+                                f"{_perm(seg.p_flags)}: writable and executable")
+    stacks = [s for s in segments if s.p_type == "PT_GNU_STACK"]
+    if not stacks:
+        raise ElfCheckError("stack", "no PT_GNU_STACK: the kernel would make the stack "
+                            "executable")
+    if stacks[0].p_flags & P_FLAGS.PF_X:
+        raise ElfCheckError("stack", f"PT_GNU_STACK is {_perm(stacks[0].p_flags)}: "
+                            "executable stack")
+    for name, (sh_type, flags) in REQUIRED.items():
+        sec = sections.get(name)
+        if sec is None:
+            raise ElfCheckError("sections", f"no {name} section")
+        if sec.sh_type != sh_type or sec.sh_flags & FLAG_MASK != flags:
+            raise ElfCheckError("sections", f"{name} is {sec.sh_type} flags "
+                                f"{sec.sh_flags:#x}, want {sh_type} flags {flags:#x}")
+    text = sections[".text"]
+    if not text.sh_addr <= hdr.e_entry < text.sh_addr + text.sh_size:
+        raise ElfCheckError("entry", f"e_entry {hdr.e_entry:#x} is outside .text "
+                            f"[{text.sh_addr:#x}, {text.sh_addr + text.sh_size:#x})")
+    _check_segments(segments, len(blob))
+    _check_coverage(segments, sections)
+    if budget is not None and len(blob) > budget:
+        raise ElfCheckError("budget", f"{len(blob)} bytes, budget {budget} "
+                            f"({len(blob) - budget} over)")
+
+
+def _check_segments(segments: list, file_size: int) -> None:
+    """The 'bounds' and 'congruence' checks."""
+    loads = sorted((s for s in segments if s.p_type == "PT_LOAD"), key=lambda s: s.p_vaddr)
+    for i, seg in enumerate(segments):
+        if seg.p_offset + seg.p_filesz > file_size or seg.p_filesz > seg.p_memsz:
+            raise ElfCheckError("bounds", f"program header {i} ({seg.p_type}) file bytes "
+                                f"[{seg.p_offset:#x}, +{seg.p_filesz:#x}) memsz "
+                                f"{seg.p_memsz:#x}, file size {file_size:#x}")
+    for low, high in zip(loads, loads[1:]):
+        if (low.p_vaddr + low.p_memsz + PAGE - 1) // PAGE > high.p_vaddr // PAGE:
+            raise ElfCheckError("bounds", f"PT_LOADs at {low.p_vaddr:#x} and "
+                                f"{high.p_vaddr:#x} share a page in memory")
+    for seg in loads:
+        align = max(seg.p_align, PAGE)
+        if (seg.p_offset - seg.p_vaddr) % align:
+            raise ElfCheckError("congruence", f"PT_LOAD offset {seg.p_offset:#x} and vaddr "
+                                f"{seg.p_vaddr:#x} differ modulo {align:#x}")
+
+
+def _check_coverage(segments: list, sections: dict) -> None:
+    """The 'coverage' check: each allocated section lies in a PT_LOAD with its permissions."""
+    want = {".text": P_FLAGS.PF_R | P_FLAGS.PF_X, ".data": P_FLAGS.PF_R | P_FLAGS.PF_W,
+            ".bss": P_FLAGS.PF_R | P_FLAGS.PF_W}
+    loads = [s for s in segments if s.p_type == "PT_LOAD"]
+    for name, perm in want.items():
+        sec = sections[name]
+        start, end = sec.sh_addr, sec.sh_addr + sec.sh_size
+        home = [s for s in loads if s.p_vaddr <= start and end <= s.p_vaddr + s.p_memsz
+                and s.p_flags & perm == perm]
+        if sec.sh_type == "SHT_PROGBITS":
+            home = [s for s in home if sec.sh_offset - s.p_offset == start - s.p_vaddr
+                    and end <= s.p_vaddr + s.p_filesz]
+        if not home:
+            raise ElfCheckError("coverage", f"{name} [{start:#x}, {end:#x}) at file offset "
+                                f"{sec.sh_offset:#x} is in no {_perm(perm)} PT_LOAD that "
+                                "maps it")

@@ -1,0 +1,85 @@
+"""Where the linker puts things: file offsets and virtual addresses of .text, .data and .bss.
+
+Contract: `layout(text_size, data_size, bss_size) -> Layout`, a pure function of the three sizes
+(the front end calls it before assembling, to know the addresses its labels get).
+
+File                                    Memory
+0x000  ELF header (64)                  0x400000 + offset   first PT_LOAD, r-x, offset 0:
+0x040  3 program headers (3 x 56)                           headers + .text
+0x0e8  .text                            text_addr = 0x4000e8
+       zero padding to a multiple of 64 (not loaded; may hold .shstrtab)
+       .data                            data_addr = 0x401000 + data_off   second PT_LOAD, rw-
+                                        bss_addr  = data_addr + data_size (memory only)
+       .shstrtab, section header table  (not loaded)
+
+The rw segment starts on the page after the last page of .text in memory while its file bytes
+follow .text directly: data_addr = BASE + PAGE + data_off keeps offset and address congruent
+modulo the page size without page padding in the file. data_off is rounded up to DATA_ALIGN so
+data_addr is DATA_ALIGN-aligned (the asm's `align` is relative to addresses); .bss follows
+.data with no gap, because the front end lays both out in one address space.
+"""
+from dataclasses import dataclass
+
+BASE = 0x400000          # virtual address of file offset 0
+PAGE = 0x1000            # page size: segments are congruent modulo this
+DATA_ALIGN = 64          # alignment of data_addr (and data_off): room for zmm-sized vectors
+EHDR_SIZE = 64           # sizeof(Elf64_Ehdr)
+PHDR_SIZE = 56           # sizeof(Elf64_Phdr)
+SHDR_SIZE = 64           # sizeof(Elf64_Shdr)
+PHNUM = 3                # PT_LOAD r-x, PT_LOAD rw-, PT_GNU_STACK
+HEADERS_SIZE = EHDR_SIZE + PHNUM * PHDR_SIZE
+
+
+def align_up(value: int, alignment: int) -> int:
+    """Smallest multiple of `alignment` (a power of two) that is >= `value`."""
+    return (value + alignment - 1) & -alignment
+
+
+@dataclass(frozen=True)
+class Layout:
+    """File offsets (`*_off`) and virtual addresses (`*_addr`) of the three sections.
+
+    A valid entry point lies in [text_addr, text_end)."""
+    text_off: int
+    text_addr: int
+    text_size: int
+    data_off: int
+    data_addr: int
+    data_size: int
+    bss_addr: int
+    bss_size: int
+
+    @property
+    def text_end(self) -> int:
+        """Address one past the last byte of .text."""
+        return self.text_addr + self.text_size
+
+    @property
+    def text_file_end(self) -> int:
+        """File offset one past the last byte of .text (end of the r-x segment's file bytes)."""
+        return self.text_off + self.text_size
+
+    @property
+    def data_file_end(self) -> int:
+        """File offset one past the last byte of .data (end of the loaded bytes)."""
+        return self.data_off + self.data_size
+
+    @property
+    def bss_end(self) -> int:
+        """Address one past the last byte of .bss (end of the rw segment in memory)."""
+        return self.bss_addr + self.bss_size
+
+
+def layout(text_size: int, data_size: int, bss_size: int) -> Layout:
+    """Lay out .text, .data and .bss of the given sizes (bytes) as described in the module
+    docstring. Raises ValueError for a negative or non-integer size."""
+    for name, size in (("text_size", text_size), ("data_size", data_size),
+                       ("bss_size", bss_size)):
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {size!r}")
+    text_off = HEADERS_SIZE
+    data_off = align_up(text_off + text_size, DATA_ALIGN)
+    data_addr = BASE + PAGE + data_off
+    return Layout(text_off=text_off, text_addr=BASE + text_off, text_size=text_size,
+                  data_off=data_off, data_addr=data_addr, data_size=data_size,
+                  bss_addr=data_addr + data_size, bss_size=bss_size)

@@ -1,0 +1,80 @@
+"""Write the executable: `link(text, data, bss_size, entry, layout, symbols=None) -> bytes`.
+
+File order: ELF header, program headers (PT_LOAD r-x over offset 0 .. end of .text, PT_LOAD rw-
+over .data with .bss as memory beyond its file size, PT_GNU_STACK rw-), .text, zero padding up
+to data_off, .data, [.symtab, .strtab], .shstrtab, section header table (null, .text, .data,
+.bss, .shstrtab[, .symtab, .strtab]). When .shstrtab fits in the padding before .data it is put
+there instead, which saves its bytes at the end. The output depends only on the arguments
+(byte-identical for the same input). Raises ValueError when the arguments disagree with the
+layout (sizes, entry outside .text) or a symbol is bad (see symbols.py)."""
+from .headers import (PF_R, PF_W, PF_X, PT_GNU_STACK, PT_LOAD, SHF_ALLOC, SHF_EXECINSTR,
+                      SHF_WRITE, SHT_NOBITS, SHT_NULL, SHT_PROGBITS, SHT_STRTAB, SHT_SYMTAB,
+                      SYM_SIZE, pack_ehdr, pack_phdr, pack_shdr, string_table)
+from .layout import DATA_ALIGN, PAGE, PHNUM, Layout, align_up
+from .symbols import Symbol, symbol_tables
+
+STACK_ALIGN = 16         # p_align of PT_GNU_STACK, as GNU ld writes it
+SYMTAB_ALIGN = 8         # sh_addralign of .symtab (Elf64_Sym holds 8-byte fields)
+
+
+def natural_align(addr: int) -> int:
+    """Largest power of two <= DATA_ALIGN dividing `addr`: a truthful sh_addralign."""
+    return min(addr & -addr, DATA_ALIGN) if addr else DATA_ALIGN
+
+
+def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
+         symbols: list[Symbol] | None = None) -> bytes:
+    """The ELF64 executable holding `text`, `data` and `bss_size` bytes of bss at the
+    addresses of `layout`, starting at `entry`; with `symbols`, also .symtab and .strtab."""
+    lay = layout
+    if (len(text), len(data), bss_size) != (lay.text_size, lay.data_size, lay.bss_size):
+        raise ValueError(f"sizes (text {len(text)}, data {len(data)}, bss {bss_size}) differ "
+                         f"from the layout's ({lay.text_size}, {lay.data_size}, {lay.bss_size})")
+    if not lay.text_addr <= entry < lay.text_end:
+        raise ValueError(f"entry {entry:#x} is outside .text [{lay.text_addr:#x}, "
+                         f"{lay.text_end:#x})")
+    names = [".text", ".data", ".bss", ".shstrtab"] + ([".symtab", ".strtab"] if symbols
+                                                       else [])
+    shstrtab, name_off = string_table(names)
+    index = {name: i + 1 for i, name in enumerate(names)}
+
+    body = bytearray(text)                       # file bytes from text_off on
+    gap = lay.data_off - lay.text_file_end
+    shstrtab_off = lay.text_file_end if len(shstrtab) <= gap else None
+    if shstrtab_off is not None:
+        body += shstrtab
+    body += bytes(lay.data_off - lay.text_off - len(body)) + data
+    end = lay.data_file_end
+    shdrs = [pack_shdr(0, SHT_NULL, 0, 0, 0, 0, addralign=0),
+             pack_shdr(name_off[".text"], SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR,
+                       lay.text_addr, lay.text_off, lay.text_size,
+                       addralign=natural_align(lay.text_addr)),
+             pack_shdr(name_off[".data"], SHT_PROGBITS, SHF_ALLOC | SHF_WRITE,
+                       lay.data_addr, lay.data_off, lay.data_size,
+                       addralign=natural_align(lay.data_addr)),
+             pack_shdr(name_off[".bss"], SHT_NOBITS, SHF_ALLOC | SHF_WRITE,
+                       lay.bss_addr, end, lay.bss_size, addralign=natural_align(lay.bss_addr))]
+    tail = bytearray()                           # file bytes from `end` on
+    if shstrtab_off is None:
+        shstrtab_off = end
+        tail += shstrtab
+    shdrs.append(pack_shdr(name_off[".shstrtab"], SHT_STRTAB, 0, 0, shstrtab_off,
+                           len(shstrtab)))
+    if symbols:
+        symtab, strtab = symbol_tables(symbols, index, lay)
+        tail += bytes(align_up(end + len(tail), SYMTAB_ALIGN) - end - len(tail))
+        symtab_off = end + len(tail)
+        tail += symtab + strtab
+        shdrs.append(pack_shdr(name_off[".symtab"], SHT_SYMTAB, 0, 0, symtab_off,
+                               len(symtab), link=index[".strtab"], info=1,
+                               addralign=SYMTAB_ALIGN, entsize=SYM_SIZE))
+        shdrs.append(pack_shdr(name_off[".strtab"], SHT_STRTAB, 0, 0,
+                               symtab_off + len(symtab), len(strtab)))
+    shoff = end + len(tail)
+    phdrs = (pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.text_addr - lay.text_off,
+                       lay.text_file_end, lay.text_file_end, PAGE)
+             + pack_phdr(PT_LOAD, PF_R | PF_W, lay.data_off, lay.data_addr, lay.data_size,
+                         lay.data_size + lay.bss_size, PAGE)
+             + pack_phdr(PT_GNU_STACK, PF_R | PF_W, 0, 0, 0, 0, STACK_ALIGN))
+    ehdr = pack_ehdr(entry, shoff, PHNUM, len(shdrs), index[".shstrtab"])
+    return ehdr + phdrs + bytes(body) + bytes(tail) + b"".join(shdrs)

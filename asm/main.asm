@@ -4,7 +4,4 @@
 ;   in: rsp -> argc, argv[], 0, envp[]   out: never returns
 start:
         mov     [argv_base], rsp        ; the engine proper is not assembled yet
-usage:
-        lea     rsi, [msg_usage]
-        mov     ebx, EXIT_USAGE
-        jmp     fatal
+        jmp     usage

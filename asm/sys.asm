@@ -1,8 +1,13 @@
 ; sys.asm: the system interface. The only file that executes `syscall`; everything else
-; calls these routines. Linux x86-64 syscall numbers below.
+; calls these routines (SysV argument registers; the 4th argument goes in rcx and is moved
+; to r10 here). Linux x86-64 syscall numbers below.
 
-SYS_write      = 1
-SYS_exit_group = 231
+SYS_write       = 1
+SYS_open        = 2
+SYS_lseek       = 8
+SYS_mmap        = 9
+SYS_rt_sigprocmask = 14
+SYS_exit_group  = 231
 
 STDOUT = 1
 STDERR = 2
@@ -10,8 +15,52 @@ STDERR = 2
 EXIT_ERROR = 1                  ; bad input, unreadable model, failed write
 EXIT_USAGE = 2                  ; no arguments
 
+EPIPE = 32                      ; write to a pipe nobody reads
+
+; Each wrapper pushes its syscall number and joins sys_call.
+;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno
+;   clobbers: rcx r10 r11
+; sys_open(path, flags, mode); sys_lseek(fd, offset, whence); sys_write(fd, buf, len);
+; sys_sigprocmask(how, set, oldset, setsize); sys_mmap(addr, len, prot, flags, fd, off).
+sys_open:
+        push    SYS_open
+        jmp     sys_call
+sys_lseek:
+        push    SYS_lseek
+        jmp     sys_call
+sys_write:
+        push    SYS_write
+        jmp     sys_call
+sys_sigprocmask:
+        push    SYS_rt_sigprocmask
+        jmp     sys_call
+sys_mmap:
+        push    SYS_mmap
+sys_call:
+        pop     rax
+        mov     r10, rcx
+        syscall
+        ret
+
+; alloc: a zeroed, private, anonymous read-write mapping.
+;   in: rdi bytes   out: rax address (fatal "out of memory" on failure)
+;   clobbers: rcx rdx rsi rdi r8-r11
+alloc:
+        mov     rsi, rdi
+        xor     edi, edi
+        push    3                       ; PROT_READ | PROT_WRITE
+        pop     rdx
+        push    0x22                    ; MAP_PRIVATE | MAP_ANONYMOUS
+        pop     rcx
+        or      r8, -1                  ; no file
+        xor     r9d, r9d
+        call    sys_mmap
+        cmp     rax, -4095              ; -4095..-1 are errors
+        jae     err_oom
+        ret
+
 ; write_str: write a zero-terminated string to a file descriptor.
-;   in: edi fd, rsi string   out: rax bytes written or -errno   clobbers: rcx rdx r11
+;   in: edi fd, rsi string   out: rax bytes written or -errno   clobbers: rcx rdx r10 r11
 write_str:
         xor     edx, edx
 .measure:
@@ -20,19 +69,42 @@ write_str:
         inc     edx
         jmp     .measure
 
-; sys_write: write(2).
-;   in: edi fd, rsi buffer, rdx length   out: rax bytes written or -errno   clobbers: rcx r11
-sys_write:
-        mov     eax, SYS_write
-        syscall
-        ret
-
-; fatal: print a zero-terminated message on stderr and exit.
-;   in: rsi message, ebx exit status   out: never returns
+err_oom:
+        lea     rsi, [msg_oom]
+; fatal: print "gemma: MESSAGE\n" on stderr and exit with status 1 (EXIT_ERROR).
+;   in: rsi message (zero-terminated, without the "gemma: " prefix and the newline)
+;   out: never returns. (ebx is ignored: every error exits with EXIT_ERROR.)
 fatal:
+        xor     ebp, ebp
+; fatal_arg: the same with an argument appended: "gemma: MESSAGEARGUMENT\n".
+;   in: rsi message, rbp argument (zero-terminated) or 0   out: never returns
+fatal_arg:
+        push    rsi
+        lea     rsi, [msg_prefix]
+        call    .put
+        pop     rsi
+        call    .put
+        mov     rsi, rbp
+        test    rsi, rsi
+        jz      .newline
+        call    .put
+.newline:
+        lea     rsi, [msg_newline]
+        call    .put
+        push    EXIT_ERROR
+        pop     rdi
+        jmp     sys_exit
+.put:
+        mov     edi, STDERR
+        jmp     write_str
+
+; usage: print the usage text on stderr and exit with EXIT_USAGE.
+usage:
+        lea     rsi, [msg_usage]
         mov     edi, STDERR
         call    write_str
-        mov     edi, ebx
+        push    EXIT_USAGE
+        pop     rdi
 ; sys_exit: exit_group(2), ending every thread.
 ;   in: edi status   out: never returns
 sys_exit:

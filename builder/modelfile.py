@@ -1,0 +1,421 @@
+"""The engine's model file, defined once: header, tokenizer tables, weights.
+
+Layout (little-endian; CONTRACTS.md and the README describe it field by field):
+header (256 bytes, HEADER_FIELDS) | pieces: vocab x PIECE (blob_off, len, score, type) |
+index: u32 ids of the NORMAL pieces sorted by their bytes | user: u32 ids of the
+USER_DEFINED pieces, longest first | blob: piece bytes | zero padding to a multiple of 4096 |
+weights: the tensors of `tensor_layout` in the order the forward pass reads them, each at an
+offset (relative to weights_off) that is a multiple of 64, FP16 matrices and FP32 norms
+holding 1 + w.
+
+`write_model` streams: it asks a source for each tensor's rows chunk by chunk, converts them
+(float -> FP16 with an overflow count, or FP32) and writes them, so a 5 GB model never sits in
+memory. `ModelFile` reads and validates a file (magic, version, every size and offset) and
+raises `ModelFormatError` with a one-line message; tensors come back as memory-mapped views.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+MAGIC = b"GEMMAASM"
+VERSION = 1
+HEADER_SIZE = 256
+PIECE_REC = 16
+TENSOR_ALIGN = 64
+WEIGHTS_ALIGN = 4096
+
+# sentencepiece piece types
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+HEADER_FIELDS: list[tuple[str, int, str]] = [
+    ("magic", 0, "8s"),
+    ("version", 8, "I"),
+    ("header_size", 12, "I"),
+    ("vocab", 16, "I"),
+    ("dim", 20, "I"),
+    ("ffn", 24, "I"),
+    ("layers", 28, "I"),
+    ("heads", 32, "I"),
+    ("kv_heads", 36, "I"),
+    ("head_dim", 40, "I"),
+    ("max_ctx", 44, "I"),
+    ("eps", 48, "f"),
+    ("rope_theta", 52, "f"),
+    ("embed_scale", 56, "f"),
+    ("bos", 60, "I"),
+    ("eos", 64, "I"),
+    ("eot", 68, "I"),
+    ("byte_base", 72, "I"),
+    ("n_index", 76, "I"),
+    ("n_user", 80, "I"),
+    ("max_piece_len", 84, "I"),
+    ("pieces_off", 88, "Q"),
+    ("index_off", 96, "Q"),
+    ("user_off", 104, "Q"),
+    ("blob_off", 112, "Q"),
+    ("blob_size", 120, "Q"),
+    ("weights_off", 128, "Q"),
+    ("weights_size", 136, "Q"),
+    ("file_size", 144, "Q"),
+]
+_HEADER = struct.Struct("<" + "".join(code for _, _, code in HEADER_FIELDS))
+PIECE = struct.Struct("<IIfI")  # blob_off, len, score, type
+assert PIECE.size == PIECE_REC
+assert all(struct.calcsize("<" + "".join(c for _, _, c in HEADER_FIELDS[:i])) == off
+           for i, (_, off, _) in enumerate(HEADER_FIELDS))
+
+
+class ModelFormatError(Exception):
+    """A model file (or the data meant for one) is invalid; str() is one line."""
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The shapes and scalars of a Gemma model."""
+    vocab: int
+    dim: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    max_ctx: int
+    eps: float = 1e-6
+    rope_theta: float = 10000.0
+
+    def check(self) -> None:
+        for f in ("vocab", "dim", "ffn", "layers", "heads", "kv_heads", "head_dim", "max_ctx"):
+            v = getattr(self, f)
+            if not 0 < v < 2**31:
+                raise ModelFormatError(f"{f} = {v} is out of range")
+        if self.heads % self.kv_heads:
+            raise ModelFormatError(f"heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})")
+        if self.head_dim % 2:
+            raise ModelFormatError(f"head_dim ({self.head_dim}) is odd")
+        if not (self.eps > 0 and self.rope_theta > 0 and math.isfinite(self.rope_theta)):
+            raise ModelFormatError(f"eps ({self.eps}) and rope_theta ({self.rope_theta}) must be positive")
+
+
+@dataclass
+class Vocab:
+    """A SentencePiece vocabulary: piece bytes (UTF-8, U+2581 kept), score, type per id."""
+    pieces: list[bytes]
+    scores: list[float]
+    types: list[int]
+    bos: int
+    eos: int
+
+    @property
+    def eot(self) -> int:
+        """Id of <end_of_turn>, or eos when the vocabulary has none."""
+        try:
+            return self.pieces.index(b"<end_of_turn>")
+        except ValueError:
+            return self.eos
+
+
+@dataclass(frozen=True)
+class Header:
+    """Every header field but the magic (see HEADER_FIELDS)."""
+    version: int
+    header_size: int
+    vocab: int
+    dim: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    max_ctx: int
+    eps: float
+    rope_theta: float
+    embed_scale: float
+    bos: int
+    eos: int
+    eot: int
+    byte_base: int
+    n_index: int
+    n_user: int
+    max_piece_len: int
+    pieces_off: int
+    index_off: int
+    user_off: int
+    blob_off: int
+    blob_size: int
+    weights_off: int
+    weights_size: int
+    file_size: int
+
+    @property
+    def dims(self) -> Dims:
+        return Dims(self.vocab, self.dim, self.ffn, self.layers, self.heads, self.kv_heads,
+                    self.head_dim, self.max_ctx, self.eps, self.rope_theta)
+
+    def pack(self) -> bytes:
+        values = [getattr(self, f.name) for f in fields(self)]
+        return _HEADER.pack(MAGIC, *values).ljust(HEADER_SIZE, b"\0")
+
+    @classmethod
+    def unpack(cls, data: bytes) -> "Header":
+        if len(data) < HEADER_SIZE:
+            raise ModelFormatError(f"file is truncated: {len(data)} bytes, the header alone is {HEADER_SIZE}")
+        magic, *values = _HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise ModelFormatError(f"bad magic {magic!r} (expected {MAGIC!r}): not a gemma model file")
+        header = cls(*values)
+        if header.version != VERSION:
+            raise ModelFormatError(f"unsupported version {header.version} (this build reads version {VERSION})")
+        if header.header_size != HEADER_SIZE:
+            raise ModelFormatError(f"header_size is {header.header_size}, expected {HEADER_SIZE}")
+        return header
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    offset: int  # relative to weights_off
+    shape: tuple[int, ...]
+    dtype: str  # "f16" or "f32"
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * (2 if self.dtype == "f16" else 4)
+
+
+LAYER_TENSORS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "gate", "up", "down")
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def tensor_shapes(d: Dims) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, dtype) of every tensor, in file order; names: embed, layers.L.X, final_norm."""
+    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    layer = {"attn_norm": (d.dim,), "wq": (q, d.dim), "wk": (kv, d.dim), "wv": (kv, d.dim),
+             "wo": (d.dim, q), "ffn_norm": (d.dim,), "gate": (d.ffn, d.dim),
+             "up": (d.ffn, d.dim), "down": (d.dim, d.ffn)}
+    out = [("embed", (d.vocab, d.dim), "f16")]
+    for i in range(d.layers):
+        out += [(f"layers.{i}.{n}", layer[n], "f32" if n.endswith("norm") else "f16") for n in LAYER_TENSORS]
+    return out + [("final_norm", (d.dim,), "f32")]
+
+
+def tensor_layout(header: Header | Dims) -> list[TensorSpec]:
+    """Every tensor with its offset relative to weights_off (a multiple of TENSOR_ALIGN)."""
+    dims = header.dims if isinstance(header, Header) else header
+    specs, off = [], 0
+    for name, shape, dtype in tensor_shapes(dims):
+        spec = TensorSpec(name, off, shape, dtype)
+        specs.append(spec)
+        off = _align(off + spec.nbytes, TENSOR_ALIGN)
+    return specs
+
+
+def weights_size(dims: Dims) -> int:
+    last = tensor_layout(dims)[-1]
+    return _align(last.offset + last.nbytes, TENSOR_ALIGN)
+
+
+@dataclass
+class Tables:
+    """The tokenizer sections, packed, with the header fields that describe them."""
+    pieces: bytes
+    index: bytes
+    user: bytes
+    blob: bytes
+    byte_base: int
+    n_index: int
+    n_user: int
+    max_piece_len: int
+
+
+def build_tables(vocab: Vocab, n: int) -> Tables:
+    """Pack a vocabulary of exactly n pieces; check the invariants the tokenizer relies on."""
+    if not (len(vocab.pieces) == len(vocab.scores) == len(vocab.types) == n):
+        raise ModelFormatError(f"tokenizer has {len(vocab.pieces)} pieces, the model's vocabulary is {n}")
+    for what, i in (("bos", vocab.bos), ("eos", vocab.eos)):
+        if not 0 <= i < n:
+            raise ModelFormatError(f"{what} id {i} is outside the vocabulary ({n})")
+    bad = [i for i, t in enumerate(vocab.types) if t not in range(NORMAL, BYTE + 1)]
+    if bad:
+        raise ModelFormatError(f"piece {bad[0]} has unknown type {vocab.types[bad[0]]}")
+    try:
+        byte_base = vocab.pieces.index(b"<0x00>")
+    except ValueError:
+        raise ModelFormatError("tokenizer has no byte pieces <0x00>..<0xFF> (byte fallback is required)") from None
+    for b in range(256):
+        i = byte_base + b
+        if i >= n or vocab.pieces[i] != b"<0x%02X>" % b or vocab.types[i] != BYTE:
+            raise ModelFormatError(f"byte pieces are not contiguous: expected <0x{b:02X}> at id {i}")
+    normal = [i for i, t in enumerate(vocab.types) if t == NORMAL]
+    user = [i for i, t in enumerate(vocab.types) if t == USER_DEFINED]
+    if any(not vocab.pieces[i] for i in normal + user):
+        raise ModelFormatError("a normal or user-defined piece is empty")
+    index = sorted(normal, key=lambda i: (vocab.pieces[i], i))
+    for a, b in zip(index, index[1:]):
+        if vocab.pieces[a] == vocab.pieces[b]:
+            raise ModelFormatError(f"pieces {a} and {b} are both {vocab.pieces[a]!r}")
+    user.sort(key=lambda i: (-len(vocab.pieces[i]), i))
+    records, blob = bytearray(), bytearray()
+    for piece, score, typ in zip(vocab.pieces, vocab.scores, vocab.types):
+        records += PIECE.pack(len(blob), len(piece), score, typ)
+        blob += piece
+    return Tables(bytes(records), np.array(index, "<u4").tobytes(), np.array(user, "<u4").tobytes(),
+                  bytes(blob), byte_base, len(index), len(user), max(map(len, vocab.pieces)))
+
+
+def make_header(dims: Dims, vocab: Vocab) -> tuple[Header, Tables]:
+    """The header (and packed tables) of a model of these dims and vocabulary."""
+    dims.check()
+    t = build_tables(vocab, dims.vocab)
+    pieces_off = HEADER_SIZE
+    index_off = pieces_off + len(t.pieces)
+    user_off = index_off + len(t.index)
+    blob_off = user_off + len(t.user)
+    weights_off = _align(blob_off + len(t.blob), WEIGHTS_ALIGN)
+    wsize = weights_size(dims)
+    header = Header(
+        VERSION, HEADER_SIZE, dims.vocab, dims.dim, dims.ffn, dims.layers, dims.heads,
+        dims.kv_heads, dims.head_dim, dims.max_ctx, float(np.float32(dims.eps)),
+        float(np.float32(dims.rope_theta)),
+        float(np.float32(math.sqrt(dims.dim))), vocab.bos, vocab.eos, vocab.eot, t.byte_base,
+        t.n_index, t.n_user, t.max_piece_len, pieces_off, index_off, user_off, blob_off,
+        len(t.blob), weights_off, wsize, weights_off + wsize)
+    return header, t
+
+
+# A tensor source: given a spec, yields float arrays of whole rows (last axis = shape[-1])
+# whose concatenation is the tensor.
+TensorSource = Callable[[TensorSpec], Iterable[np.ndarray]]
+
+
+def write_model(path: Path, dims: Dims, vocab: Vocab, source: TensorSource,
+                progress: bool = True, names: dict[str, str] | None = None) -> Header:
+    """Write a model file at path, streaming each tensor from source (see TensorSource).
+
+    Matrices are rounded to FP16 (round to nearest even); a value that overflows FP16 raises
+    ModelFormatError naming the tensor (by `names[spec.name]` when given, e.g. the name in
+    the checkpoint it came from), the count and the first place.
+    """
+    names = names or {}
+    header, t = make_header(dims, vocab)
+    with open(path, "wb") as f, tqdm(total=header.weights_size, unit="B", unit_scale=True,
+                                     desc=f"writing {Path(path).name}", disable=not progress,
+                                     leave=False) as bar:
+        f.write(header.pack() + t.pieces + t.index + t.user + t.blob)
+        for spec in tensor_layout(header):
+            f.write(b"\0" * (header.weights_off + spec.offset - f.tell()))
+            rows, cols = math.prod(spec.shape[:-1]), spec.shape[-1]
+            done, overflow, first = 0, 0, None
+            for chunk in source(spec):
+                chunk = np.asarray(chunk).reshape(-1, cols)
+                if spec.dtype == "f16":
+                    with np.errstate(over="ignore"):
+                        out = chunk.astype("<f2")
+                    bad = np.isinf(out) & np.isfinite(chunk)
+                    if bad.any():
+                        if first is None:
+                            at = np.argwhere(bad)[0]
+                            first = ([done + int(at[0])] + at[1:].tolist(), float(chunk[tuple(at)]))
+                        overflow += int(bad.sum())
+                else:
+                    out = chunk.astype("<f4")
+                f.write(out.tobytes())
+                done += chunk.shape[0]
+                bar.update(out.nbytes)
+            if done != rows:
+                raise ModelFormatError(f"tensor {names.get(spec.name, spec.name)}: got {done} rows, expected {rows}")
+            if overflow:
+                raise ModelFormatError(f"{overflow} value(s) overflow FP16 in {names.get(spec.name, spec.name)} "
+                                       f"(first at {first[0]}: {first[1]:g})")
+        f.write(b"\0" * (header.file_size - f.tell()))
+    return header
+
+
+def read_header(path: Path) -> Header:
+    with open(path, "rb") as f:
+        return Header.unpack(f.read(HEADER_SIZE))
+
+
+class ModelFile:
+    """A validated, memory-mapped model file.
+
+    Attributes: header, dims, pieces (list[bytes]), scores (float32 array), types (int
+    array), index (sorted normal ids), user (user-defined ids, longest first).
+    `tensor(name)` returns a read-only view (float16 or float32) of a tensor.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as e:
+            raise ModelFormatError(f"{self.path}: cannot map: {e}") from None
+        try:
+            self._validate()
+        except ModelFormatError as e:
+            raise ModelFormatError(f"{self.path}: {e}") from None
+
+    def _validate(self) -> None:
+        m, size = self._map, len(self._map)
+        h = self.header = Header.unpack(bytes(m[:HEADER_SIZE]))
+        if h.file_size != size:
+            raise ModelFormatError(f"file is {size} bytes but its header says {h.file_size}"
+                                   + (" (truncated)" if size < h.file_size else ""))
+        self.dims = h.dims
+        self.dims.check()
+        expected = [("pieces_off", HEADER_SIZE), ("index_off", h.pieces_off + PIECE_REC * h.vocab),
+                    ("user_off", h.index_off + 4 * h.n_index), ("blob_off", h.user_off + 4 * h.n_user),
+                    ("weights_off", _align(h.blob_off + h.blob_size, WEIGHTS_ALIGN)),
+                    ("weights_size", weights_size(self.dims)),
+                    ("file_size", h.weights_off + h.weights_size)]
+        for name, want in expected:
+            if getattr(h, name) != want:
+                raise ModelFormatError(f"{name} is {getattr(h, name)}, expected {want}")
+        if h.embed_scale != np.float32(math.sqrt(h.dim)):
+            raise ModelFormatError(f"embed_scale {h.embed_scale} is not float32(sqrt({h.dim}))")
+        for name in ("bos", "eos", "eot"):
+            if getattr(h, name) >= h.vocab:
+                raise ModelFormatError(f"{name} id {getattr(h, name)} is outside the vocabulary")
+        if h.byte_base + 256 > h.vocab or h.n_index > h.vocab or h.n_user > h.vocab:
+            raise ModelFormatError("byte_base, n_index or n_user is outside the vocabulary")
+        rec = np.frombuffer(m, np.dtype([("off", "<u4"), ("len", "<u4"), ("score", "<f4"), ("type", "<u4")]),
+                            h.vocab, h.pieces_off)
+        ends = rec["off"].astype(np.uint64) + rec["len"]
+        if h.vocab and ends.max() > h.blob_size:
+            raise ModelFormatError(f"piece {int(ends.argmax())} extends past the blob")
+        if h.vocab and rec["len"].max() != h.max_piece_len:
+            raise ModelFormatError(f"max_piece_len is {h.max_piece_len}, the longest piece is {rec['len'].max()}")
+        blob = bytes(m[h.blob_off:h.blob_off + h.blob_size])
+        self.pieces = [blob[o:o + n] for o, n in zip(rec["off"].tolist(), rec["len"].tolist())]
+        self.scores = rec["score"].copy()
+        self.types = rec["type"].astype(np.int64)
+        self.index = np.frombuffer(m, "<u4", h.n_index, h.index_off).astype(np.int64)
+        self.user = np.frombuffer(m, "<u4", h.n_user, h.user_off).astype(np.int64)
+        for what, ids, typ in (("index", self.index, NORMAL), ("user", self.user, USER_DEFINED)):
+            if len(ids) and (ids.max() >= h.vocab or (self.types[ids] != typ).any()):
+                raise ModelFormatError(f"the {what} table holds an id that is not a type-{typ} piece")
+        keys = [self.pieces[i] for i in self.index]
+        if keys != sorted(keys):
+            raise ModelFormatError("the index is not sorted by piece bytes")
+        self._layout = {s.name: s for s in tensor_layout(h)}
+
+    @property
+    def vocab(self) -> Vocab:
+        return Vocab(self.pieces, self.scores.tolist(), self.types.tolist(), self.header.bos, self.header.eos)
+
+    def tensor(self, name: str) -> np.ndarray:
+        s = self._layout[name]
+        dt = np.dtype("<f2" if s.dtype == "f16" else "<f4")
+        return np.frombuffer(self._map, dt, math.prod(s.shape), self.header.weights_off + s.offset).reshape(s.shape)
+
+    def specs(self) -> Iterator[TensorSpec]:
+        return iter(self._layout.values())

@@ -1,0 +1,53 @@
+"""Engine model files for tests: the fixtures converted once per output directory.
+
+    from modelfiles import fixture_path, convert_fixture
+    path = convert_fixture("tiny_mqa", "hf", tmp_path_factory.getbasetemp())
+
+`convert_fixture(name, source, out_dir)` converts emu_tests/fixtures/<name> (source "hf": the
+Hugging Face directory; "gguf": its model-f16.gguf) to out_dir/<name>-<source>.bin with
+builder.convert and caches the result for the session. Prefer "hf": its tokenizer tables are
+the sentencepiece ones (the fixtures' GGUFs mark user-defined pieces as normal; the weights
+are identical either way). The pytest fixture `model_file` (a factory) does the same into the
+session's temporary directory: `model_file("tiny_wide")`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.convert import convert
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MODELS = ("tiny_mqa", "tiny_wide")
+_converted: dict[tuple[str, str, Path], Path] = {}
+
+
+def fixture_path(name: str) -> Path:
+    """emu_tests/fixtures/<name> (a directory or file), which must exist."""
+    path = FIXTURES / name
+    if not path.exists():
+        raise FileNotFoundError(f"no fixture {name} in {FIXTURES}")
+    return path
+
+
+def convert_fixture(name: str, source: str = "hf", out_dir: Path | None = None) -> Path:
+    """The engine model file of fixture model `name` converted from `source` ('hf' or 'gguf')."""
+    if source not in ("hf", "gguf"):
+        raise ValueError(f"source must be 'hf' or 'gguf', not {source!r}")
+    out_dir = Path(out_dir if out_dir is not None else Path.cwd()).resolve()
+    key = (name, source, out_dir)
+    if key not in _converted or not _converted[key].is_file():
+        src = fixture_path(name)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out = out_dir / f"{name}-{source}.bin"
+        convert(src / "model-f16.gguf" if source == "gguf" else src, out, progress=False)
+        _converted[key] = out
+    return _converted[key]
+
+
+@pytest.fixture(scope="session")
+def model_file(tmp_path_factory):
+    """Factory: model_file(name, source='hf') -> Path of the converted fixture model."""
+    out_dir = tmp_path_factory.mktemp("models")
+    return lambda name, source="hf": convert_fixture(name, source, out_dir)

@@ -2,10 +2,11 @@
 
 Contract: `check(path_or_bytes, budget=None)` returns None when every check passes, else raises
 `ElfCheckError("ELF check 'NAME' failed: detail")` for the first failing check, in this order:
-  parse       pyelftools can read the headers, segments and sections
+  parse       pyelftools can read the ELF header
   class       ELFCLASS64, little-endian
   machine     EM_X86_64
   type        ET_EXEC
+  parse       pyelftools can read the program and section headers and the section names
   interp      no PT_INTERP segment
   dynamic     no PT_DYNAMIC segment
   wx          no segment both writable and executable
@@ -37,6 +38,7 @@ REQUIRED = {  # name: (sh_type, flags among SHF_ALLOC|SHF_WRITE|SHF_EXECINSTR)
     ".shstrtab": ("SHT_STRTAB", 0),
 }
 FLAG_MASK = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_WRITE | SH_FLAGS.SHF_EXECINSTR
+PARSE_ERRORS = (ELFError, struct.error, ValueError, KeyError, IndexError, UnicodeDecodeError)
 
 
 class ElfCheckError(Exception):
@@ -48,7 +50,7 @@ class ElfCheckError(Exception):
 
 
 def _read(elf: ELFFile) -> tuple[list, dict]:
-    """Segments (as header dicts) and the first section of each name (as (header, name))."""
+    """Program headers, and the header of the first section of each name."""
     segments = [seg.header for seg in elf.iter_segments()]
     sections = {}
     for sec in elf.iter_sections():
@@ -68,11 +70,10 @@ def check(path_or_bytes: "bytes | str | os.PathLike", budget: int | None = None)
             else open(path_or_bytes, "rb").read())
     try:
         elf = ELFFile(io.BytesIO(blob))
-        hdr = elf.header
-        segments, sections = _read(elf)
-    except (ELFError, struct.error, ValueError, KeyError, IndexError) as exc:
-        raise ElfCheckError("parse", f"pyelftools cannot read it: {exc}") from None
-
+    except PARSE_ERRORS as exc:
+        raise ElfCheckError("parse", f"pyelftools cannot read the ELF header of this "
+                            f"{len(blob)}-byte file: {exc}") from None
+    hdr = elf.header
     if elf.elfclass != 64 or not elf.little_endian:
         raise ElfCheckError("class", f"ELFCLASS{elf.elfclass}, "
                             f"{'little' if elf.little_endian else 'big'}-endian; want "
@@ -81,6 +82,11 @@ def check(path_or_bytes: "bytes | str | os.PathLike", budget: int | None = None)
         raise ElfCheckError("machine", f"e_machine is {hdr.e_machine}, want EM_X86_64")
     if hdr.e_type != "ET_EXEC":
         raise ElfCheckError("type", f"e_type is {hdr.e_type}, want ET_EXEC")
+    try:
+        segments, sections = _read(elf)
+    except PARSE_ERRORS as exc:
+        raise ElfCheckError("parse", f"pyelftools cannot read the program or section "
+                            f"headers: {exc}") from None
     for seg_type, name in (("PT_INTERP", "interp"), ("PT_DYNAMIC", "dynamic")):
         found = [i for i, s in enumerate(segments) if s.p_type == seg_type]
         if found:

@@ -398,6 +398,9 @@ class ModelFile:
         self.pieces = [blob[o:o + n] for o, n in zip(rec["off"].tolist(), rec["len"].tolist())]
         self.scores = rec["score"].copy()
         self.types = rec["type"].astype(np.int64)
+        is_byte = self.types == BYTE
+        if not is_byte[h.byte_base:h.byte_base + 256].all() or is_byte.sum() != 256:
+            raise ModelFormatError("the 256 byte pieces are not exactly ids byte_base..byte_base+255")
         self.index = np.frombuffer(m, "<u4", h.n_index, h.index_off).astype(np.int64)
         self.user = np.frombuffer(m, "<u4", h.n_user, h.user_off).astype(np.int64)
         for what, ids, typ in (("index", self.index, NORMAL), ("user", self.user, USER_DEFINED)):

@@ -355,7 +355,8 @@ def program_symbols(lay: linker.Layout) -> list[Symbol]:
             Symbol("quit", lay.text_addr + 19, lay.text_size - 19, ".text"),
             Symbol("message", lay.data_addr, lay.data_size, ".data"),
             Symbol("start", lay.text_addr, 19, ".text"),
-            Symbol("table", lay.bss_addr + 8, 248, ".bss")]
+            Symbol("table", lay.bss_addr + 8, 248, ".bss"),
+            Symbol("tail", lay.data_addr + 4, 10, ".data")]   # runs on into .bss
 
 
 def test_symbols_read_back(tmp_path):
@@ -372,12 +373,14 @@ def test_symbols_read_back(tmp_path):
     assert symtab.header.sh_info == 1       # one past the last local symbol (the null one)
     assert symtab.header.sh_offset % 8 == 0
     got = [(s.name, s.entry.st_value, s.entry.st_size, s.entry.st_info.type,
-            s.entry.st_info.bind, f.get_section(s.entry.st_shndx).name if s.entry.st_shndx != "SHN_UNDEF"
-            else None) for s in symtab.iter_symbols()]
+            s.entry.st_info.bind,
+            None if s.entry.st_shndx == "SHN_UNDEF" else f.get_section(s.entry.st_shndx).name)
+           for s in symtab.iter_symbols()]
     want = [("", 0, 0, "STT_NOTYPE", "STB_LOCAL", None),
             ("start", lay.text_addr, 19, "STT_FUNC", "STB_GLOBAL", ".text"),
             ("quit", lay.text_addr + 19, lay.text_size - 19, "STT_FUNC", "STB_GLOBAL", ".text"),
             ("message", lay.data_addr, 6, "STT_OBJECT", "STB_GLOBAL", ".data"),
+            ("tail", lay.data_addr + 4, 10, "STT_OBJECT", "STB_GLOBAL", ".data"),
             ("zeta_counter", lay.bss_addr, 8, "STT_OBJECT", "STB_GLOBAL", ".bss"),
             ("table", lay.bss_addr + 8, 248, "STT_OBJECT", "STB_GLOBAL", ".bss")]
     assert got == want
@@ -390,7 +393,10 @@ def test_symbols_read_back(tmp_path):
 @pytest.mark.parametrize("bad,match", [
     (Symbol("start", BASE + HEADERS, 1, ".text"), "duplicate"),
     (Symbol("far", BASE, 1, ".text"), "not inside .text"),
-    (Symbol("big", LAY.data_addr, 7, ".data"), "not inside .data"),
+    (Symbol("big", LAY.data_addr, 6 + 257, ".data"), "not inside .data"),
+    (Symbol("late", LAY.bss_addr + 1, 0, ".data"), "not inside .data"),
+    (Symbol("over", LAY.bss_end - 1, 2, ".bss"), "not inside .bss"),
+    (Symbol("neg", LAY.bss_addr, -1, ".bss"), "not inside .bss"),
     (Symbol("odd", LAY.data_addr, 1, ".rodata"), "unknown section"),
     (Symbol("", LAY.data_addr, 1, ".data"), "bad ELF name"),
 ])

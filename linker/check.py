@@ -63,7 +63,7 @@ def _perm(flags: int) -> str:
                    (("r", P_FLAGS.PF_R), ("w", P_FLAGS.PF_W), ("x", P_FLAGS.PF_X)))
 
 
-def check(path_or_bytes: "bytes | str | os.PathLike", budget: int | None = None) -> None:
+def check(path_or_bytes: bytes | str | os.PathLike, budget: int | None = None) -> None:
     """Run every check above on the file (a path or its bytes); raise ElfCheckError on the
     first failure."""
     blob = (bytes(path_or_bytes) if isinstance(path_or_bytes, (bytes, bytearray))

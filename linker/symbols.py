@@ -3,8 +3,8 @@
 Contract: `symbol_tables(symbols, section_index, layout)` returns (.symtab bytes, .strtab bytes)
 with the null symbol first, then one STB_GLOBAL symbol per entry sorted by (address, name):
 STT_FUNC in .text, STT_OBJECT in .data and .bss. .symtab's sh_info (first non-local index) is
-therefore 1. Raises ValueError for a duplicate name, an unknown section, or a symbol that does
-not lie inside its section."""
+therefore 1. Raises ValueError for a duplicate or empty name, an unknown section, or a symbol
+that does not start inside its section or runs past the end of its segment in memory."""
 from dataclasses import dataclass
 
 from .headers import STB_GLOBAL, STT_FUNC, STT_OBJECT, pack_sym, string_table
@@ -22,11 +22,12 @@ class Symbol:
     section: str
 
 
-def section_bounds(layout: Layout) -> dict[str, tuple[int, int]]:
-    """Address range [start, end) of each section in SECTIONS."""
-    return {".text": (layout.text_addr, layout.text_end),
-            ".data": (layout.data_addr, layout.bss_addr),
-            ".bss": (layout.bss_addr, layout.bss_end)}
+def section_bounds(layout: Layout) -> dict[str, tuple[int, int, int]]:
+    """(start, end, segment end) of each section in SECTIONS: a symbol starts in [start, end]
+    and ends by the end of its segment in memory (a .data label may run on into .bss)."""
+    return {".text": (layout.text_addr, layout.text_end, layout.text_end),
+            ".data": (layout.data_addr, layout.bss_addr, layout.bss_end),
+            ".bss": (layout.bss_addr, layout.bss_end, layout.bss_end)}
 
 
 def symbol_tables(symbols: list[Symbol], section_index: dict[str, int],
@@ -43,10 +44,11 @@ def symbol_tables(symbols: list[Symbol], section_index: dict[str, int],
     for sym in ordered:
         if sym.section not in bounds:
             raise ValueError(f"symbol {sym.name!r}: unknown section {sym.section!r}")
-        start, end = bounds[sym.section]
-        if sym.size < 0 or not start <= sym.address <= sym.address + sym.size <= end:
+        start, end, limit = bounds[sym.section]
+        if sym.size < 0 or not start <= sym.address <= end or sym.address + sym.size > limit:
             raise ValueError(f"symbol {sym.name!r} [{sym.address:#x}, +{sym.size:#x}) is not "
-                             f"inside {sym.section} [{start:#x}, {end:#x})")
+                             f"inside {sym.section} [{start:#x}, {end:#x}) and its segment "
+                             f"(ending at {limit:#x})")
         kind = STT_FUNC if sym.section == ".text" else STT_OBJECT
         symtab += pack_sym(offsets[sym.name], STB_GLOBAL << 4 | kind,
                            section_index[sym.section], sym.address, sym.size)

@@ -7,6 +7,7 @@ the ELF rules, not taken from the linker's own code."""
 import io
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -26,7 +27,7 @@ HEADERS = 64 + 3 * 56                       # Elf64_Ehdr + 3 Elf64_Phdr
 SHSTRTAB = b"\0.text\0.data\0.bss\0.shstrtab\0"
 KS = Ks(KS_ARCH_X86, KS_MODE_64)
 
-# exit_group(EXIT): every program ends this way
+# keystone source of exit_group(code) and of write(1, addr, size)
 EXIT = "mov eax, 0xe7\nmov edi, {code:#x}\nsyscall\n"
 WRITE = "mov eax, 0x1\nmov edi, 0x1\nmov esi, {addr:#x}\nmov edx, {size:#x}\nsyscall\n"
 
@@ -388,6 +389,18 @@ def test_symbols_read_back(tmp_path):
     assert elf[lay.data_off:lay.data_file_end] == plain[lay.data_off:lay.data_file_end]
     res = run(elf, tmp_path)
     assert (res.returncode, res.stdout) == (0, b"hello\n")
+    # binutils and gdb, where installed, are second readers (CI relies on pyelftools above)
+    path = tmp_path / "prog"
+    if shutil.which("nm"):
+        nm = subprocess.run(["nm", "-n", str(path)], capture_output=True, text=True, check=True)
+        kinds = {".text": "T", ".data": "D", ".bss": "B"}
+        assert nm.stdout.splitlines() == [f"{s.address:016x} {kinds[s.section]} {s.name}" for s in
+                                          sorted(program_symbols(lay),
+                                                 key=lambda s: (s.address, s.name))]
+    if shutil.which("gdb"):
+        gdb = subprocess.run(["gdb", "-nx", "-batch", "-ex", "info address quit", str(path)],
+                             capture_output=True, text=True, timeout=60)
+        assert f'Symbol "quit" is at {lay.text_addr + 19:#x}' in gdb.stdout, gdb.stdout
 
 
 @pytest.mark.parametrize("bad,match", [

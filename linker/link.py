@@ -2,8 +2,8 @@
 
 File order: ELF header, program headers (PT_LOAD r-x over offset 0 .. end of .text, PT_LOAD rw-
 over .data with .bss as memory beyond its file size, PT_GNU_STACK rw-), .text, zero padding up
-to data_off, .data, [.symtab, .strtab], .shstrtab, section header table (null, .text, .data,
-.bss, .shstrtab[, .symtab, .strtab]). When .shstrtab fits in the padding before .data it is put
+to data_off, .data, .shstrtab, [.symtab (8-aligned), .strtab], section header table (null,
+.text, .data, .bss, .shstrtab[, .symtab, .strtab]). When .shstrtab fits in the padding before .data it is put
 there instead, which saves its bytes at the end. The output depends only on the arguments
 (byte-identical for the same input). Raises ValueError when the arguments disagree with the
 layout (sizes, entry outside .text) or a symbol is bad (see symbols.py)."""
@@ -33,18 +33,28 @@ def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
     if not lay.text_addr <= entry < lay.text_end:
         raise ValueError(f"entry {entry:#x} is outside .text [{lay.text_addr:#x}, "
                          f"{lay.text_end:#x})")
-    names = [".text", ".data", ".bss", ".shstrtab"] + ([".symtab", ".strtab"] if symbols
-                                                       else [])
-    shstrtab, name_off = string_table(names)
+    names = [".text", ".data", ".bss", ".shstrtab"]
+    if symbols:
+        names += [".symtab", ".strtab"]
     index = {name: i + 1 for i, name in enumerate(names)}
+    shstrtab, name_off = string_table(names)
 
-    body = bytearray(text)                       # file bytes from text_off on
-    gap = lay.data_off - lay.text_file_end
-    shstrtab_off = lay.text_file_end if len(shstrtab) <= gap else None
-    if shstrtab_off is not None:
-        body += shstrtab
-    body += bytes(lay.data_off - lay.text_off - len(body)) + data
-    end = lay.data_file_end
+    image = bytearray(lay.text_off)              # ELF and program headers, packed last
+    image += text
+
+    def append(blob: bytes, alignment: int = 1) -> int:
+        """Append `blob` at the next multiple of `alignment`; return its file offset."""
+        image.extend(bytes(align_up(len(image), alignment) - len(image)))
+        image.extend(blob)
+        return len(image) - len(blob)
+
+    shstrtab_in_gap = len(shstrtab) <= lay.data_off - lay.text_file_end
+    if shstrtab_in_gap:
+        shstrtab_off = append(shstrtab)
+    image.extend(bytes(lay.data_off - len(image)))
+    image.extend(data)
+    if not shstrtab_in_gap:
+        shstrtab_off = append(shstrtab)
     shdrs = [pack_shdr(0, SHT_NULL, 0, 0, 0, 0, addralign=0),
              pack_shdr(name_off[".text"], SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR,
                        lay.text_addr, lay.text_off, lay.text_size,
@@ -53,28 +63,23 @@ def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
                        lay.data_addr, lay.data_off, lay.data_size,
                        addralign=natural_align(lay.data_addr)),
              pack_shdr(name_off[".bss"], SHT_NOBITS, SHF_ALLOC | SHF_WRITE,
-                       lay.bss_addr, end, lay.bss_size, addralign=natural_align(lay.bss_addr))]
-    tail = bytearray()                           # file bytes from `end` on
-    if shstrtab_off is None:
-        shstrtab_off = end
-        tail += shstrtab
-    shdrs.append(pack_shdr(name_off[".shstrtab"], SHT_STRTAB, 0, 0, shstrtab_off,
-                           len(shstrtab)))
+                       lay.bss_addr, lay.data_file_end, lay.bss_size,
+                       addralign=natural_align(lay.bss_addr)),
+             pack_shdr(name_off[".shstrtab"], SHT_STRTAB, 0, 0, shstrtab_off, len(shstrtab))]
     if symbols:
         symtab, strtab = symbol_tables(symbols, index, lay)
-        tail += bytes(align_up(end + len(tail), SYMTAB_ALIGN) - end - len(tail))
-        symtab_off = end + len(tail)
-        tail += symtab + strtab
-        shdrs.append(pack_shdr(name_off[".symtab"], SHT_SYMTAB, 0, 0, symtab_off,
-                               len(symtab), link=index[".strtab"], info=1,
-                               addralign=SYMTAB_ALIGN, entsize=SYM_SIZE))
-        shdrs.append(pack_shdr(name_off[".strtab"], SHT_STRTAB, 0, 0,
-                               symtab_off + len(symtab), len(strtab)))
-    shoff = end + len(tail)
-    phdrs = (pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.text_addr - lay.text_off,
-                       lay.text_file_end, lay.text_file_end, PAGE)
-             + pack_phdr(PT_LOAD, PF_R | PF_W, lay.data_off, lay.data_addr, lay.data_size,
-                         lay.data_size + lay.bss_size, PAGE)
-             + pack_phdr(PT_GNU_STACK, PF_R | PF_W, 0, 0, 0, 0, STACK_ALIGN))
-    ehdr = pack_ehdr(entry, shoff, PHNUM, len(shdrs), index[".shstrtab"])
-    return ehdr + phdrs + bytes(body) + bytes(tail) + b"".join(shdrs)
+        shdrs.append(pack_shdr(name_off[".symtab"], SHT_SYMTAB, 0, 0,
+                               append(symtab, SYMTAB_ALIGN), len(symtab),
+                               link=index[".strtab"], info=1, addralign=SYMTAB_ALIGN,
+                               entsize=SYM_SIZE))
+        shdrs.append(pack_shdr(name_off[".strtab"], SHT_STRTAB, 0, 0, append(strtab),
+                               len(strtab)))
+    shoff = append(b"".join(shdrs))
+    image[:lay.text_off] = (
+        pack_ehdr(entry, shoff, PHNUM, len(shdrs), index[".shstrtab"])
+        + pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.text_addr - lay.text_off,
+                    lay.text_file_end, lay.text_file_end, PAGE)
+        + pack_phdr(PT_LOAD, PF_R | PF_W, lay.data_off, lay.data_addr, lay.data_size,
+                    lay.data_size + lay.bss_size, PAGE)
+        + pack_phdr(PT_GNU_STACK, PF_R | PF_W, 0, 0, 0, 0, STACK_ALIGN))
+    return bytes(image)

@@ -24,6 +24,7 @@ Contract: `check(path_or_bytes, budget=None)` returns None when every check pass
 import io
 import os
 import struct
+from pathlib import Path
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.constants import P_FLAGS, SH_FLAGS
@@ -67,7 +68,7 @@ def check(path_or_bytes: bytes | str | os.PathLike, budget: int | None = None) -
     """Run every check above on the file (a path or its bytes); raise ElfCheckError on the
     first failure."""
     blob = (bytes(path_or_bytes) if isinstance(path_or_bytes, (bytes, bytearray))
-            else open(path_or_bytes, "rb").read())
+            else Path(path_or_bytes).read_bytes())
     try:
         elf = ELFFile(io.BytesIO(blob))
     except PARSE_ERRORS as exc:
@@ -97,8 +98,8 @@ def check(path_or_bytes: bytes | str | os.PathLike, budget: int | None = None) -
                                 f"{_perm(seg.p_flags)}: writable and executable")
     stacks = [s for s in segments if s.p_type == "PT_GNU_STACK"]
     if not stacks:
-        raise ElfCheckError("stack", "no PT_GNU_STACK: the kernel would make the stack "
-                            "executable")
+        raise ElfCheckError("stack", "no PT_GNU_STACK: the stack's permissions are left "
+                            "to the loader's default")
     if stacks[0].p_flags & P_FLAGS.PF_X:
         raise ElfCheckError("stack", f"PT_GNU_STACK is {_perm(stacks[0].p_flags)}: "
                             "executable stack")

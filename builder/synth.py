@@ -1,0 +1,186 @@
+"""`python -m builder synth --preset {tiny,2b,7b} [--seed S] -o OUT [--gguf OUT.gguf]`:
+a random Gemma model of exactly a preset's shapes, with a valid tokenizer, no download needed.
+
+Weights are N(0, 0.02) rounded to FP16 (norms: 1 + N(0, 0.1) in FP32), drawn per tensor and
+per chunk of rows from a generator seeded by (seed, tensor number), so they are generated
+chunk by chunk (a 5 GB model never sits in memory) and the same on every pass: `--gguf` writes
+the identical weights again as an F16 GGUF for llama.cpp (arch "gemma", norms 1 + w,
+tokenizer.ggml.model "llama"); converting that GGUF back gives the same model file.
+
+The vocabulary looks like a SentencePiece BPE one: <pad> </s> <s> <unk>, <start_of_turn>,
+<end_of_turn>, user-defined whitespace pieces (tab, newline runs, runs of U+2581), the 256
+byte pieces, then normal pieces: merges of earlier pieces (scores 0, -1, -2, ...; U+2581 only
+at the start; never digits together) followed by the single characters.
+"""
+from __future__ import annotations
+
+import math
+import random
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from builder.cli import Parser, run
+from builder.convert import gguf_name
+from builder.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, UNKNOWN, USER_DEFINED, Dims, Header,
+                               ModelFormatError, TensorSpec, Vocab, make_header, tensor_layout,
+                               write_model)
+
+PRESETS = {
+    # GQA (2 query heads per kv head) and H*hd != d: what the fixtures (MQA, MHA) do not cover
+    "tiny": Dims(vocab=1024, dim=64, ffn=192, layers=2, heads=4, kv_heads=2, head_dim=24, max_ctx=512),
+    "2b": Dims(vocab=256000, dim=2048, ffn=16384, layers=18, heads=8, kv_heads=1, head_dim=256, max_ctx=8192),
+    "7b": Dims(vocab=256000, dim=3072, ffn=24576, layers=28, heads=16, kv_heads=16, head_dim=256, max_ctx=8192),
+}
+WEIGHT_STD, NORM_STD = 0.02, 0.1
+CHUNK_ELEMS = 1 << 22
+SPACE = "\u2581"
+MAX_PIECE_CHARS = 16
+
+
+def synth_vocab(n: int, seed: int) -> Vocab:
+    """A plausible SentencePiece BPE vocabulary of exactly n pieces."""
+    specials = [("<pad>", CONTROL), ("</s>", CONTROL), ("<s>", CONTROL), ("<unk>", UNKNOWN),
+                ("<start_of_turn>", USER_DEFINED), ("<end_of_turn>", USER_DEFINED), ("\t", USER_DEFINED)]
+    specials += [("\n" * k, USER_DEFINED) for k in range(2, 5)]
+    specials += [(SPACE * k, USER_DEFINED) for k in range(2, 9)]
+    specials += [("<0x%02X>" % b, BYTE) for b in range(256)]
+    n_normal = n - len(specials)
+    chars = [SPACE] + [chr(c) for c in range(0x21, 0x7F)]
+    extra = [chr(c) for c in list(range(0xC0, 0x100)) + list(range(0x3B1, 0x3CA)) + list(range(0x4E00, 0x5200))]
+    chars += extra[:max(0, n_normal // 8 - len(chars))]
+    if n_normal < len(chars):
+        raise ValueError(f"vocabulary of {n} is too small (at least {len(specials) + len(chars)})")
+    rng = random.Random(seed)
+    taken = {p for p, _ in specials} | set(chars)
+    merges: list[str] = []
+    pool = chars[:]
+    while len(merges) < n_normal - len(chars):
+        a = pool[int(len(pool) * rng.random() ** 3)]  # favour short, early pieces
+        b = pool[int(len(pool) * rng.random() ** 3)]
+        new = a + b
+        if (SPACE in b or len(new) > MAX_PIECE_CHARS or new in taken
+                or any(x.isdigit() for x in new)):
+            continue
+        taken.add(new)
+        merges.append(new)
+        pool.append(new)
+    normal = merges + chars
+    pieces = [p for p, _ in specials] + normal
+    types = [t for _, t in specials] + [NORMAL] * len(normal)
+    scores = [0.0] * len(specials) + [-float(i) for i in range(len(normal))]
+    return Vocab([p.encode() for p in pieces], scores, types, bos=2, eos=1)
+
+
+def synth_source(seed: int):
+    """The modelfile.TensorSource of the random weights (same values on every call)."""
+    def source(spec: TensorSpec) -> Iterator[np.ndarray]:
+        rng = np.random.default_rng([seed, _tensor_number(spec.name)])
+        cols = spec.shape[-1]
+        rows = math.prod(spec.shape[:-1])
+        step = max(1, CHUNK_ELEMS // cols)
+        for start in range(0, rows, step):
+            x = rng.standard_normal((min(step, rows - start), cols), dtype=np.float32)
+            if spec.dtype == "f32":
+                yield np.float32(1) + np.float32(NORM_STD) * x
+            else:
+                yield np.float32(WEIGHT_STD) * x
+    return source
+
+
+def _tensor_number(name: str) -> int:
+    """A stable number per tensor name, independent of the preset."""
+    if name == "embed":
+        return 0
+    if name == "final_norm":
+        return 1
+    _, layer, what = name.split(".")
+    return 2 + len(LAYER_TENSORS) * int(layer) + LAYER_TENSORS.index(what)
+
+
+def synth_header(preset: str, seed: int = 0) -> Header:
+    """The header `synth --preset` writes (no weights are generated)."""
+    dims = PRESETS[preset]
+    return make_header(dims, synth_vocab(dims.vocab, seed))[0]
+
+
+def write_gguf(path: Path, dims: Dims, vocab: Vocab, source, progress: bool = True) -> None:
+    """Write an F16 GGUF (llama.cpp's "gemma" layout) with the tensors of source, streamed."""
+    import gguf
+    w = gguf.GGUFWriter(path, "gemma")
+    w.add_context_length(dims.max_ctx)
+    w.add_embedding_length(dims.dim)
+    w.add_block_count(dims.layers)
+    w.add_feed_forward_length(dims.ffn)
+    w.add_head_count(dims.heads)
+    w.add_head_count_kv(dims.kv_heads)
+    w.add_key_length(dims.head_dim)
+    w.add_value_length(dims.head_dim)
+    w.add_layer_norm_rms_eps(dims.eps)
+    w.add_rope_freq_base(dims.rope_theta)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    # llama.cpp matches user-defined pieces against the raw text, so it spells their U+2581
+    # as a space (as its convert_hf_to_gguf.py does); builder.convert maps it back.
+    w.add_token_list([p.decode().replace(SPACE, " ") if t == USER_DEFINED else p.decode()
+                      for p, t in zip(vocab.pieces, vocab.types)])
+    w.add_token_scores([float(s) for s in vocab.scores])
+    w.add_token_types([int(t) for t in vocab.types])
+    w.add_bos_token_id(vocab.bos)
+    w.add_eos_token_id(vocab.eos)
+    if UNKNOWN in vocab.types:
+        w.add_unk_token_id(vocab.types.index(UNKNOWN))
+    w.add_pad_token_id(0)
+    w.add_eot_token_id(vocab.eot)
+    w.add_add_space_prefix(False)
+    w.add_add_bos_token(True)
+    specs = tensor_layout(dims)
+    for s in specs:
+        w.add_tensor_info(gguf_name(s.name), s.shape,
+                          np.dtype(np.float16 if s.dtype == "f16" else np.float32), s.nbytes)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    fout = w.fout[0]
+    with tqdm(total=sum(s.nbytes for s in specs), unit="B", unit_scale=True,
+              desc=f"writing {Path(path).name}", disable=not progress, leave=False) as bar:
+        for s in specs:
+            w.write_padding(fout, fout.tell())
+            for chunk in source(s):
+                data = chunk.astype("<f2" if s.dtype == "f16" else "<f4").tobytes()
+                fout.write(data)
+                bar.update(len(data))
+            w.write_padding(fout, s.nbytes)
+    w.close()
+
+
+def synth(preset: str, out: Path, seed: int = 0, gguf_out: Path | None = None,
+          progress: bool = True) -> Header:
+    dims = PRESETS[preset]
+    vocab = synth_vocab(dims.vocab, seed)
+    header = write_model(out, dims, vocab, synth_source(seed), progress)
+    if gguf_out is not None:
+        write_gguf(gguf_out, dims, vocab, synth_source(seed), progress)
+    return header
+
+
+def main(argv: list[str]) -> int:
+    p = Parser(prog="python -m builder synth",
+               description="Write a random Gemma model of a preset's shapes (tiny; 2b: 5.0 GB; "
+                           "7b: 17 GB) with a valid tokenizer, optionally also as an F16 GGUF.")
+    p.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="model file to write")
+    p.add_argument("--gguf", type=Path, help="also write the same weights as an F16 GGUF here")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    return run("synth", lambda: synth(args.preset, args.output, args.seed, args.gguf, not args.quiet),
+               (ModelFormatError, ValueError))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,7 @@
+"""Fuzzing the engine with hostile model files and command lines (issue 7).
+
+model.py   the engine file as the fuzzer sees it (fields, sections, tensors, validity rules)
+mutate.py  seeded mutators -> Cases (edits on a valid file + argv + what must happen)
+runner.py  runs Cases on the real binary in a small process pool and judges each run
+`python -m emu_tests.fuzz --help` runs a campaign or replays one case by its number.
+"""

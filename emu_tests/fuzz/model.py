@@ -1,0 +1,91 @@
+"""The engine model file as the fuzzer sees it: header fields, sections, tensors, validity.
+
+The format is defined once, in builder/modelfile.py; this module only parses a valid file
+(`Base`) into the numbers the mutators aim at (field offsets, section and tensor boundaries,
+piece records, index, user list) and states which headers the engine must refuse
+(`header_problems`, exact integer arithmetic).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.modelfile import (HEADER_FIELDS, HEADER_SIZE, MAGIC, PIECE, PIECE_REC, TENSOR_ALIGN,
+                               VERSION, WEIGHTS_ALIGN, Header, tensor_layout)
+
+PIECE_FIELDS = [("blob_off", 0), ("len", 4), ("score", 8), ("type", 12)]    # u32 / f32 each
+
+
+def _up(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def weights_size(h: dict) -> int:
+    """weights_size the dimensions call for, exact for any values (closed form: the mutators
+    ask it about 2^31 layers, which modelfile.weights_size would walk one by one)."""
+    d, f = h["dim"], h["ffn"]
+    q, kv = h["heads"] * h["head_dim"], h["kv_heads"] * h["head_dim"]
+    layer = sum(_up(n, TENSOR_ALIGN) for n in (4 * d, 2 * q * d, 2 * kv * d, 2 * kv * d,
+                                               2 * d * q, 4 * d, 2 * f * d, 2 * f * d, 2 * d * f))
+    return _up(2 * h["vocab"] * d, TENSOR_ALIGN) + h["layers"] * layer + _up(4 * d, TENSOR_ALIGN)
+
+
+def parse_header(data: bytes) -> dict:
+    """Every header field by name (floats as floats) from the first 256 bytes."""
+    return {name: struct.unpack_from("<" + code, data, off)[0] for name, off, code in HEADER_FIELDS}
+
+
+def header_problems(h: dict, file_len: int) -> list[str]:
+    """Why the contract makes this header invalid ([] when it does not), in exact arithmetic.
+
+    Only rules a memory-safe engine cannot skip: identity, sizes against the file length and
+    against the dimensions, every table inside the file, and the ids it indexes with."""
+    out = []
+    if h["magic"] != MAGIC or h["version"] != VERSION or h["header_size"] != HEADER_SIZE:
+        out.append("identity")
+    if h["file_size"] != file_len or h["weights_off"] + h["weights_size"] != file_len:
+        out.append("file size")
+    if h["weights_off"] % WEIGHTS_ALIGN or h["weights_size"] != weights_size(h):
+        out.append("weights")
+    if h["kv_heads"] == 0 or h["heads"] % h["kv_heads"] or h["head_dim"] % 2:
+        out.append("heads")
+    for off, n in (("pieces_off", PIECE_REC * h["vocab"]), ("index_off", 4 * h["n_index"]),
+                   ("user_off", 4 * h["n_user"]), ("blob_off", h["blob_size"])):
+        if h[off] + n > file_len:
+            out.append(off)
+    if h["bos"] >= h["vocab"] or h["byte_base"] + 256 > h["vocab"]:
+        out.append("ids")
+    return out
+
+
+@dataclass
+class Base:
+    """A valid engine file, parsed for the mutators."""
+
+    data: bytes
+
+    def __post_init__(self) -> None:
+        h = self.header = parse_header(self.data)
+        self.tensors = tensor_layout(Header.unpack(self.data))
+        self.pieces = [PIECE.unpack_from(self.data, h["pieces_off"] + PIECE_REC * i)
+                       for i in range(h["vocab"])]
+        self.index = list(struct.unpack_from(f"<{h['n_index']}I", self.data, h["index_off"]))
+        self.user = list(struct.unpack_from(f"<{h['n_user']}I", self.data, h["user_off"]))
+
+    @classmethod
+    def load(cls, path: Path) -> "Base":
+        return cls(Path(path).read_bytes())
+
+    def boundaries(self) -> dict[str, int]:
+        """Where every header field, section and tensor starts (and the file ends)."""
+        h = self.header
+        out = {f"header.{name}": off for name, off, code in HEADER_FIELDS}
+        out.update({"header.end": HEADER_SIZE, "pieces": h["pieces_off"],
+                    "pieces.second": h["pieces_off"] + PIECE_REC,
+                    "pieces.last": h["pieces_off"] + PIECE_REC * (h["vocab"] - 1),
+                    "index": h["index_off"], "user": h["user_off"], "blob": h["blob_off"],
+                    "blob.end": h["blob_off"] + h["blob_size"], "weights": h["weights_off"],
+                    "file.end": h["file_size"]})
+        out.update({f"tensor.{t.name}": h["weights_off"] + t.offset for t in self.tensors})
+        return out

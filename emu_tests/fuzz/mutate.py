@@ -1,0 +1,427 @@
+"""Seeded mutators: hostile model files and command lines for the real binary.
+
+`make_cases(base, seed, count)` returns `count` Cases: first the systematic list (every header
+field set to edge values; dimensions whose 32- and 64-bit products wrap back to the real sizes;
+offsets and sizes past the end and wrapping; truncation at and around every section, field and
+tensor boundary; corrupted piece records, index, user list and blob; NaN and infinity in float
+fields and weights; hostile command lines), then seeded random mutations up to `count`. The
+same (base, seed, count) always gives the same cases, so a failure is reproduced by its number.
+
+A Case is data only: (offset, bytes) edits on the base file, an optional new length, an argv
+whose placeholders (MODEL, LOGITS, ...) the runner fills in, where stdout goes, and `reject`:
+True when the input breaks the contract and the engine must refuse it (exit status non-zero).
+"""
+from __future__ import annotations
+
+import random
+import struct
+from dataclasses import dataclass
+
+from builder.modelfile import BYTE, HEADER_FIELDS, HEADER_SIZE, PIECE_REC
+
+from .model import PIECE_FIELDS, Base, header_problems, parse_header, weights_size
+
+MODEL = b"@MODEL@"      # the case's model file (the base file when the case has no edits)
+LOGITS = b"@LOGITS@"    # a writable path in the runner's directory
+NOFILE = b"@NOFILE@"    # a path that does not exist
+EMPTY = b"@EMPTY@"      # an empty file
+DIR = b"@DIR@"          # a directory
+PLACEHOLDERS = (MODEL, LOGITS, NOFILE, EMPTY, DIR)
+
+PROMPTS = [b"Hello world", b"<start_of_turn>user\n\tHi  there</h1><b>x</b>\n\n<end_of_turn>",
+           "日本語 🙂 ünïcödé".encode(), b"\x01\x02 \x7f", b"a", b"1234 5678 the cat"]
+BAD_UTF8 = [b"\xff", b"\xfe\xff", b"\xc3", b"a\xc3", b"\xe2\x96", b"\xe2\x96 x", b"\xc0\xaf",
+            b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf8\x88\x80\x80\x80", b"\x80\x80\x80",
+            b"ok\xe6\x97\xa5\xe6\x9c", b"\xf0\x9f\x99", b"\x80" * 300]
+NUMERIC_FLAGS = [b"-n", b"--temp", b"--top-p", b"-s", b"-t", b"-c"]
+VALUE_FLAGS = [b"-m", b"-p", b"--logits"] + NUMERIC_FLAGS
+NOT_NUMBERS = [b"", b"abc", b"1x", b"x1", b".", b"-", b"--", b"\xd9\xa1", b"\xef\xbc\x91",
+               b"1 2", b"0x", b"e5", b"--tokens"]
+NUMBERS = [b"0", b"1", b"-1", b"-0", b"+1", b" 1", b"1 ", b"0x10", b"1e3", b"1.5", b"nan",
+           b"inf", b"-inf", b"1e999", b"-1e999", b"1e-50", b"0.000000000000000000001",
+           b"4294967295", b"4294967296", b"2147483648", b"-2147483649", b"18446744073709551615",
+           b"9223372036854775808", b"65536", b"100000000", b"3.4e38", b"1e-45"]
+TOO_BIG = [b"18446744073709551616", b"99999999999999999999", b"9" * 100]
+U32_EDGES = [0, 1, 2, 3, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0xFFFFFFFF]
+F32_BITS = [0x7FC00000, 0xFFC00000, 0x7F800001, 0x7F800000, 0xFF800000, 0, 0x80000000,
+            0xBF800000, 0x00000001, 0x7F7FFFFF, 0x00800000]
+F16_BITS = [0x7E00, 0x7C00, 0xFC00, 0x7BFF, 0xFBFF, 0x0001]
+DIMS = ["vocab", "dim", "ffn", "layers", "heads", "kv_heads", "head_dim"]
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    edits: tuple[tuple[int, bytes], ...] = ()
+    size: int | None = None
+    argv: tuple[bytes, ...] = ()
+    stdout: str = "pipe"        # "pipe", "full" (/dev/full) or "closed"
+    reject: bool = False
+
+    def recipe(self) -> str:
+        """The case in words: what was done to the file and the command line."""
+        parts = [self.label]
+        parts += [f"bytes at {off} (0x{off:x}) := {data[:16].hex()}{'...' if len(data) > 16 else ''}"
+                  f" ({len(data)} bytes)" for off, data in self.edits[:6]]
+        if len(self.edits) > 6:
+            parts.append(f"... {len(self.edits) - 6} more edits")
+        if self.size is not None:
+            parts.append(f"file length := {self.size}")
+        parts.append("argv: gemma " + " ".join(repr(a)[1:] if len(a) < 60 else
+                                               f"<{len(a)} bytes {a[:20]!r}...>" for a in self.argv))
+        if self.stdout != "pipe":
+            parts.append(f"stdout: {self.stdout}")
+        return "; ".join(parts)
+
+
+class _Maker:
+    """Builds cases on one base file; `rng` picks the command line of each file mutation."""
+
+    def __init__(self, base: Base, rng: random.Random):
+        self.base, self.rng = base, rng
+        self.h = base.header
+        self.len = len(base.data)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def argv(self, prompt: bytes | None = None) -> tuple[bytes, ...]:
+        p = prompt if prompt is not None else self.rng.choice(PROMPTS)
+        return self.rng.choice([
+            (b"-m", MODEL, b"-p", p, b"-n", b"2"),
+            (b"-m", MODEL, b"-p", p, b"--tokens"),
+            (b"-m", MODEL, b"-p", p, b"-n", b"2", b"--temp", b"1", b"-s", b"7", b"--top-p", b"0.9"),
+            (b"-m", MODEL, b"-p", p, b"-n", b"2", b"--logits", LOGITS)])
+
+    def header_case(self, label: str, values: dict, size: int | None = None,
+                    prompt: bytes | None = None) -> Case:
+        """Set header fields (name -> value; f32 fields as their bits); `reject` from the
+        contract's rules (model.header_problems)."""
+        h = dict(self.h, **values)
+        length = self.len if size is None else size
+        edits = []
+        for name, off, code in HEADER_FIELDS:
+            if name in values and off + struct.calcsize(code) <= length:
+                v = values[name]
+                raw = struct.pack("<" + code, v) if code != "f" else struct.pack("<I", v)
+                edits.append((off, raw))
+        reject = length < HEADER_SIZE or bool(header_problems(h, length))
+        return Case(label, tuple(edits), size, self.argv(prompt), reject=reject)
+
+    def u32_at(self, off: int, v: int) -> tuple[int, bytes]:
+        return off, struct.pack("<I", v & 0xFFFFFFFF)
+
+    def piece_text(self, i: int) -> bytes:
+        """A prompt that makes the tokenizer reach piece i."""
+        blob_off, n, score, kind = self.base.pieces[i]
+        raw = self.base.data[self.h["blob_off"] + blob_off:self.h["blob_off"] + blob_off + n]
+        if kind == BYTE:
+            raw = bytes([i - self.h["byte_base"]])
+        return raw.replace("\u2581".encode(), b" ").replace(b"\0", b"\1") + b" and more text"
+
+    # -- systematic families ---------------------------------------------------------------
+    def header_fields(self) -> list[Case]:
+        out = []
+        for name, off, code in HEADER_FIELDS:
+            orig = self.h[name]
+            if code == "8s":
+                for i in range(8):
+                    bad = bytearray(orig)
+                    bad[i] ^= 0x20
+                    out.append(self.header_case(f"magic byte {i} flipped", {name: bytes(bad)}))
+                out.append(self.header_case("magic zeroed", {name: bytes(8)}))
+                continue
+            if code == "f":
+                bits = struct.unpack("<I", struct.pack("<f", orig))[0]
+                for v in F32_BITS:
+                    if v != bits:
+                        out.append(self.header_case(f"{name} := f32 bits 0x{v:08x}", {name: v}))
+                continue
+            if code == "I":
+                values = U32_EDGES + [orig - 1, orig + 1, 2 * orig, orig | 0x80000000]
+                mask = 0xFFFFFFFF
+            else:
+                fs = self.h["file_size"]
+                values = [0, 1, orig - 1, orig + 1, orig + 64, orig + 4096, fs - 1, fs, fs + 1,
+                          1 << 32, (1 << 32) + orig, 1 << 63, (1 << 64) - 1, (1 << 64) - orig,
+                          (1 << 64) - 4096]
+                mask = (1 << 64) - 1
+            for v in dict.fromkeys(v & mask for v in values):
+                if v != orig:
+                    out.append(self.header_case(f"{name} := {v:#x}", {name: v}))
+        pad = (self.header_case("header padding 152..255 := 0xff", {}))
+        out.append(Case(pad.label, ((152, b"\xff" * 104),), None, pad.argv))
+        return out
+
+    def wraps(self) -> list[Case]:
+        """Dimensions (one or two) whose products wrap 32 or 64 bits back onto the real sizes."""
+        real, out, seen = weights_size(self.h), [], set()
+        cands = {f: sorted({(self.h[f] + (1 << k)) & 0xFFFFFFFF for k in range(8, 32)}
+                           | {1 << k for k in range(16, 32)}) for f in DIMS}
+        for i, f in enumerate(DIMS):
+            for g in DIMS[i:]:
+                for a in cands[f]:
+                    for b in (cands[g] if g != f else [a]):
+                        h = dict(self.h, **{f: a, g: b})
+                        ws = weights_size(h)
+                        for bits in (32, 64):
+                            m = (1 << bits) - 1
+                            if ws != real and ws & m == real & m and (f, g, bits) not in seen:
+                                seen.add((f, g, bits))
+                                pair = f"{f}={a:#x}" + (f" {g}={b:#x}" if g != f else "")
+                                out.append(self.header_case(
+                                    f"{pair}: weights_size wraps {bits} bits", {f: a, g: b}))
+        v = self.h["vocab"] + (1 << 28)
+        if weights_size(dict(self.h, vocab=v)) & 0xFFFFFFFF == real & 0xFFFFFFFF:
+            out.append(self.header_case("vocab += 2^28: pieces and embed sizes wrap 32 bits",
+                                        {"vocab": v}))
+        for name in ("n_index", "n_user"):
+            out.append(self.header_case(f"{name} += 2^30: table size wraps 32 bits",
+                                        {name: self.h[name] + (1 << 30)}))
+        M = 1 << 64
+        end = {"pieces_off": PIECE_REC * self.h["vocab"], "index_off": 4 * self.h["n_index"],
+               "user_off": 4 * self.h["n_user"], "blob_off": self.h["blob_size"]}
+        for name, n in end.items():
+            o = self.h[name]
+            out.append(self.header_case(f"{name} near 2^64: offset + size wraps 64 bits",
+                                        {name: M - max(n // 2, 1)}))
+            out.append(self.header_case(f"{name} += 2^32", {name: o + (1 << 32)}))
+            out.append(self.header_case(f"{name} := 2^64-1", {name: M - 1}))
+        bo, bs = self.h["blob_off"], self.h["blob_size"]
+        out.append(self.header_case("blob_off=2^64-1, blob_size wraps to the real end",
+                                    {"blob_off": M - 1, "blob_size": bo + bs + 1}))
+        wo, fs = self.h["weights_off"], self.h["file_size"]
+        for k in (1, 2, 16):
+            w = M - 4096 * k
+            out.append(self.header_case(f"weights_off=2^64-{4096 * k}: off+size wraps to file_size",
+                                        {"weights_off": w, "weights_size": (fs - w) % M}))
+        out.append(self.header_case("weights_off += 2^32, weights_size -= 2^32 (mod 2^64)",
+                                    {"weights_off": wo + (1 << 32),
+                                     "weights_size": (self.h["weights_size"] - (1 << 32)) % M}))
+        return out
+
+    def truncations(self) -> list[Case]:
+        """Lengths at and around every boundary: header left alone, file_size patched, and
+        file_size and weights_size both patched (only the tensors are then missing)."""
+        out = []
+        points = sorted({b + d for b in self.base.boundaries().values() for d in (-1, 0, 1)}
+                        | {self.len + 1, self.len + 4096, 1, 7, 64})
+        for n in points:
+            if n < 0 or n == self.len:
+                continue
+            out.append(Case(f"file truncated to {n} bytes", size=n, argv=self.argv(), reject=True))
+            out.append(self.header_case(f"file truncated to {n}, file_size := {n}",
+                                        {"file_size": n}, size=n))
+            ws = (n - self.h["weights_off"]) % (1 << 64)
+            out.append(self.header_case(f"file truncated to {n}, file_size and weights_size agree",
+                                        {"file_size": n, "weights_size": ws}, size=n))
+        return out
+
+    def tokenizer_tables(self) -> list[Case]:
+        h, b, out = self.h, self.base, []
+        ids = dict.fromkeys([h["bos"], h["eos"], 0, 3, h["byte_base"], h["byte_base"] + 255,
+                             b.index[0], b.index[len(b.index) // 2], b.index[-1], h["vocab"] - 1]
+                            + b.user[:1] + b.user[-1:])
+        values = {"blob_off": [h["blob_size"], h["blob_size"] - 1, 0x7FFFFFFF, 0xFFFFFFFF],
+                  "len": [0, h["max_piece_len"] + 1, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF],
+                  "score": [0x7FC00000, 0x7F800000, 0xFF800000, 0x7F7FFFFF],
+                  "type": [0, 1, 2, 3, 4, 5, 6, 7, 0xFFFFFFFF]}
+        for i in ids:
+            for field, foff in PIECE_FIELDS:
+                for v in values[field]:
+                    at = h["pieces_off"] + PIECE_REC * i + foff
+                    out.append(Case(f"piece {i} {field} := {v:#x}", (self.u32_at(at, v),),
+                                    argv=self.argv(self.piece_text(i))))
+        for field, foff in PIECE_FIELDS:       # every record: hits whatever is sampled
+            for v in values[field]:
+                edits = tuple(self.u32_at(h["pieces_off"] + PIECE_REC * i + foff, v)
+                              for i in range(h["vocab"]))
+                out.append(Case(f"every piece {field} := {v:#x}", edits, argv=self.argv()))
+        n = len(b.index)
+        for pos in (0, n // 2, n - 1):
+            text = self.piece_text(b.index[pos])
+            for v in (h["vocab"], h["vocab"] + 1, 0x7FFFFFFF, 0xFFFFFFFF, 0, h["bos"],
+                      h["byte_base"], *(b.user[:1])):
+                out.append(Case(f"index[{pos}] := {v:#x}",
+                                (self.u32_at(h["index_off"] + 4 * pos, v),), argv=self.argv(text)))
+
+        def index_case(label: str, entries: list[int]) -> Case:
+            return Case(label, ((h["index_off"], struct.pack(f"<{len(entries)}I", *entries)),),
+                        argv=self.argv())
+        for pos in (0, n // 2, n - 2):
+            e = list(b.index)
+            e[pos], e[pos + 1] = e[pos + 1], e[pos]
+            out.append(index_case(f"index entries {pos} and {pos + 1} swapped", e))
+        shuffled = list(b.index)
+        random.Random(1).shuffle(shuffled)
+        out += [index_case("index reversed", b.index[::-1]),
+                index_case("index shuffled", shuffled),
+                index_case("index all zero", [0] * n),
+                index_case("index all vocab-1", [h["vocab"] - 1] * n),
+                index_case("index first half twice", (b.index[:n // 2] * 2 + b.index)[:n])]
+        user_prompt = PROMPTS[1]
+        for pos in dict.fromkeys((0, len(b.user) - 1)) if b.user else ():
+            for v in (h["vocab"], 0xFFFFFFFF, b.index[0], h["byte_base"]):
+                out.append(Case(f"user[{pos}] := {v:#x}",
+                                (self.u32_at(h["user_off"] + 4 * pos, v),),
+                                argv=self.argv(user_prompt)))
+        if b.user:
+            out.append(Case("user list reversed (shortest first)", ((h["user_off"], struct.pack(
+                f"<{len(b.user)}I", *b.user[::-1])),), argv=self.argv(user_prompt)))
+        bo, bs = h["blob_off"], h["blob_size"]
+        rnd = random.Random(2).randbytes(bs)
+        for label, data in (("blob all 0xff", b"\xff" * bs), ("blob all zero", bytes(bs)),
+                            ("blob random", rnd), ("blob reversed", b.data[bo:bo + bs][::-1])):
+            for prompt in (PROMPTS[0], PROMPTS[2]):
+                out.append(Case(label, ((bo, data),), argv=self.argv(prompt)))
+        return out
+
+    def float_weights(self) -> list[Case]:
+        """NaN, infinity and f16 extremes in weights, sampled greedily and with temperature."""
+        out, wo = [], self.h["weights_off"]
+        tensors = {t.name: t for t in self.base.tensors}
+        picks = [("layers.0.attn_norm", 0x7FC00000), ("layers.0.attn_norm", 0),
+                 ("final_norm", 0x7F800000), ("final_norm", 0xFF800000),
+                 ("layers.0.ffn_norm", 0x7F7FFFFF), ("embed", 0x7E00), ("embed", 0x7BFF),
+                 ("embed", 0xFC00), ("layers.0.wq", 0x7C00), ("layers.0.wk", 0x7BFF),
+                 ("layers.0.wv", 0x7E00), ("layers.0.gate", 0x7BFF), ("layers.0.down", 0x7C00)]
+        for name, bits in picks:
+            t = tensors[name]
+            width = 4 if t.dtype == "f32" else 2
+            edit = ((wo + t.offset, bits.to_bytes(width, "little") * (t.nbytes // width)),)
+            for tail in ((), (b"--temp", b"1", b"--top-p", b"0.9", b"-s", b"3")):
+                out.append(Case(f"{name} all {t.dtype} bits {bits:#x}", edit,
+                                argv=(b"-m", MODEL, b"-p", PROMPTS[0], b"-n", b"3") + tail))
+        return out
+
+    def command_lines(self) -> list[Case]:
+        ok = (b"-m", MODEL, b"-p", b"hi", b"-n", b"2")
+        out = []
+        for f in VALUE_FLAGS:
+            out.append(Case(f"{f!r} without a value", argv=ok + (f,), reject=True))
+        for bad in (b"-x", b"--foo", b"-", b"--", b"-mm", b"--temp=1", b"-n5", b"---", b"-M",
+                    b"--TOKENS", b"\xff", b"", b"-p\xff", b"--top", b"--logit", b"-tokens"):
+            out.append(Case(f"unknown flag {bad!r} last", argv=ok + (bad,), reject=True))
+            out.append(Case(f"unknown flag {bad!r} first", argv=(bad,) + ok, reject=True))
+        for f in NUMERIC_FLAGS:
+            for v in NOT_NUMBERS + TOO_BIG:
+                out.append(Case(f"{f!r} {v!r}", argv=ok + (f, v), reject=True))
+            for v in NUMBERS:
+                out.append(Case(f"{f!r} {v!r}", argv=ok + (f, v),
+                                reject=v.startswith(b"-") and f in (b"-n", b"-t", b"-c")
+                                and v.strip(b"-0") != b""))
+        for path in (NOFILE, EMPTY, DIR, b"/dev/null", b"/dev/zero", b"", b"/", b"/proc/self/maps",
+                     b"/etc/passwd", b"/" + b"a" * 5000):
+            out.append(Case(f"model path {path!r}", argv=(b"-m", path, b"-p", b"hi"), reject=True))
+        out.append(Case("no -m", argv=(b"-p", b"hi", b"-n", b"2"), reject=True))
+        out.append(Case("only --tokens", argv=(b"--tokens",), reject=True))
+        for p in [b""] + BAD_UTF8:
+            for tail in ((b"-n", b"2"), (b"--tokens",)):
+                out.append(Case(f"prompt {p[:12]!r}", argv=(b"-m", MODEL, b"-p", p) + tail))
+        ctx = min(self.h["max_ctx"], 4096)
+        for k in (6, 7, 8, 9):       # k control bytes -> k byte pieces + BOS = k+1 tokens
+            out.append(Case(f"-c 8, prompt of {k + 1} tokens", argv=(
+                b"-m", MODEL, b"-c", b"8", b"-p", b"\x01" * k, b"-n", b"4"), reject=k + 1 > 8))
+        for n in (ctx - 1, ctx, ctx + 1, 2 * ctx):
+            out.append(Case(f"prompt of {n} byte tokens + BOS (default context {ctx})",
+                            argv=(b"-m", MODEL, b"-p", b"\x01" * n, b"--tokens"),
+                            reject=n + 1 > ctx))
+        for label, p in (("100000 x 'a'", b"a" * 100000), ("131000 bytes \\x01", b"\x01" * 131000),
+                         ("40000 x '日'", "日".encode() * 40000),
+                         ("120000 random printable", bytes(random.Random(3).choices(
+                             range(32, 127), k=120000))),
+                         ("65000 x 'ab '", b"ab " * 21666)):
+            out.append(Case(f"long prompt {label}", argv=(b"-m", MODEL, b"-p", p, b"-n", b"2"),
+                            reject=True))
+        out.append(Case("-c 4 -n 1000", argv=(b"-m", MODEL, b"-c", b"4", b"-p", b"a", b"-n", b"1000")))
+        out.append(Case("-c 1 -p ''", argv=(b"-m", MODEL, b"-c", b"1", b"-p", b"", b"-n", b"5")))
+        for dest, reject in ((DIR, True), (NOFILE + b"/x", True), (b"/dev/full", True),
+                             (b"/dev/null", False), (b"", True), (MODEL + b".missing/x", True)):
+            out.append(Case(f"--logits {dest!r}", argv=ok + (b"--logits", dest), reject=reject))
+        out.append(Case("stdout /dev/full, --tokens", argv=(b"-m", MODEL, b"-p", b"hi", b"--tokens"),
+                        stdout="full", reject=True))
+        out.append(Case("stdout /dev/full, -n 4", argv=ok, stdout="full"))
+        out.append(Case("stdout closed, --tokens", argv=(b"-m", MODEL, b"-p", b"hi", b"--tokens"),
+                        stdout="closed", reject=True))
+        out.append(Case("stdout closed, bad flag", argv=ok + (b"-x",), stdout="closed", reject=True))
+        for argv in ((b"-n", b"2", b"-n", b"3"), (b"-m", NOFILE), (b"-m", EMPTY), (b"-p", b"x"),
+                     (b"--tokens", b"--tokens"), (b"-p", b"-n"), (b"-t", b"64"), (b"-t", b"1000"),
+                     (b"-s", b"0"), (b"-c", b"100000"), (b"-c", b"4294967295")):
+            out.append(Case(f"extra {argv!r}", argv=ok + argv))
+        out.append(Case("-m -p", argv=(b"-m", b"-p", b"hi")))
+        out.append(Case("2000 x --tokens", argv=(b"-m", MODEL, b"-p", b"hi") + (b"--tokens",) * 2000))
+        for t in (b"1e-30", b"1e-7", b"0.5", b"1", b"100", b"1e30", b"3.4e38", b"1e-45"):
+            for p in (b"0", b"1e-30", b"0.5", b"1"):
+                out.append(Case(f"--temp {t!r} --top-p {p!r}", argv=(
+                    b"-m", MODEL, b"-p", PROMPTS[0], b"-n", b"6", b"--temp", t, b"--top-p", p,
+                    b"-s", b"11")))
+        return out
+
+    # -- random fill -----------------------------------------------------------------------
+    def random_case(self, k: int) -> Case:
+        r, h = self.rng, self.h
+        kind = r.randrange(8)
+        if kind == 0:
+            fields = r.sample(HEADER_FIELDS[1:], r.randint(1, 3))
+            values = {}
+            for name, off, code in fields:
+                width = {"I": 32, "f": 32, "Q": 64}[code]
+                v = r.choice([r.getrandbits(width), r.choice(U32_EDGES), h[name] + r.randint(-3, 3)
+                              if code != "f" else r.choice(F32_BITS)])
+                values[name] = v & ((1 << width) - 1)
+            return self.header_case(f"random #{k}: header " + ", ".join(
+                f"{n}={v:#x}" for n, v in values.items()), values)
+        if kind == 1:
+            edits = tuple((r.randrange(HEADER_SIZE), bytes([r.randrange(256)]))
+                          for _ in range(r.randint(1, 4)))
+            data = bytearray(self.base.data[:HEADER_SIZE])
+            for off, raw in edits:
+                data[off:off + 1] = raw
+            bad = bool(header_problems(parse_header(bytes(data)), self.len))
+            return Case(f"random #{k}: header bytes", edits, argv=self.argv(), reject=bad)
+        if kind == 2:
+            lo, hi = h["pieces_off"], h["blob_off"] + h["blob_size"]
+            edits = tuple((r.randrange(lo, hi), r.randbytes(r.randint(1, 8)))
+                          for _ in range(r.randint(1, 8)))
+            return Case(f"random #{k}: tokenizer bytes", edits, argv=self.argv())
+        if kind == 3:
+            n = r.randrange(self.len)
+            return Case(f"random #{k}: truncated to {n}", size=n, argv=self.argv(), reject=True)
+        if kind == 4:
+            i = r.randrange(h["vocab"])
+            field, foff = r.choice(PIECE_FIELDS)
+            v = r.choice([r.getrandbits(32), r.choice(U32_EDGES), r.choice(F32_BITS)])
+            return Case(f"random #{k}: piece {i} {field} := {v:#x}",
+                        (self.u32_at(h["pieces_off"] + PIECE_REC * i + foff, v),),
+                        argv=self.argv(self.piece_text(i)))
+        if kind == 5:
+            table, n = r.choice([("index_off", h["n_index"]), ("user_off", h["n_user"])])
+            if n == 0:
+                table, n = "index_off", h["n_index"]
+            pos, v = r.randrange(n), r.choice([r.getrandbits(32), r.randrange(h["vocab"])])
+            return Case(f"random #{k}: {table}[{pos}] := {v:#x}",
+                        (self.u32_at(h[table] + 4 * pos, v),), argv=self.argv())
+        if kind == 6:
+            t = r.choice(self.base.tensors)
+            width = 4 if t.dtype == "f32" else 2
+            bits = r.choice(F32_BITS if t.dtype == "f32" else F16_BITS)
+            edits = tuple((h["weights_off"] + t.offset + width * r.randrange(t.nbytes // width),
+                           bits.to_bytes(width, "little")) for _ in range(r.randint(1, 16)))
+            return Case(f"random #{k}: {t.name} elements := {bits:#x}", edits,
+                        argv=self.argv() + (b"--temp", b"1"))
+        pool = VALUE_FLAGS + [b"--tokens", b"-x"] + NOT_NUMBERS + NUMBERS + TOO_BIG + BAD_UTF8 \
+            + PROMPTS + [MODEL, NOFILE, EMPTY, LOGITS]
+        argv = [b"-m", MODEL] if r.random() < 0.7 else []
+        argv += [r.choice(pool) for _ in range(r.randint(1, 6))]
+        return Case(f"random #{k}: command line", argv=tuple(argv))
+
+
+def make_cases(base: Base, seed: int, count: int) -> list[Case]:
+    """The systematic cases, then seeded random ones, `count` in all (the systematic list is
+    cut when `count` is smaller)."""
+    m = _Maker(base, random.Random(seed))
+    cases = (m.header_fields() + m.wraps() + m.truncations() + m.tokenizer_tables()
+             + m.float_weights() + m.command_lines())
+    k = 0
+    while len(cases) < count:
+        cases.append(m.random_case(k))
+        k += 1
+    return cases[:count]

@@ -1,0 +1,313 @@
+"""Call one routine of an image in Unicorn, with every rule of the engine's ABI checked.
+
+Contract: `Emulator(image).call(name, *args, budget=...) -> CallResult` (arguments: see
+call.py). Before running, the code reachable from the routine is scanned and any VEX/EVEX
+instruction is refused (`RefusedCode`, naming the instruction). Each call gets a fresh CPU
+(model Penryn: SSE..SSE4.1, the baseline; an instruction beyond it faults as invalid) with the
+image's segments, one mapping per buffer followed by an unmapped guard page, a stack, and a
+sentinel return address. During the call:
+- every read and write must fall inside a buffer (writes: Out buffers only), the image's
+  segments (writes: writable ones) or the routine's stack frame (below its return address) —
+  byte-exact, through memory hooks on every page that such a region covers only in part;
+- at every `call` the routine makes rsp must be 16-byte aligned;
+- no more than `budget` instructions may run (the count is returned).
+After it returns: rbx rbp r12-r15 and rsp are as before, DF is clear, MXCSR and the x87 control
+word are unchanged and the x87 stack is empty. Any breach raises `KernelFault` (an
+AssertionError) naming the routine, what happened, the address, the instruction and the
+nearest buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from unicorn import (UC_ARCH_X86, UC_ERR_INSN_INVALID, UC_HOOK_BLOCK, UC_HOOK_MEM_PROT,
+                     UC_HOOK_MEM_READ, UC_HOOK_MEM_UNMAPPED, UC_HOOK_MEM_WRITE, UC_MEM_FETCH,
+                     UC_MEM_FETCH_PROT, UC_MEM_FETCH_UNMAPPED, UC_MEM_READ, UC_MEM_READ_PROT,
+                     UC_MEM_READ_UNMAPPED, UC_MEM_WRITE, UC_MODE_64, UC_PROT_EXEC,
+                     UC_PROT_READ, UC_PROT_WRITE, Uc, UcError)
+from unicorn import x86_const as R
+
+from . import code
+from .call import INT_REGS, JUNK_XMM, CallResult, plan, place
+from .image import PAGE, Image, page_down, page_up
+
+CPU_MODEL = R.UC_CPU_X86_PENRYN
+CR4_OSFXSR_OSXMMEXCPT = 0x600      # without them every SSE instruction is #UD
+MXCSR_DEFAULT = 0x1F80             # Linux start-up state: all exceptions masked, round-nearest
+FPCW_DEFAULT = 0x037F              # x87: 64-bit mantissa, all exceptions masked
+EFLAGS_DF = 0x400
+RFLAGS_START = 0x202
+
+BUF_BASE = 0x10000000
+STACK_TOP = 0x7FF00000
+STACK_SIZE = 0x40000
+RETURN = 0x7FFE0000                # sentinel return address (a page of hlt)
+RSP_ENTRY = STACK_TOP - 0x48       # rsp at entry: (rsp + 8) % 16 == 0 as after a call
+STRADDLE = 64                      # widest access (zmm) that can start before a hooked page
+DEFAULT_BUDGET = 5_000_000
+TIMEOUT_US = 120_000_000
+
+REG = {n: getattr(R, f"UC_X86_REG_{n.upper()}") for n in
+       (*INT_REGS, "rax", "rbx", "rbp", "r10", "r11", "r12", "r13", "r14", "r15", "rsp", "rip")}
+CALLEE_SAVED = {"rbx": 0x0B0B0B0B_1BADF00D, "rbp": 0x0B0B0B0B_2BADF00D,
+                "r12": 0x0B0B0B0B_3BADF00D, "r13": 0x0B0B0B0B_4BADF00D,
+                "r14": 0x0B0B0B0B_5BADF00D, "r15": 0x0B0B0B0B_6BADF00D}
+JUNK_GPR = 0x5A5A5A5A_DEADBEEF
+XMM = [getattr(R, f"UC_X86_REG_XMM{i}") for i in range(16)]
+
+
+class KernelFault(AssertionError):
+    """A routine broke a rule of the ABI or touched memory it was not given."""
+
+
+class RefusedCode(KernelFault):
+    """The routine contains code Unicorn cannot be trusted with."""
+
+
+def perms(seg) -> int:
+    return ((UC_PROT_READ if seg.readable else 0) | (UC_PROT_WRITE if seg.writable else 0)
+            | (UC_PROT_EXEC if seg.executable else 0))
+
+
+def new_machine(image: Image) -> Uc:
+    """A fresh x86-64 Unicorn CPU (baseline model, SSE enabled, Linux FPU state) holding the
+    image's segments at their addresses with their permissions (pages shared by two segments
+    get the union)."""
+    uc = Uc(UC_ARCH_X86, UC_MODE_64)
+    uc.ctl_set_cpu_model(CPU_MODEL)
+    uc.reg_write(R.UC_X86_REG_CR4, uc.reg_read(R.UC_X86_REG_CR4) | CR4_OSFXSR_OSXMMEXCPT)
+    uc.reg_write(R.UC_X86_REG_MXCSR, MXCSR_DEFAULT)
+    uc.reg_write(R.UC_X86_REG_FPCW, FPCW_DEFAULT)
+    page_perms: dict[int, int] = {}
+    for seg in image.segments:
+        for p in range(page_down(seg.address), page_up(seg.end), PAGE):
+            page_perms[p] = page_perms.get(p, 0) | perms(seg)
+    for p, pr in sorted(page_perms.items()):
+        uc.mem_map(p, PAGE, pr)
+    for seg in image.segments:
+        uc.mem_write(seg.address, seg.data)
+    return uc
+
+
+@dataclass(frozen=True)
+class Region:
+    lo: int
+    hi: int
+    what: str          # "output buffer xout (7 x float32)", "the stack frame", ...
+    writable: bool
+    itemsize: int = 1  # > 1 for buffers: relations are also given as element indices
+
+    def distance(self, a: int, size: int) -> int:
+        return max(self.lo - (a + size), a - self.hi, 0)
+
+    def relation(self, a: int, size: int) -> str:
+        span = f"{self.what} at [{self.lo:#x}, {self.hi:#x})"
+        index = f" (element {(a - self.lo) // self.itemsize})" if self.itemsize > 1 else ""
+        if a < self.hi < a + size:
+            return f"runs {a + size - self.hi} bytes past the end of {span}"
+        if a >= self.hi:
+            return f"{a - self.hi} bytes after the end{index} of {span}"
+        if a < self.lo:
+            return f"{self.lo - a} bytes before the start of {span}"
+        return f"inside{index} {span}, which is read-only"
+
+
+class _Call:
+    """The state of one emulated call: its machine, regions, hooks and first violation."""
+
+    def __init__(self, image: Image, name: str, args: tuple, budget: int):
+        self.image, self.name, self.budget = image, name, budget
+        self.sym = image.symbol(name)
+        self.fault: str | None = None
+        self.count = 0
+        self.blocks: dict[int, tuple[int, int | None, str | None]] = {}
+        self.pending_call: int | None = None
+        self.plan = plan(args)
+        self.uc = new_machine(image)
+        self.regions = [Region(s.address, s.end, "the image's "
+                               + ("writable" if s.writable else "read-only") + " segment",
+                               s.writable) for s in image.segments]
+        self._map_buffers()
+        self._map_stack()
+        self._hook()
+
+    def _map_buffers(self) -> None:
+        self.address_of: dict[int, int] = {}
+        base = BUF_BASE
+        for buf in self.plan.buffers:
+            pages, off = place(buf.nbytes)
+            prot = UC_PROT_READ | (UC_PROT_WRITE if buf.writable else 0)
+            self.uc.mem_map(base, pages * PAGE, prot)
+            addr = base + off
+            self.uc.mem_write(addr, buf.array.tobytes())
+            self.address_of[id(buf)] = addr
+            self.regions.append(Region(addr, addr + buf.nbytes,
+                                       f"{buf.label()} ({buf.array.size} x {buf.array.dtype})",
+                                       buf.writable, buf.array.itemsize))
+            base += (pages + 1) * PAGE          # one unmapped guard page after each buffer
+
+    def _map_stack(self) -> None:
+        uc = self.uc
+        uc.mem_map(STACK_TOP - STACK_SIZE, STACK_SIZE, UC_PROT_READ | UC_PROT_WRITE)
+        uc.mem_write(RSP_ENTRY, (RETURN.to_bytes(8, "little")
+                                 + b"\xa5" * (STACK_TOP - RSP_ENTRY - 8)))
+        uc.mem_map(RETURN, PAGE, UC_PROT_READ | UC_PROT_EXEC)
+        uc.mem_write(RETURN, b"\xf4" * PAGE)
+        self.regions.append(Region(STACK_TOP - STACK_SIZE, RSP_ENTRY + 8,
+                                   "the stack frame", True))
+
+    def _hook(self) -> None:
+        uc = self.uc
+        partial = set()
+        for r in self.regions:
+            for edge in (r.lo, r.hi):
+                if edge % PAGE:
+                    partial.add(page_down(edge))
+        for p in sorted(partial):
+            uc.hook_add(UC_HOOK_MEM_READ | UC_HOOK_MEM_WRITE, self._on_access,
+                        begin=p - STRADDLE, end=p + PAGE - 1)
+        uc.hook_add(UC_HOOK_MEM_UNMAPPED | UC_HOOK_MEM_PROT, self._on_bad_access)
+        uc.hook_add(UC_HOOK_BLOCK, self._on_block)
+
+    # --- hooks -----------------------------------------------------------------------------
+    def _where(self) -> str:
+        rip = self.uc.reg_read(R.UC_X86_REG_RIP)
+        insn = code.decode(self.image.read(rip, code.MAX_INSN), rip)
+        return code.describe(self.image, insn) if insn else self.image.where(rip)
+
+    def _violation(self, write: bool, a: int, size: int, extra: str = "") -> None:
+        if self.fault is None:
+            near = min(self.regions, key=lambda r: r.distance(a, size))
+            self.fault = (f"{self.name}: {'write' if write else 'read'} of {size} bytes at "
+                          f"{a:#x} outside its buffers, image and stack frame{extra}; "
+                          f"{near.relation(a, size)}; at {self._where()}")
+        self.uc.emu_stop()
+
+    def _on_access(self, uc, access, a, size, value, data) -> None:
+        write = access == UC_MEM_WRITE
+        for r in self.regions:
+            if r.lo <= a and a + size <= r.hi and (r.writable or not write):
+                return
+        self._violation(write, a, size)
+
+    def _on_bad_access(self, uc, access, a, size, value, data) -> bool:
+        if access in (UC_MEM_FETCH_UNMAPPED, UC_MEM_FETCH_PROT, UC_MEM_FETCH):
+            if self.fault is None:
+                self.fault = f"{self.name}: jumps to {a:#x}, which is not code"
+        else:
+            write = access not in (UC_MEM_READ, UC_MEM_READ_UNMAPPED, UC_MEM_READ_PROT)
+            self._violation(write, a, size)
+        return False
+
+    def _block_info(self, addr: int, size: int) -> tuple[int, int | None, str | None]:
+        """(instruction count, address of a final `call` or None, refusal text or None)."""
+        info = self.blocks.get(addr)
+        if info is None:
+            insns = code.decode_all(bytes(self.uc.mem_read(addr, size)), addr)
+            vex = next((i for i in insns if code.vex_kind(i)), None)
+            call = insns[-1].address if insns and insns[-1].mnemonic == "call" else None
+            info = (len(insns), call,
+                    vex and f"{code.vex_kind(vex)} instruction at {code.describe(self.image, vex)}")
+            self.blocks[addr] = info
+        return info
+
+    def _on_block(self, uc, addr, size, data) -> None:
+        if addr == RETURN:
+            return
+        if self.pending_call is not None:
+            rsp = uc.reg_read(R.UC_X86_REG_RSP) + 8     # rsp before the call pushed
+            if rsp % 16 and self.fault is None:
+                self.fault = (f"{self.name}: rsp is not 16-byte aligned (rsp % 16 = {rsp % 16})"
+                              f" at the call at {self.image.where(self.pending_call)}")
+                uc.emu_stop()
+        n, self.pending_call, vex = self._block_info(addr, size)
+        if vex and self.fault is None:
+            self.fault = f"{self.name}: refusing to emulate the {vex}"
+            uc.emu_stop()
+        self.count += n
+        if self.count > self.budget and self.fault is None:
+            self.fault = (f"{self.name}: did not return within {self.budget} instructions "
+                          f"(an endless loop?); stopped at {self._where()}")
+            uc.emu_stop()
+
+    # --- run -------------------------------------------------------------------------------
+    def run(self) -> CallResult:
+        uc = self.uc
+        for reg in ("rax", "r10", "r11", *INT_REGS):
+            uc.reg_write(REG[reg], JUNK_GPR)
+        for reg, value in zip(INT_REGS, self.plan.ints):
+            uc.reg_write(REG[reg], self.plan.int_value(value, self.address_of))
+        for reg, value in CALLEE_SAVED.items():
+            uc.reg_write(REG[reg], value)
+        for i, x in enumerate(XMM):
+            uc.reg_write(x, self.plan.xmms[i] if i < len(self.plan.xmms) else JUNK_XMM)
+        uc.reg_write(REG["rsp"], RSP_ENTRY)
+        uc.reg_write(R.UC_X86_REG_RFLAGS, RFLAGS_START)
+        try:
+            uc.emu_start(self.sym.address, RETURN, timeout=TIMEOUT_US)
+        except UcError as e:
+            if self.fault is None:
+                what = ("an invalid instruction (outside the baseline SSE..SSE4.1?)"
+                        if e.errno == UC_ERR_INSN_INVALID else str(e))
+                self.fault = f"{self.name}: {what} at {self._where()}"
+        if self.fault:
+            raise KernelFault(self.fault)
+        rip = uc.reg_read(REG["rip"])
+        if rip != RETURN:
+            raise KernelFault(f"{self.name}: stopped at {self._where()} without returning "
+                              f"(timeout after {TIMEOUT_US // 1_000_000} s?)")
+        self._check_after()
+        outputs = [np.frombuffer(bytes(uc.mem_read(self.address_of[id(b)], b.nbytes)),
+                                 b.array.dtype).reshape(b.array.shape).copy()
+                   for b in self.plan.buffers if b.writable]
+        return CallResult(outputs, uc.reg_read(REG["rax"]),
+                          uc.reg_read(XMM[0]).to_bytes(16, "little"), self.count)
+
+    def _check_after(self) -> None:
+        uc = self.uc
+        bad = [f"{reg} ({want:#x} -> {uc.reg_read(REG[reg]):#x})"
+               for reg, want in CALLEE_SAVED.items() if uc.reg_read(REG[reg]) != want]
+        if bad:
+            raise KernelFault(f"{self.name}: clobbers callee-saved {', '.join(bad)}")
+        rsp = uc.reg_read(REG["rsp"])
+        if rsp != RSP_ENTRY + 8:
+            raise KernelFault(f"{self.name}: returns with rsp off by {rsp - RSP_ENTRY - 8}")
+        if uc.reg_read(R.UC_X86_REG_RFLAGS) & EFLAGS_DF:
+            raise KernelFault(f"{self.name}: returns with the direction flag set (no cld)")
+        mxcsr = uc.reg_read(R.UC_X86_REG_MXCSR)
+        if mxcsr & 0xFFC0 != MXCSR_DEFAULT & 0xFFC0:
+            raise KernelFault(f"{self.name}: changes the MXCSR control bits "
+                              f"({MXCSR_DEFAULT:#x} -> {mxcsr:#x})")
+        fpcw = uc.reg_read(R.UC_X86_REG_FPCW)
+        if fpcw != FPCW_DEFAULT:
+            raise KernelFault(f"{self.name}: changes the x87 control word "
+                              f"({FPCW_DEFAULT:#x} -> {fpcw:#x})")
+        top = (uc.reg_read(R.UC_X86_REG_FPSW) >> 11) & 7
+        if top:
+            raise KernelFault(f"{self.name}: leaves {8 - top} values on the x87 stack")
+
+
+class Emulator:
+    """Runs routines of `image` one call at a time (a fresh machine per call)."""
+
+    def __init__(self, image: Image, budget: int = DEFAULT_BUDGET):
+        self.image = image
+        self.budget = budget
+        self._scanned: set[str] = set()
+
+    def refuse_vex(self, name: str) -> None:
+        """Raise RefusedCode if any instruction reachable from `name` is VEX or EVEX."""
+        if name in self._scanned:
+            return
+        for insn in code.reachable(self.image, self.image.symbol(name).address):
+            kind = code.vex_kind(insn)
+            if kind:
+                raise RefusedCode(f"{name}: refusing to emulate the {kind} instruction at "
+                                  f"{code.describe(self.image, insn)} (Unicorn has no AVX and "
+                                  f"miscomputes some VEX forms)")
+        self._scanned.add(name)
+
+    def call(self, name: str, *args, budget: int | None = None) -> CallResult:
+        self.refuse_vex(name)
+        return _Call(self.image, name, args, budget or self.budget).run()

@@ -30,3 +30,42 @@ out_len:        rd 1            ; bytes waiting in out_buf
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 ; ---- forward ----------------------------------------------------------------------------
+; The first eight qwords are set in this order by model_setup's pointer loop.
+fwd_vars:
+fv_x:           rq 1            ; x (d,): the residual stream
+fv_xb:          rq 1            ; xb (max(d, H*hd),): normed x, then the heads' outputs
+fv_q:           rq 1            ; q (H*hd,)
+fv_att:         rq 1            ; att (ctx,): scores, then probabilities
+fv_hb:          rq 1            ; hb (ffn,)
+fv_hb2:         rq 1            ; hb2 (ffn,)
+fv_logits:      rq 1            ; logits (vocab,)
+fv_kv:          rq 1            ; KV cache: per layer K (ctx, K*hd), then V (ctx, K*hd)
+fv_embed:       rq 1            ; embedding f16 (vocab, d), the first tensor
+fv_layer0:      rq 1            ; layer 0's attn_norm, the second tensor
+fv_kv_block:    rq 1            ; bytes of one K or V block: ctx * K*hd * 4
+fv_kv_row:      rq 1            ; bytes of one cache row: K*hd * 4
+fv_q_dim:       rd 1            ; H*hd
+fv_kv_dim:      rd 1            ; K*hd
+fv_group:       rd 1            ; H/K: query heads per kv head
+fv_att_scale:   rd 1            ; float32 1/sqrt(hd)
+fv_n_t:         rd 1            ; pos + 1: positions attended
+fv_layers_left: rd 1            ; layer countdown in forward
+
+FV_X            = fv_x - fwd_vars
+FV_XB           = fv_xb - fwd_vars
+FV_Q            = fv_q - fwd_vars
+FV_ATT          = fv_att - fwd_vars
+FV_HB           = fv_hb - fwd_vars
+FV_HB2          = fv_hb2 - fwd_vars
+FV_LOGITS       = fv_logits - fwd_vars
+FV_KV           = fv_kv - fwd_vars
+FV_EMBED        = fv_embed - fwd_vars
+FV_LAYER0       = fv_layer0 - fwd_vars
+FV_KV_BLOCK     = fv_kv_block - fwd_vars
+FV_KV_ROW       = fv_kv_row - fwd_vars
+FV_Q_DIM        = fv_q_dim - fwd_vars
+FV_KV_DIM       = fv_kv_dim - fwd_vars
+FV_GROUP        = fv_group - fwd_vars
+FV_ATT_SCALE    = fv_att_scale - fwd_vars
+FV_N_T          = fv_n_t - fwd_vars
+FV_LAYERS_LEFT  = fv_layers_left - fwd_vars

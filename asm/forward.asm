@@ -1,0 +1,280 @@
+; forward.asm: the Gemma graph (../shared/GEMMA.md): model_setup lays out the weights and
+; buffers once, forward runs one token through the layers. Arithmetic lives in kernels.asm.
+; Registers inside forward: rbx = model header, rbp = fwd_vars (variables as [rbp+FV_*]),
+; r12 = the next weight tensor (tensors are read in file order), r13 = head,
+; r14 = this layer's K block, r15 = byte offset of this position's row in a K or V block.
+
+; model_setup: derived dimensions, the weights size check, weight and buffer pointers.
+; Relies on W-front's header validation (dims >= 1, < 2^16; vocab < 2^24; layers, heads
+; < 2^10; heads % kv_heads == 0; ctx_len <= max_ctx), so no product below overflows.
+;   in: model_base, ctx_len   out: fwd_vars set; fatal if weights_size is not the layout's
+;   size, or "out of memory"   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0 (preserves the rest)
+model_setup:
+        push    rbx
+        push    rbp
+        push    rax                     ; aligns rsp for the calls
+        lea     rbp, [fwd_vars]
+        mov     rbx, [model_base]
+        mov     eax, [rbx+HDR_HEAD_DIM]
+        mov     ecx, eax
+        imul    eax, [rbx+HDR_HEADS]
+        mov     [rbp+FV_Q_DIM], eax
+        imul    ecx, [rbx+HDR_KV_HEADS]
+        mov     [rbp+FV_KV_DIM], ecx
+        shl     ecx, 2
+        mov     [rbp+FV_KV_ROW], rcx
+        mov     eax, [rbx+HDR_HEADS]
+        xor     edx, edx
+        div     dword [rbx+HDR_KV_HEADS]
+        mov     [rbp+FV_GROUP], eax
+        fild    dword [rbx+HDR_HEAD_DIM]
+        fsqrt
+        fld1
+        fdivrp
+        fstp    dword [rbp+FV_ATT_SCALE] ; float32(1 / sqrt(hd))
+        ; weights: embed, layers x (2 norms, wq wo, wk wv, gate up down), final norm
+        mov     ecx, [rbx+HDR_DIM]
+        push    2                       ; a norm: d float32 take the room of 2d halves
+        pop     rax
+        call    tensor_bytes
+        mov     rdi, rax                ; final norm
+        lea     rsi, [rax*2]
+        mov     eax, [rbp+FV_Q_DIM]
+        call    tensor_bytes
+        lea     rsi, [rsi+rax*2]
+        mov     eax, [rbp+FV_KV_DIM]
+        call    tensor_bytes
+        lea     rsi, [rsi+rax*2]
+        mov     eax, [rbx+HDR_FFN]
+        call    tensor_bytes
+        add     rsi, rax
+        lea     rsi, [rsi+rax*2]
+        mov     eax, [rbx+HDR_LAYERS]
+        imul    rsi, rax
+        add     rdi, rsi
+        mov     eax, [rbx+HDR_VOCAB]
+        call    tensor_bytes            ; embed
+        add     rdi, rax
+        cmp     rdi, [rbx+HDR_WEIGHTS_SIZE]
+        jne     err_weights
+        mov     rdx, [rbx+HDR_WEIGHTS_OFF]
+        add     rdx, rbx
+        mov     [rbp+FV_EMBED], rdx
+        add     rdx, rax
+        mov     [rbp+FV_LAYER0], rdx
+        ; one mapping: 7 scratch vectors of S bytes each (x xb q att hb hb2 logits), then the
+        ; KV cache: per layer a K and a V block of ctx_len rows of kv_dim float32
+        mov     eax, [rbx+HDR_DIM]
+        add     eax, [rbp+FV_Q_DIM]
+        add     eax, [rbx+HDR_FFN]
+        add     eax, [ctx_len]
+        add     eax, [rbx+HDR_VOCAB]
+        add     eax, 15
+        and     eax, -16
+        shl     eax, 2                  ; S: holds any vector, a multiple of 64
+        mov     ecx, [ctx_len]
+        imul    rcx, [rbp+FV_KV_ROW]
+        mov     [rbp+FV_KV_BLOCK], rcx
+        mov     edx, [rbx+HDR_LAYERS]
+        imul    rdx, rcx
+        lea     rdi, [rax*8]
+        sub     rdi, rax
+        lea     rdi, [rdi+rdx*2]
+        push    rax
+        call    alloc
+        pop     rcx
+        xor     edx, edx
+.pointer:
+        mov     [rbp+rdx*8], rax        ; FV_X, FV_XB, ..., FV_LOGITS, FV_KV
+        add     rax, rcx
+        inc     edx
+        cmp     edx, 8
+        jb      .pointer
+        pop     rax
+        pop     rbp
+        pop     rbx
+        ret
+
+err_weights:
+        lea     rsi, [msg_weights]
+        jmp     fatal
+
+; forward: one token through the model; positions must come 0, 1, 2, ... (KV cache).
+;   in: eax token (< vocab), ecx pos (< ctx_len)   out: rax logits (vocab,) float32
+;   clobbers: rcx rdx rsi rdi r8-r11 xmm0-xmm7 (preserves rbx rbp r12-r15)
+forward:
+        push    rbx
+        push    rbp
+        push    r12
+        push    r13
+        push    r14
+        push    r15
+        push    rax                     ; aligns rsp for the calls
+        lea     rbp, [fwd_vars]
+        mov     rbx, [model_base]
+        lea     edx, [rcx+1]
+        mov     [rbp+FV_N_T], edx
+        mov     r15d, ecx
+        imul    r15, [rbp+FV_KV_ROW]
+        mov     r8d, [rbx+HDR_DIM]
+        mov     eax, eax
+        imul    rax, r8
+        mov     rdx, [rbp+FV_EMBED]
+        lea     rdx, [rdx+rax*2]
+        mov     rdi, [rbp+FV_X]
+        lea     rsi, [rbx+HDR_EMBED_SCALE]
+        push    1
+        pop     rcx
+        xor     r9d, r9d
+        call    matmul_f16              ; x = embed[token] (d,1) @ [embed_scale]
+        mov     r12, [rbp+FV_LAYER0]
+        mov     r14, [rbp+FV_KV]
+        mov     eax, [rbx+HDR_LAYERS]
+        mov     [rbp+FV_LAYERS_LEFT], eax
+.layer:
+        call    fwd_norm                ; xb = rmsnorm(x, attn_norm)
+        mov     rdi, [rbp+FV_Q]
+        mov     r8d, [rbp+FV_Q_DIM]
+        call    fwd_matmul_xb           ; q = wq @ xb
+        lea     rdi, [r14+r15]
+        mov     r8d, [rbp+FV_KV_DIM]
+        call    fwd_matmul_xb           ; k = wk @ xb, into the K cache at pos
+        lea     rdi, [r14+r15]
+        add     rdi, [rbp+FV_KV_BLOCK]
+        mov     r8d, [rbp+FV_KV_DIM]
+        call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos
+        mov     rdi, [rbp+FV_Q]
+        mov     esi, [rbx+HDR_HEADS]
+        call    fwd_rope                ; q = rope(q)
+        lea     rdi, [r14+r15]
+        mov     esi, [rbx+HDR_KV_HEADS]
+        call    fwd_rope                ; k = rope(k)
+        xor     r13d, r13d
+.head:
+        call    head_ptrs
+        mov     rsi, [rbp+FV_Q]
+        add     rsi, rax
+        mov     rdi, [rbp+FV_ATT]
+        mov     ecx, [rbx+HDR_HEAD_DIM]
+        mov     r8d, [rbp+FV_N_T]
+        mov     r9, [rbp+FV_KV_ROW]
+        call    matvec_f32              ; att = K_g (pos+1,hd) @ q_h
+        mov     rdi, [rbp+FV_ATT]
+        mov     esi, [rbp+FV_N_T]
+        movss   xmm0, [rbp+FV_ATT_SCALE]
+        call    softmax                 ; att = softmax(att / sqrt(hd))
+        call    head_ptrs
+        add     rdx, [rbp+FV_KV_BLOCK]
+        mov     rdi, [rbp+FV_XB]
+        add     rdi, rax
+        mov     rsi, [rbp+FV_ATT]
+        mov     ecx, [rbp+FV_N_T]
+        mov     r8d, [rbx+HDR_HEAD_DIM]
+        mov     r9, [rbp+FV_KV_ROW]
+        call    matvec_t_f32            ; xb_h = V_g^T (hd,pos+1) @ att
+        inc     r13d
+        cmp     r13d, [rbx+HDR_HEADS]
+        jb      .head
+        mov     rsi, [rbp+FV_XB]
+        mov     ecx, [rbp+FV_Q_DIM]
+        call    fwd_residual            ; x += wo @ xb
+        call    fwd_norm                ; xb = rmsnorm(x, ffn_norm)
+        mov     rdi, [rbp+FV_HB]
+        mov     r8d, [rbx+HDR_FFN]
+        call    fwd_matmul_xb           ; hb = gate @ xb
+        mov     rdi, [rbp+FV_HB2]
+        mov     r8d, [rbx+HDR_FFN]
+        call    fwd_matmul_xb           ; hb2 = up @ xb
+        mov     rdi, [rbp+FV_HB]
+        mov     rsi, [rbp+FV_HB2]
+        mov     edx, [rbx+HDR_FFN]
+        call    geglu                   ; hb = gelu_tanh(hb) * hb2
+        mov     rsi, [rbp+FV_HB]
+        mov     ecx, [rbx+HDR_FFN]
+        call    fwd_residual            ; x += down @ hb
+        add     r14, [rbp+FV_KV_BLOCK]
+        add     r14, [rbp+FV_KV_BLOCK]  ; the next layer's K block
+        dec     dword [rbp+FV_LAYERS_LEFT]
+        jnz     .layer
+        call    fwd_norm                ; xb = rmsnorm(x, final_norm)
+        mov     r12, [rbp+FV_EMBED]
+        mov     rdi, [rbp+FV_LOGITS]
+        mov     r8d, [rbx+HDR_VOCAB]
+        call    fwd_matmul_xb           ; logits = embed (vocab,d) @ xb
+        mov     rax, [rbp+FV_LOGITS]
+        pop     rcx
+        pop     r15
+        pop     r14
+        pop     r13
+        pop     r12
+        pop     rbp
+        pop     rbx
+        ret
+
+; The helpers below use forward's registers (rbx rbp r12 r13 r14) and clobber as the kernel
+; they end in.
+
+; fwd_norm: xb = rmsnorm(x, w), w the d float32 at r12; r12 moves past them.
+fwd_norm:
+        mov     rdi, [rbp+FV_XB]
+        mov     rsi, [rbp+FV_X]
+        mov     ecx, [rbx+HDR_DIM]
+        movss   xmm0, [rbx+HDR_EPS]
+        mov     rdx, r12
+        lea     r12, [r12+rcx*4+TENSOR_ALIGN-1]
+        and     r12, -TENSOR_ALIGN
+        jmp     rmsnorm
+
+; fwd_residual: x += W (d,n) @ src (n,), W at r12.   in: rsi src, ecx n
+fwd_residual:
+        mov     rdi, [rbp+FV_X]
+        mov     r8d, [rbx+HDR_DIM]
+        mov     r9b, 1
+        jmp     fwd_matmul.w
+; fwd_matmul_xb: xout = W (rows,d) @ xb (d,), W at r12.   in: rdi xout, r8d rows
+fwd_matmul_xb:
+        mov     rsi, [rbp+FV_XB]
+        mov     ecx, [rbx+HDR_DIM]
+; fwd_matmul: xout = W (rows,n) @ x (n,), W at r12; r12 moves past W.
+;   in: rdi xout, rsi x, ecx n, r8d rows
+fwd_matmul:
+        xor     r9d, r9d
+.w:
+        mov     rdx, r12
+        mov     eax, ecx
+        imul    rax, r8
+        lea     r12, [r12+rax*2+TENSOR_ALIGN-1]
+        and     r12, -TENSOR_ALIGN
+        jmp     matmul_f16
+
+; fwd_rope: rope on n heads of x at this position.   in: rdi x, esi n
+fwd_rope:
+        mov     edx, [rbx+HDR_HEAD_DIM]
+        mov     ecx, [rbp+FV_N_T]
+        dec     ecx
+        movss   xmm0, [rbx+HDR_ROPE_THETA]
+        jmp     rope
+
+; head_ptrs: for query head h = r13d: rax = h*hd*4 (q_h in q, o_h in xb),
+; rdx = K_g (g = h / group, row 0 of this layer's K block).   clobbers: nothing else
+head_ptrs:
+        mov     eax, r13d
+        xor     edx, edx
+        div     dword [rbp+FV_GROUP]
+        imul    eax, [rbx+HDR_HEAD_DIM]
+        lea     rdx, [r14+rax*4]
+        mov     eax, r13d
+        imul    eax, [rbx+HDR_HEAD_DIM]
+        shl     eax, 2
+        ret
+
+; tensor_bytes: the room a (rows, cols) f16 tensor takes in the weights, padding included.
+;   in: eax rows, ecx cols (upper halves zero)   out: rax   clobbers: nothing else
+tensor_bytes:
+        imul    rax, rcx
+        lea     rax, [rax*2+TENSOR_ALIGN-1]
+        and     rax, -TENSOR_ALIGN
+        ret
+
+msg_weights:
+        db      'weights size does not match the header', 0

@@ -1,0 +1,254 @@
+; kernels.asm: the neural-net operations, baseline instruction set (SSE..SSE4.1 + x87).
+; SysV functions, output first, position independent; they know nothing of the model. Those
+; that need exp call math.asm (a leaf on the x87 stack). Vectors are float32 unless named f16.
+; Dimensions are >= 1.
+
+; matmul_f16: W (d,n) f16 @ x (n,) -> xout (d,); r9d != 0 adds to xout instead (residuals).
+; FP16 -> FP32 exactly for normal and subnormal halves: dword = half << 16, sign kept apart,
+; magnitude >> 3 puts exponent and mantissa in float32 position with bias 15 instead of 127,
+; times 2^112 rebiases (subnormal halves become float32 subnormals: exact, as MXCSR has no DAZ).
+; Each row sums in 4 lanes (columns j mod 4), then lane 0+1 + lane 2+3.
+;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n, r8d d, r9d accumulate
+;   out: xout   clobbers: rax rdx r8 r10 r11 xmm0-xmm7
+matmul_f16:
+        pcmpeqd xmm6, xmm6
+        pslld   xmm6, 31                ; 0x80000000: sign
+        mov     eax, 0x77800000         ; 2^112
+        movd    xmm7, eax
+        pshufd  xmm7, xmm7, 0
+.row:
+        xorps   xmm0, xmm0
+        mov     eax, ecx                ; columns left
+        mov     r10, rsi
+.col:
+        cmp     eax, 4
+        jb      .one
+        movq    xmm1, [rdx]             ; 4 halves
+        movups  xmm2, [r10]
+        add     rdx, 8
+        add     r10, 16
+        sub     eax, 4
+        jmp     .cvt
+.one:
+        movzx   r11d, word [rdx]        ; 1 half, other lanes 0
+        movd    xmm1, r11d
+        movss   xmm2, [r10]
+        add     rdx, 2
+        add     r10, 4
+        dec     eax
+.cvt:
+        pxor    xmm3, xmm3
+        punpcklwd xmm3, xmm1
+        movdqa  xmm4, xmm3
+        pand    xmm4, xmm6
+        pxor    xmm3, xmm4
+        psrld   xmm3, 3
+        mulps   xmm3, xmm7
+        por     xmm3, xmm4
+        mulps   xmm3, xmm2
+        addps   xmm0, xmm3
+        test    eax, eax
+        jnz     .col
+        haddps  xmm0, xmm0
+        haddps  xmm0, xmm0
+        test    r9d, r9d
+        jz      .store
+        addss   xmm0, [rdi]
+.store:
+        movss   [rdi], xmm0
+        add     rdi, 4
+        dec     r8d
+        jnz     .row
+        ret
+
+; matvec_f32: W (d,n) @ x (n,) -> xout (d,), row i of W at W + i*r9 bytes (att = K q).
+; matvec_t_f32: W^T (d,n) @ x (n,) -> xout (d,), xout[j] = sum_i x[i] W[i*r9 + 4j] (o = V^T att).
+; Sums in order of the index, one float32 accumulator.
+;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
+;   clobbers: rax r8-r11 xmm0 xmm1
+matvec_f32:
+        push    4
+        pop     r10                     ; column stride
+        jmp     matvec_strided
+matvec_t_f32:
+        mov     r10, r9
+        push    4
+        pop     r9
+; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes).
+;   in: as above, r10 column stride   out: xout   clobbers: rax r8 r11 xmm0 xmm1
+matvec_strided:
+.row:
+        xorps   xmm0, xmm0
+        mov     rax, rdx
+        xor     r11d, r11d
+.col:
+        movss   xmm1, [rax]
+        mulss   xmm1, [rsi+r11*4]
+        addss   xmm0, xmm1
+        add     rax, r10
+        inc     r11d
+        cmp     r11d, ecx
+        jb      .col
+        movss   [rdi], xmm0
+        add     rdi, 4
+        add     rdx, r9
+        dec     r8d
+        jnz     .row
+        ret
+
+; rmsnorm: x (n,), w (n,) -> xout (n,) = (x * r) * w, r = float32(1 / sqrt(mean(x^2) + eps)).
+; The sum of squares, mean and root are in x87 extended precision; xout may be x.
+;   in: rdi xout, rsi x, rdx w (holds 1 + weight), ecx n, xmm0 eps   out: xout
+;   clobbers: rax xmm0 xmm1
+rmsnorm:
+        push    rcx                     ; [rsp]: n, then r
+        movss   [rsp+4], xmm0
+        fldz
+        mov     eax, ecx
+.square:
+        fld     dword [rsi+rax*4-4]
+        fmul    st0, st0
+        faddp
+        dec     eax
+        jnz     .square
+        fidiv   dword [rsp]
+        fadd    dword [rsp+4]
+        fsqrt
+        fld1
+        fdivrp
+        fstp    dword [rsp]
+        movss   xmm0, [rsp]
+.scale:
+        movss   xmm1, [rsi+rax*4]
+        mulss   xmm1, xmm0
+        mulss   xmm1, [rdx+rax*4]
+        movss   [rdi+rax*4], xmm1
+        inc     eax
+        cmp     eax, ecx
+        jb      .scale
+        pop     rcx
+        ret
+
+; softmax: x (n,) -> x (n,) in place, x[i] = exp(s*(x[i] - max x)) / sum. Exponentials and
+; their sum in x87 extended precision; every result within 1 ulp float32. x finite, s > 0.
+;   in: rdi x, esi n, xmm0 s   out: x   clobbers: rax rcx xmm0 xmm1 (calls exp_x87)
+softmax:
+        push    rax                     ; [rsp]: s, [rsp+4]: max; aligns rsp for the call
+        movss   [rsp], xmm0
+        movss   xmm1, [rdi]
+        mov     ecx, esi
+.max:
+        maxss   xmm1, [rdi+rcx*4-4]
+        loop    .max
+        movss   [rsp+4], xmm1
+        fldz                            ; sum
+        mov     ecx, esi
+.exp:
+        fld     dword [rdi+rcx*4-4]
+        fsub    dword [rsp+4]
+        fmul    dword [rsp]
+        call    exp_x87
+        fst     dword [rdi+rcx*4-4]
+        faddp
+        loop    .exp
+        fld1
+        fdivrp                          ; 1 / sum
+        mov     ecx, esi
+.divide:
+        fld     dword [rdi+rcx*4-4]
+        fmul    st0, st1
+        fstp    dword [rdi+rcx*4-4]
+        loop    .divide
+        fstp    st0
+        pop     rax
+        ret
+
+; geglu: hb (n,), hb2 (n,) -> hb (n,) = gelu_tanh(hb) * hb2, where
+; gelu_tanh(z) = 0.5 z (1 + tanh(u)) = z / (1 + exp(-2u)), u = sqrt(2/pi) (z + 0.044715 z^3),
+; all in x87 extended precision, rounded once: within 1 ulp float32 of the exact value.
+;   in: rdi hb, rsi hb2, edx n   out: hb   clobbers: rax rcx (calls exp_x87)
+geglu:
+        push    rax                     ; aligns rsp for the call
+        mov     ecx, edx
+.unit:
+        fld     dword [rdi+rcx*4-4]     ; z
+        fld     st0
+        fmul    st0, st0
+        fmul    dword [gelu_kappa]
+        fld1
+        faddp
+        fmul    st0, st1                ; z + 0.044715 z^3
+        fmul    dword [gelu_m2beta]     ; -2u
+        call    exp_x87
+        fld1
+        faddp
+        fdivp                           ; z / (1 + exp(-2u))
+        fmul    dword [rsi+rcx*4-4]
+        fstp    dword [rdi+rcx*4-4]
+        loop    .unit
+        pop     rax
+        ret
+
+; rope: rotate each of the n_heads heads of x (n_heads, hd) by position pos, half-split pairs
+; (i, i + hd/2) as transformers in float32: e = float32(2i/hd), f = float32(1/float32(theta^e)),
+; a = float32(pos * f); c, s = float32 cos a, sin a (x87 fsincos);
+; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c + x[i] s (each product rounded).
+;   in: rdi x, esi n_heads, edx hd (even), ecx pos, xmm0 theta   out: x
+;   clobbers: rax rcx r8-r11 xmm0-xmm5 (calls exp2_x87)
+rope:
+        push    rax                     ; [rsp]: scratch float32; aligns rsp for the call
+        movss   [rsp+4], xmm0
+        cvtsi2ss xmm4, ecx              ; pos
+        cvtsi2ss xmm5, edx              ; hd
+        mov     r8d, edx
+        shr     r8d, 1                  ; hd/2
+        xor     eax, eax                ; i
+.pair:
+        lea     ecx, [rax+rax]
+        cvtsi2ss xmm0, ecx
+        divss   xmm0, xmm5              ; e
+        movss   [rsp], xmm0
+        fld     dword [rsp]
+        fld     dword [rsp+4]
+        fyl2x                           ; e log2(theta)
+        call    exp2_x87
+        fstp    dword [rsp]             ; theta^e as float32
+        mov     ecx, 0x3F800000         ; 1.0
+        movd    xmm0, ecx
+        divss   xmm0, [rsp]
+        mulss   xmm0, xmm4              ; a
+        movss   [rsp], xmm0
+        fld     dword [rsp]
+        fsincos
+        fstp    dword [rsp]
+        movss   xmm2, [rsp]             ; cos a
+        fstp    dword [rsp]
+        movss   xmm3, [rsp]             ; sin a
+        lea     r9, [rdi+rax*4]
+        mov     r10d, esi
+.head:
+        movss   xmm0, [r9]              ; x0
+        movss   xmm1, [r9+r8*4]         ; x1
+        movaps  xmm6, xmm0
+        mulss   xmm6, xmm2
+        movaps  xmm7, xmm1
+        mulss   xmm7, xmm3
+        subss   xmm6, xmm7              ; x0 c - x1 s
+        mulss   xmm0, xmm3
+        mulss   xmm1, xmm2
+        addss   xmm1, xmm0              ; x1 c + x0 s
+        movss   [r9], xmm6
+        movss   [r9+r8*4], xmm1
+        lea     r9, [r9+rdx*4]
+        dec     r10d
+        jnz     .head
+        inc     eax
+        cmp     eax, r8d
+        jb      .pair
+        pop     rax
+        ret
+
+gelu_kappa:
+        dd      0.044715
+gelu_m2beta:
+        dd      -1.5957691216           ; -2 sqrt(2/pi)

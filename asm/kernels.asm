@@ -165,7 +165,8 @@ softmax:
 
 ; geglu: hb (n,), hb2 (n,) -> hb (n,) = gelu_tanh(hb) * hb2, where
 ; gelu_tanh(z) = 0.5 z (1 + tanh(u)) = z / (1 + exp(-2u)), u = sqrt(2/pi) (z + 0.044715 z^3),
-; all in x87 extended precision, rounded once: within 1 ulp float32 of the exact value.
+; with 0.044715 and sqrt(2/pi) as float32 constants (as torch), all in x87 extended precision,
+; rounded once: within 1 ulp float32 of that formula's exact value.
 ;   in: rdi hb, rsi hb2, edx n   out: hb   clobbers: rax rcx (calls exp_x87)
 geglu:
         push    rax                     ; aligns rsp for the call
@@ -194,7 +195,7 @@ geglu:
 ; a = float32(pos * f); c, s = float32 cos a, sin a (x87 fsincos);
 ; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c + x[i] s (each product rounded).
 ;   in: rdi x, esi n_heads, edx hd (even), ecx pos, xmm0 theta   out: x
-;   clobbers: rax rcx r8-r11 xmm0-xmm5 (calls exp2_x87)
+;   clobbers: rax rcx r8-r10 xmm0-xmm7 (calls exp2_x87)
 rope:
         push    rax                     ; [rsp]: scratch float32; aligns rsp for the call
         movss   [rsp+4], xmm0
@@ -239,7 +240,7 @@ rope:
         addss   xmm1, xmm0              ; x1 c + x0 s
         movss   [r9], xmm6
         movss   [r9+r8*4], xmm1
-        lea     r9, [r9+rdx*4]
+        lea     r9, [r9+r8*8]           ; the next head: hd floats on
         dec     r10d
         jnz     .head
         inc     eax

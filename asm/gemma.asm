@@ -8,7 +8,15 @@ entry start
 segment readable executable
 
 include 'sys.asm'               ; the only file that holds `syscall`
-include 'main.asm'              ; start-up and command line
+include 'format.asm'            ; the model file's layout (constants only)
+include 'main.asm'              ; start-up, command line, generation loop
+include 'model.asm'             ; open, map and validate the model file
+include 'tokenizer.asm'         ; text -> ids
+include 'sample.asm'            ; logits -> next id
+include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
+include 'forward.asm'           ; model_setup, forward: the Gemma graph
+include 'kernels.asm'           ; the neural-net operations
+include 'math.asm'              ; exp, and the rest of the float math
 include 'text.asm'              ; read-only strings
 
 segment readable writeable

@@ -1,0 +1,188 @@
+; model.asm: open and map the model file read-only, and validate its header and tokenizer
+; tables against the real file size before anything else reads them (format.asm).
+
+O_NONBLOCK = 0x800              ; O_RDONLY | O_NONBLOCK: a FIFO named by -m cannot block us
+
+; load_model: map the file named by -m and validate it; sets model_base, model_size and
+; pieces_ptr, index_ptr, user_ptr, blob_ptr.
+; Checks, in order: size >= the header (else truncated), magic, version, header_size,
+; file_size == the real size (larger: truncated), dims nonzero and bounded (field_limits:
+; every product the engine forms fits in 64 bits), eps/theta/scale finite and > 0,
+; heads % kv_heads == 0, head_dim even, bos/eos/eot < vocab, byte_base + 256 <= vocab,
+; sections in order and non-overlapping (pieces, index, user, blob, weights) ending at
+; file_size, weights_off % 4096 == 0, every piece's bytes inside the blob and no longer
+; than max_piece_len, every index and user id < vocab, user pieces not empty.
+;   in: -   out: rbx = model_base   clobbers: rax rcx rdx rsi rdi rbp r8-r11
+load_model:
+        mov     rbp, [opt_model]
+        mov     rdi, rbp
+        mov     esi, O_NONBLOCK
+        call    sys_open
+        test    eax, eax
+        js      err_cannot_read
+        push    rax
+        xchg    edi, eax
+        xor     esi, esi
+        push    2                       ; SEEK_END: the file's size
+        pop     rdx
+        call    sys_lseek
+        pop     r8                      ; fd
+        test    rax, rax
+        js      err_cannot_read
+        mov     [model_size], rax
+        cmp     rax, HEADER_SIZE
+        jb      err_truncated
+        xchg    rsi, rax
+        xor     edi, edi
+        push    1                       ; PROT_READ
+        pop     rdx
+        push    2                       ; MAP_PRIVATE
+        pop     rcx
+        xor     r9d, r9d
+        call    sys_mmap
+        cmp     rax, -4095
+        jae     err_cannot_read
+        mov     [model_base], rax
+        xchg    rbx, rax
+
+        mov     rax, MODEL_MAGIC
+        cmp     [rbx+HDR_MAGIC], rax
+        lea     rsi, [msg_magic]
+        jne     fatal
+        cmp     dword [rbx+HDR_VERSION], MODEL_VERSION
+        lea     rsi, [msg_version]
+        jne     fatal
+        cmp     dword [rbx+HDR_HEADER_SIZE], HEADER_SIZE
+        jne     err_header
+        mov     rax, [rbx+HDR_FILE_SIZE]
+        cmp     rax, [model_size]
+        ja      err_truncated
+        jne     err_header
+
+        xor     ecx, ecx                ; vocab .. embed_scale: 1 <= field <= limit
+.field:
+        mov     eax, [rbx+HDR_VOCAB+rcx*4]
+        dec     eax
+        cmp     eax, [field_limits+rcx*4]
+        jae     err_header
+        inc     ecx
+        cmp     ecx, 11
+        jb      .field
+        mov     eax, [rbx+HDR_HEADS]
+        xor     edx, edx
+        div     dword [rbx+HDR_KV_HEADS]
+        test    edx, edx
+        jnz     err_header
+        test    byte [rbx+HDR_HEAD_DIM], 1
+        jnz     err_header
+        mov     r9d, [rbx+HDR_VOCAB]
+        push    3                       ; bos, eos, eot < vocab
+        pop     rcx
+.special:
+        cmp     [rbx+HDR_BOS-4+rcx*4], r9d
+        jae     err_header
+        loop    .special
+        mov     eax, [rbx+HDR_BYTE_BASE]
+        add     rax, 256
+        cmp     rax, r9
+        ja      err_header
+
+        mov     r8d, HEADER_SIZE        ; r8 = end of the previous section
+        mov     eax, r9d
+        shl     rax, 4                  ; vocab records of PIECE_REC bytes
+        mov     rdx, [rbx+HDR_PIECES_OFF]
+        call    check_section
+        mov     [pieces_ptr], rdx
+        mov     eax, [rbx+HDR_N_INDEX]
+        shl     rax, 2
+        mov     rdx, [rbx+HDR_INDEX_OFF]
+        call    check_section
+        mov     [index_ptr], rdx
+        mov     eax, [rbx+HDR_N_USER]
+        shl     rax, 2
+        mov     rdx, [rbx+HDR_USER_OFF]
+        call    check_section
+        mov     [user_ptr], rdx
+        mov     rax, [rbx+HDR_BLOB_SIZE]
+        mov     rdx, [rbx+HDR_BLOB_OFF]
+        call    check_section
+        mov     [blob_ptr], rdx
+        mov     rax, [rbx+HDR_WEIGHTS_SIZE]
+        mov     rdx, [rbx+HDR_WEIGHTS_OFF]
+        test    dx, WEIGHTS_ALIGN - 1
+        jnz     err_header
+        call    check_section
+        cmp     r8, [rbx+HDR_FILE_SIZE]
+        jne     err_header
+
+        mov     rsi, [pieces_ptr]
+        mov     ecx, r9d
+.piece:
+        mov     eax, [rsi+PIECE_BLOB_OFF]
+        mov     edx, [rsi+PIECE_LEN]
+        cmp     edx, [rbx+HDR_MAX_PIECE_LEN]
+        ja      err_header
+        add     rax, rdx
+        cmp     rax, [rbx+HDR_BLOB_SIZE]
+        ja      err_header
+        add     rsi, PIECE_REC
+        loop    .piece
+        mov     rsi, [index_ptr]
+        mov     ecx, [rbx+HDR_N_INDEX]
+        xor     edi, edi                ; index pieces may be empty
+        call    check_ids
+        mov     rsi, [user_ptr]
+        mov     ecx, [rbx+HDR_N_USER]
+        mov     edi, 1                  ; user pieces are matched: never empty
+; check_ids: ecx u32 ids at rsi must be < vocab (r9d), their pieces at least edi bytes long.
+;   in: rsi, ecx, edi, r9d   out: -   clobbers: rax rcx rdx rsi
+check_ids:
+        jrcxz   .done
+        lodsd
+        cmp     eax, r9d
+        jae     err_header
+        shl     rax, 4
+        add     rax, [pieces_ptr]
+        cmp     [rax+PIECE_LEN], edi
+        jb      err_header
+        loop    check_ids
+.done:
+        ret
+
+; check_section: check one section against the end of the previous one.
+;   in: rdx offset, rax size, r8 previous end   out: r8 = this end, rdx = rbx + offset
+;   clobbers: -
+check_section:
+        cmp     rdx, r8
+        jb      err_header
+        mov     r8, rdx
+        add     r8, rax
+        jc      err_header
+        add     rdx, rbx
+        ret
+
+err_cannot_read:
+        lea     rsi, [msg_cannot_read]
+        jmp     fatal_arg
+err_truncated:
+        lea     rsi, [msg_truncated]
+        jmp     fatal
+err_header:
+        lea     rsi, [msg_header]
+        jmp     fatal
+
+; field_limits: header fields vocab .. embed_scale, each checked as 1 <= v and v - 1 < limit.
+; The dimension bounds keep every size the engine computes (weights, KV cache, scratch)
+; far below 2^64; for the floats the bits test means positive, finite and not NaN.
+field_limits:
+        dd      (1 shl 24) - 1          ; vocab < 2^24
+        dd      (1 shl 16) - 1          ; dim < 2^16
+        dd      (1 shl 16) - 1          ; ffn
+        dd      (1 shl 10) - 1          ; layers < 2^10
+        dd      (1 shl 10) - 1          ; heads
+        dd      (1 shl 10) - 1          ; kv_heads
+        dd      (1 shl 16) - 1          ; head_dim
+        dd      (1 shl 16) - 1          ; max_ctx
+        dd      0x7F7FFFFF              ; eps: 0 < bits <= FLT_MAX
+        dd      0x7F7FFFFF              ; rope_theta
+        dd      0x7F7FFFFF              ; embed_scale

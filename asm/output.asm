@@ -1,0 +1,126 @@
+; output.asm: text to stdout through a small buffer (flushed after every token), the
+; --tokens listing, and write_all for every file the engine writes.
+
+OUT_BUF_SIZE = 256
+
+; put_piece: append the text of a token and flush: normal and user-defined pieces with
+; U+2581 as a space, byte pieces as their raw byte, other types as nothing.
+;   in: eax id < vocab   out: -   clobbers: rax rcx rdx rsi r8 r10 r11
+put_piece:
+        mov     rsi, rax
+        shl     rsi, 4
+        add     rsi, [pieces_ptr]
+        mov     ecx, [rsi+PIECE_TYPE]
+        cmp     ecx, PIECE_BYTE
+        jne     .text
+        mov     rcx, [model_base]
+        sub     eax, [rcx+HDR_BYTE_BASE]
+        call    put_byte
+        jmp     flush
+.text:
+        cmp     ecx, PIECE_NORMAL
+        je      .bytes
+        cmp     ecx, PIECE_USER
+        jne     flush
+.bytes:
+        mov     r8d, [rsi+PIECE_LEN]
+        mov     esi, [rsi+PIECE_BLOB_OFF]
+        add     rsi, [blob_ptr]
+.next:
+        sub     r8d, 1
+        jb      flush
+        lodsb
+        cmp     al, 0xE2
+        jne     .put
+        cmp     r8d, 2
+        jb      .put
+        cmp     word [rsi], 0x8196      ; E2 96 81 = U+2581
+        jne     .put
+        add     rsi, 2
+        sub     r8d, 2
+        mov     al, ' '
+.put:
+        call    put_byte
+        jmp     .next
+
+; print_ids: the --tokens listing, "id id ... id\n", then exit 0.
+;   in: r12 -> ids, r13d = count (>= 1)   out: never returns
+print_ids:
+        xor     ebx, ebx
+.id:
+        mov     eax, [r12+rbx*4]
+        push    10
+        pop     r8
+        xor     r9d, r9d
+.divide:
+        xor     edx, edx
+        div     r8d
+        push    rdx
+        inc     r9d
+        test    eax, eax
+        jnz     .divide
+.digit:
+        pop     rax
+        add     al, '0'
+        call    put_byte
+        dec     r9d
+        jnz     .digit
+        inc     ebx
+        mov     al, ' '
+        cmp     ebx, r13d
+        jb      .separator
+        mov     al, 10
+.separator:
+        call    put_byte
+        cmp     ebx, r13d
+        jb      .id
+        jmp     exit_ok
+
+; put_byte: append a byte to out_buf, flushing it when full.
+;   in: al   out: -   clobbers: rax rcx r10 r11
+put_byte:
+        mov     ecx, [out_len]
+        mov     [out_buf+rcx], al
+        inc     ecx
+        mov     [out_len], ecx
+        cmp     ecx, OUT_BUF_SIZE
+        jb      flush.done
+; flush: write out_buf to stdout.
+;   in: -   out: -   clobbers: rax rcx r10 r11
+flush:
+        push    rdx
+        push    rsi
+        push    rdi
+        mov     edx, [out_len]
+        lea     rsi, [out_buf]
+        push    STDOUT
+        pop     rdi
+        and     dword [out_len], 0
+        call    write_all
+        pop     rdi
+        pop     rsi
+        pop     rdx
+.done:
+        ret
+
+; write_all: write rdx bytes from rsi to fd edi, resuming short writes. A reader that went
+; away (EPIPE) ends the program quietly with status 1; any other failure is fatal.
+;   in: edi fd, rsi buffer, rdx length   out: -   clobbers: rax rcx rdx rsi r10 r11
+write_all:
+        test    rdx, rdx
+        jz      flush.done
+        call    sys_write
+        cmp     rax, -EPIPE
+        je      .quiet
+        test    rax, rax
+        jle     .failed                 ; an error, or no progress
+        add     rsi, rax
+        sub     rdx, rax
+        jmp     write_all
+.quiet:
+        push    EXIT_ERROR
+        pop     rdi
+        jmp     sys_exit
+.failed:
+        lea     rsi, [msg_write]
+        jmp     fatal

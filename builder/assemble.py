@@ -142,19 +142,21 @@ def split_address(regs: dict[str, int], where: Where) -> tuple[str | None, str |
     for name in regs:
         if REGISTERS[name].kind != "gpr" or REGISTERS[name].size != 8:
             raise BuildError(f"'{name}' cannot address memory (use a 64-bit register)", where)
-    terms = sorted(regs.items(), key=lambda t: (t[1] != 1, t[0] == "rsp"))
+    terms = sorted(regs.items(), key=lambda t: (t[1] != 1, t[0] != "rsp"))
     bad = BuildError("invalid address (base + index*1/2/4/8 + displacement)", where)
     if len(terms) == 1:
         reg, coef = terms[0]
         if coef == 1:
             return reg, None, 1
-        if reg != "rsp" and coef in (2, 4, 8):
-            return None, reg, coef
-        if reg != "rsp" and coef in (3, 5, 9):
+        if reg != "rsp" and coef in (2, 3, 5, 9):      # rax*2 = rax+rax: no disp32 needed
             return reg, reg, coef - 1
+        if reg != "rsp" and coef in (4, 8):
+            return None, reg, coef
         raise bad
     if len(terms) == 2:
         (base, one), (index, scale) = terms
+        if one == 1 and scale == 1 and base in ("rbp", "r13") and index not in ("rbp", "r13"):
+            base, index = index, base                   # rbp/r13 as base cost a disp8
         if one == 1 and scale in (1, 2, 4, 8) and index != "rsp":
             return base, index, scale
     raise bad

@@ -148,7 +148,7 @@ def reserved(name: str) -> str | None:
         return "a register name"
     if low in MNEMONICS or low in PREFIXES:
         return "an instruction"
-    if low in SIZES or low in DIRECTIVES or low in OPERATOR_WORDS or low in UNSUPPORTED:
+    if low in SIZES or low in DIRECTIVES or low in OPERATOR_WORDS:
         return "a reserved word"
     return None
 

@@ -3,7 +3,8 @@
 Contract:
 - A routine is called as `runner.call(name, *args)`; each arg is one of
   * `Out(array, name)`: a buffer the routine may read and write (its initial contents are the
-    array's); it comes back in `CallResult.outputs`, in argument order;
+    array's); it comes back in `CallResult.outputs`, in argument order; passing the same
+    `Out` object twice passes the same address (aliased arguments, e.g. xout == x);
   * `In(array, name)` or a bare numpy array: a read-only buffer;
   * a Python/numpy int: a 32-bit scalar (the contract's esi/edx/ecx/r8d/r9d). The upper half
     of the 64-bit register is set to junk, as the ABI allows; `I64(v)` passes all 64 bits;
@@ -81,14 +82,16 @@ def _xmm(raw: bytes) -> int:
 
 def plan(args: tuple) -> CallPlan:
     ints, xmms, buffers = [], [], []
+    seen: dict[int, Buffer] = {}
     for i, a in enumerate(args):
         if isinstance(a, np.ndarray):
             a = In(a)
         if isinstance(a, Buffer):
-            if not a.name:
-                a = Buffer(a.array, a.writable, f"arg{i}")
-            ints.append(a)
-            buffers.append(a)
+            b = seen.get(id(a))
+            if b is None:                           # the same Out twice: aliased arguments
+                b = seen[id(a)] = a if a.name else Buffer(a.array, a.writable, f"arg{i}")
+                buffers.append(b)
+            ints.append(b)
         elif isinstance(a, I64):
             ints.append(a.value & (2**64 - 1))
         elif isinstance(a, (bool, np.bool_)):

@@ -12,7 +12,8 @@ sentinel return address. During the call:
 - at every `call` the routine makes rsp must be 16-byte aligned;
 - no more than `budget` instructions may run (the count is returned).
 After it returns: rbx rbp r12-r15 and rsp are as before, DF is clear, MXCSR and the x87 control
-word are unchanged and the x87 stack is empty. Any breach raises `KernelFault` (an
+word are unchanged and the x87 stack is empty; so is every register named in `preserves`
+(e.g. those its header does not list as clobbered: GPR names like "rdi", or "xmm6"). Any breach raises `KernelFault` (an
 AssertionError) naming the routine, what happened, the address, the instruction and the
 nearest buffer.
 """
@@ -55,6 +56,10 @@ CALLEE_SAVED = {"rbx": 0x0B0B0B0B_1BADF00D, "rbp": 0x0B0B0B0B_2BADF00D,
                 "r14": 0x0B0B0B0B_5BADF00D, "r15": 0x0B0B0B0B_6BADF00D}
 JUNK_GPR = 0x5A5A5A5A_DEADBEEF
 XMM = [getattr(R, f"UC_X86_REG_XMM{i}") for i in range(16)]
+
+
+def _reg_id(name: str) -> int:
+    return getattr(R, f"UC_X86_REG_{name.upper()}")
 
 
 class KernelFault(AssertionError):
@@ -116,8 +121,9 @@ class Region:
 class _Call:
     """The state of one emulated call: its machine, regions, hooks and first violation."""
 
-    def __init__(self, image: Image, name: str, args: tuple, budget: int):
-        self.image, self.name, self.budget = image, name, budget
+    def __init__(self, image: Image, name: str, args: tuple, budget: int,
+                 preserves: tuple[str, ...] = ()):
+        self.image, self.name, self.budget, self.preserves = image, name, budget, preserves
         self.sym = image.symbol(name)
         self.fault: str | None = None
         self.count = 0
@@ -244,6 +250,7 @@ class _Call:
             uc.reg_write(x, self.plan.xmms[i] if i < len(self.plan.xmms) else JUNK_XMM)
         uc.reg_write(REG["rsp"], RSP_ENTRY)
         uc.reg_write(R.UC_X86_REG_RFLAGS, RFLAGS_START)
+        before = {r: uc.reg_read(_reg_id(r)) for r in self.preserves}
         try:
             uc.emu_start(self.sym.address, RETURN, timeout=TIMEOUT_US)
         except UcError as e:
@@ -258,6 +265,11 @@ class _Call:
             raise KernelFault(f"{self.name}: stopped at {self._where()} without returning "
                               f"(timeout after {TIMEOUT_US // 1_000_000} s?)")
         self._check_after()
+        changed = [f"{r} ({v:#x} -> {uc.reg_read(_reg_id(r)):#x})" for r, v in before.items()
+                   if uc.reg_read(_reg_id(r)) != v]
+        if changed:
+            raise KernelFault(f"{self.name}: changes {', '.join(changed)}, which it does not "
+                              f"list as clobbered")
         outputs = [np.frombuffer(bytes(uc.mem_read(self.address_of[id(b)], b.nbytes)),
                                  b.array.dtype).reshape(b.array.shape).copy()
                    for b in self.plan.buffers if b.writable]
@@ -308,6 +320,7 @@ class Emulator:
                                   f"miscomputes some VEX forms)")
         self._scanned.add(name)
 
-    def call(self, name: str, *args, budget: int | None = None) -> CallResult:
+    def call(self, name: str, *args, budget: int | None = None,
+             preserves: tuple[str, ...] = ()) -> CallResult:
         self.refuse_vex(name)
-        return _Call(self.image, name, args, budget or self.budget).run()
+        return _Call(self.image, name, args, budget or self.budget, tuple(preserves)).run()

@@ -1,0 +1,375 @@
+"""Every kernel of the shipped binary against a numpy twin, on seeded random inputs.
+
+Each kernel runs from the bytes inside the built ./gemma (located by the symbol map): in
+Unicorn, where every memory access and ABI rule is checked (harness.unicorn_run), and natively
+(harness.native) on the same inputs. A kernel that also has a fast version (symbol
+`<name>_avx2`) is run natively too and compared with the twin and with the baseline.
+Tolerances are stated beside each check; a failure names the kernel and sizes, the index, the
+expected and the actual value. Sizes are small and odd on purpose (the tails of every loop),
+with one Gemma-sized case per kernel; Unicorn with hooks is slow.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emu_tests.harness import I64, Emulator, In, Out, load_elf
+from emu_tests.harness.header import read_header
+from emu_tests.harness.image import with_routines
+from emu_tests.harness.native import NativeRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+F32 = np.float32
+U = 2.0 ** -24                          # unit roundoff of float32
+
+
+# --- the machinery ---------------------------------------------------------------------------
+
+# The x87 helpers (st0 in, st0 out) get SysV wrappers here: y[i] = f(x[i]) for i < n.
+X87_WRAPPERS = {
+    f"{f}_each": f"""
+        push rbx
+        xor ebx, ebx
+    top:
+        cmp ebx, edx
+        jae done
+        fld dword ptr [rsi + rbx*4]
+        call {{{f}}}
+        fstp dword ptr [rdi + rbx*4]
+        inc ebx
+        jmp top
+    done:
+        pop rbx
+        ret""" for f in ("exp_x87", "exp2_x87")}
+
+
+@pytest.fixture(scope="module")
+def image(gemma):
+    return with_routines(load_elf(gemma.binary, gemma.symbols), X87_WRAPPERS)
+
+
+@pytest.fixture(scope="module")
+def emu(image, gemma, request):
+    emu = HeaderCheckedEmulator(image, gemma.symbols)
+    yield emu
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\nkernel instructions per call in Unicorn (min .. max over the calls):")
+        for name in sorted(emu.counts):
+            n = emu.counts[name]
+            print(f"  {name:<16} {len(n):3} calls {min(n):>9} .. {max(n):>9}")
+
+
+class HeaderCheckedEmulator(Emulator):
+    """An Emulator that also holds each routine to its header: registers the header does not
+    list as clobbered (or as outputs) must come back unchanged (see harness.header)."""
+
+    def __init__(self, image, symbols: dict):
+        super().__init__(image)
+        self.sources = symbols
+        self.counts: dict[str, list[int]] = {}
+
+    def call(self, name: str, *args, **kw):
+        info = self.sources.get(name)
+        if info is not None:
+            header = read_header((ROOT / info["file"]).read_text(), name)
+            kw.setdefault("preserves", header.preserved())
+        result = super().call(name, *args, **kw)
+        self.counts.setdefault(name, []).append(result.instructions)
+        return result
+
+
+@pytest.fixture(scope="module")
+def cpu(image):
+    return NativeRunner(image)
+
+
+def rng_for(*key) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def check(what: str, got, want, tol) -> None:
+    """Every |got - want| <= tol (elementwise; inf must equal inf); else name the first miss."""
+    got = np.asarray(got, np.float64).ravel()
+    want = np.asarray(want, np.float64).ravel()
+    tol = np.broadcast_to(np.asarray(tol, np.float64), want.shape).ravel()
+    with np.errstate(invalid="ignore"):
+        ok = (np.abs(got - want) <= tol) | (got == want)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        raise AssertionError(f"{what}: {np.count_nonzero(~ok)} of {want.size} values wrong; "
+                             f"first at index {i}: expected {want[i]!r}, got {got[i]!r} "
+                             f"(tolerance {tol[i]:.3g})")
+
+
+def ulp(x) -> np.ndarray:
+    """The float32 ulp at |x| (spacing of the float32 nearest to x), as float64."""
+    with np.errstate(over="ignore"):
+        return np.spacing(np.abs(np.asarray(x, np.float64).astype(F32))).astype(np.float64)
+
+
+def run_everywhere(emu, cpu, kernel: str, args: tuple, what: str, twin_check) -> list:
+    """Run `kernel` in Unicorn and natively (and `<kernel>_avx2` natively if the binary has it),
+    apply `twin_check(label, outputs)` to each; return the Unicorn outputs."""
+    base = emu.call(kernel, *args)
+    twin_check(f"{what} [Unicorn]", base.outputs)
+    native = cpu.call(kernel, *args)
+    twin_check(f"{what} [native]", native.outputs)
+    fast = f"{kernel}_avx2"
+    if fast in emu.image.symbols:
+        got = cpu.call(fast, *args)
+        twin_check(f"{what} [{fast}]", got.outputs)
+    return base.outputs
+
+
+# --- matmul_f16 ------------------------------------------------------------------------------
+
+def f16_weights(rng, d: int, n: int, edge: bool) -> np.ndarray:
+    w = (rng.standard_normal((d, n)) * 0.5).astype(np.float16)
+    if edge:   # subnormal halves, signed zeros, the largest and smallest normal halves
+        special = np.array([6e-8, -6e-8, 3e-5, -0.0, 0.0, 65504, -65504, 6.104e-5], np.float16)
+        flat = w.reshape(-1)
+        flat[rng.choice(flat.size, min(flat.size, 2 * len(special)), replace=False)] = \
+            np.resize(special, min(flat.size, 2 * len(special)))
+    return w
+
+
+def matmul_f16_in_order(w: np.ndarray, x: np.ndarray, old: np.ndarray | None) -> np.ndarray:
+    """The header's float32 order: products rounded, lanes j mod 4 over whole groups of 4,
+    leftover columns into lane 0, then (lane0 + lane1) + (lane2 + lane3), then + old."""
+    d, n = w.shape
+    p = w.astype(F32) * x
+    lanes = np.zeros((d, 4), F32)
+    whole = n // 4 * 4
+    for j in range(0, whole, 4):
+        lanes += p[:, j:j + 4]
+    for j in range(whole, n):
+        lanes[:, 0] += p[:, j]
+    s = (lanes[:, 0] + lanes[:, 1]) + (lanes[:, 2] + lanes[:, 3])
+    return s if old is None else s + old
+
+
+@pytest.mark.parametrize("d,n,accumulate,edge", [
+    (1, 1, 0, False), (1, 3, 0, False), (3, 4, 1, False), (5, 7, 0, True), (2, 9, 1, True),
+    (7, 33, 0, False), (16, 64, 1, True), (64, 257, 0, False),
+])
+def test_matmul_f16(emu, cpu, d, n, accumulate, edge):
+    rng = rng_for("matmul_f16", d, n, accumulate)
+    w = f16_weights(rng, d, n, edge)
+    x = rng.standard_normal(n).astype(F32)
+    old = rng.standard_normal(d).astype(F32)
+    what = f"matmul_f16 d={d} n={n} accumulate={accumulate}"
+    exact = w.astype(np.float64) @ x.astype(np.float64) + (old if accumulate else 0)
+    # float32 error bound: every product and every addition on the path of one row rounds
+    # once (ceil(n/4) lane additions, 2 combining, 1 accumulate, 1 product): relative U each,
+    # on the sum of magnitudes.
+    bound = (math.ceil(n / 4) + 4) * U * (np.abs(w.astype(np.float64)) @ np.abs(x)
+                                          + (np.abs(old) if accumulate else 0))
+    in_order = matmul_f16_in_order(w, x, old if accumulate else None)
+
+    def twin(label, outs):
+        check(label + " vs float64", outs[0], exact, bound)
+        if "avx2" not in label:
+            # exact: the header fixes the order of every float32 operation, so the same IEEE
+            # operations in numpy give the same bits (FP16 -> FP32 is exact)
+            check(label + " vs header order", outs[0], in_order, 0)
+
+    run_everywhere(emu, cpu, "matmul_f16",
+                   (Out(old.copy(), "xout"), In(x, "x"), In(w, "W"), n, d, accumulate),
+                   what, twin)
+
+
+# --- matvec_f32, matvec_t_f32 ---------------------------------------------------------------
+
+def sequential_f32(terms: np.ndarray) -> np.ndarray:
+    """Sum float32 terms [rows, k] left to right in one float32 accumulator per row."""
+    acc = np.zeros(terms.shape[0], F32)
+    for j in range(terms.shape[1]):
+        acc = acc + terms[:, j]
+    return acc
+
+
+@pytest.mark.parametrize("d,n,pad", [(1, 1, 0), (3, 5, 0), (4, 7, 3), (9, 16, 48), (256, 33, 5)])
+def test_matvec_f32(emu, cpu, d, n, pad):
+    rng = rng_for("matvec_f32", d, n, pad)
+    stride = n + pad                                 # floats from one row to the next
+    w_flat = rng.standard_normal((d - 1) * stride + n).astype(F32)   # ends with the last row
+    w = np.lib.stride_tricks.as_strided(w_flat, (d, n), (4 * stride, 4))
+    x = rng.standard_normal(n).astype(F32)
+    what = f"matvec_f32 d={d} n={n} stride={stride}"
+
+    def twin(label, outs):
+        # exact: "sums in order of the index, one float32 accumulator": products rounded, then
+        # added left to right, the same IEEE operations as here
+        check(label, outs[0], sequential_f32(w * x), 0)
+
+    run_everywhere(emu, cpu, "matvec_f32",
+                   (Out(np.full(d, np.nan, F32), "xout"), In(x, "x"), In(w_flat, "W"), n, d,
+                    I64(4 * stride)), what, twin)
+
+
+@pytest.mark.parametrize("d,n,pad", [(1, 1, 0), (4, 3, 0), (5, 6, 2), (16, 9, 48), (256, 40, 0)])
+def test_matvec_t_f32(emu, cpu, d, n, pad):
+    rng = rng_for("matvec_t_f32", d, n, pad)
+    stride = d + pad                                 # floats from row i to row i+1 of W
+    w_flat = rng.standard_normal((n - 1) * stride + d).astype(F32)
+    w = np.lib.stride_tricks.as_strided(w_flat, (n, d), (4 * stride, 4))   # W[i, j]
+    x = rng.standard_normal(n).astype(F32)
+    what = f"matvec_t_f32 d={d} n={n} stride={stride}"
+
+    def twin(label, outs):
+        # exact: xout[j] = sum over i in index order, one float32 accumulator (see matvec_f32)
+        check(label, outs[0], sequential_f32((w * x[:, None]).T), 0)
+
+    run_everywhere(emu, cpu, "matvec_t_f32",
+                   (Out(np.full(d, np.nan, F32), "xout"), In(x, "x"), In(w_flat, "W"), n, d,
+                    I64(4 * stride)), what, twin)
+
+
+# --- rmsnorm ---------------------------------------------------------------------------------
+
+def rmsnorm_twin(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    r = F32(1.0 / math.sqrt(math.fsum(x64 * x64) / x.size + float(F32(eps))))
+    return (x * r) * w
+
+
+@pytest.mark.parametrize("n,scale,aliased", [
+    (1, 1.0, False), (2, 1e-3, True), (3, 30.0, False), (7, 1.0, True), (64, 1.0, False),
+    (2048, 4.0, True),
+])
+def test_rmsnorm(emu, cpu, n, scale, aliased):
+    rng = rng_for("rmsnorm", n, scale)
+    x = (rng.standard_normal(n) * scale).astype(F32)
+    w = (1 + rng.standard_normal(n) * 0.1).astype(F32)       # the file holds 1 + weight
+    eps = 1e-6
+    what = f"rmsnorm n={n} scale={scale} aliased={aliased}"
+
+    def twin(label, outs):
+        # exact: r is computed in extended precision (or here in float64 with an exactly
+        # rounded sum) and rounded once to float32 -- the same float32 unless the exact value
+        # lies within ~2^-50 of a rounding boundary; then two float32 products as in the header
+        check(label, outs[0], rmsnorm_twin(x, w, eps), 0)
+
+    if aliased:                                      # "xout may be x"
+        buf = Out(x.copy(), "x")
+        args = (buf, buf, In(w, "w"), n, eps)
+    else:
+        args = (Out(np.full(n, np.nan, F32), "xout"), In(x, "x"), In(w, "w"), n, eps)
+    run_everywhere(emu, cpu, "rmsnorm", args, what, twin)
+
+
+# --- softmax ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,s,spread", [
+    (1, 1.0, 1.0), (2, 0.25, 3.0), (5, 1.0, 0.0), (17, 0.0625, 40.0), (33, 1.0, 200.0),
+    (300, 0.125, 10.0),
+])
+def test_softmax(emu, cpu, n, s, spread):
+    rng = rng_for("softmax", n, s, spread)
+    x = (rng.standard_normal(n) * spread).astype(F32)
+    z = float(F32(s)) * (x.astype(np.float64) - x.max())
+    e = np.exp(z)
+    exact = e / e.sum()
+    what = f"softmax n={n} s={s} spread={spread}"
+
+    def twin(label, outs):
+        # the header: "every result within 1 ulp float32" of the exact value
+        check(label, outs[0], exact, ulp(exact))
+
+    run_everywhere(emu, cpu, "softmax", (Out(x.copy(), "x"), n, s), what, twin)
+
+
+# --- geglu -----------------------------------------------------------------------------------
+
+GELU_KAPPA = float(F32(0.044715))            # the float32 constants, as in transformers' kernel
+GELU_M2BETA = float(F32(-2 * math.sqrt(2 / math.pi)))
+
+
+def geglu_exact(hb: np.ndarray, hb2: np.ndarray) -> np.ndarray:
+    z = hb.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return z / (1 + np.exp(GELU_M2BETA * (z + GELU_KAPPA * z ** 3))) * hb2
+
+
+@pytest.mark.parametrize("n,edge", [(1, False), (2, True), (7, False), (16, True), (1000, False)])
+def test_geglu(emu, cpu, n, edge):
+    rng = rng_for("geglu", n, edge)
+    hb = (rng.standard_normal(n) * 2).astype(F32)
+    hb2 = rng.standard_normal(n).astype(F32)
+    if edge:
+        special = np.array([0.0, -0.0, 1e-3, -1e-3, 10.0, -10.0, 30.0, -30.0], F32)[:n]
+        hb[:special.size] = special
+    exact = geglu_exact(hb, hb2)
+    what = f"geglu n={n}"
+
+    def twin(label, outs):
+        # the header: extended precision throughout, rounded once: within 1 ulp float32
+        check(label, outs[0], exact, ulp(exact))
+
+    run_everywhere(emu, cpu, "geglu", (Out(hb.copy(), "hb"), In(hb2, "hb2"), n), what, twin)
+
+
+# --- rope ------------------------------------------------------------------------------------
+
+def rope_twin(x: np.ndarray, heads: int, hd: int, pos: int, theta: float) -> np.ndarray:
+    """The header's recipe: e, f, a, the products and sums in float32; theta^e, cos, sin
+    computed in float64 and rounded once to float32."""
+    half = hd // 2
+    i = np.arange(half)
+    e = F32(2) * i.astype(F32) / F32(hd)
+    f = F32(1) / (np.float64(F32(theta)) ** e.astype(np.float64)).astype(F32)
+    a = F32(pos) * f
+    c, s = np.cos(a.astype(np.float64)).astype(F32), np.sin(a.astype(np.float64)).astype(F32)
+    h = x.reshape(heads, hd).copy()
+    x0, x1 = h[:, :half].copy(), h[:, half:].copy()
+    h[:, :half] = x0 * c - x1 * s
+    h[:, half:] = x1 * c + x0 * s
+    return h.reshape(-1)
+
+
+@pytest.mark.parametrize("heads,hd,pos", [
+    (1, 2, 0), (1, 2, 5), (4, 16, 3), (3, 6, 1023), (1, 16, 40000), (8, 256, 77),
+])
+def test_rope(emu, cpu, heads, hd, pos):
+    rng = rng_for("rope", heads, hd, pos)
+    x = rng.standard_normal(heads * hd).astype(F32)
+    theta = 10000.0
+    what = f"rope heads={heads} hd={hd} pos={pos}"
+
+    def twin(label, outs):
+        # exact: every float32 step is fixed by the header; theta^e, cos a and sin a are
+        # rounded once to float32 from values good to 2^-51 or better (x87, or QEMU's double
+        # x87), which round like float64's unless within 2^-51 of a float32 boundary
+        check(label, outs[0], rope_twin(x, heads, hd, pos, theta), 0)
+
+    run_everywhere(emu, cpu, "rope", (Out(x.copy(), "x"), heads, hd, pos, theta), what, twin)
+
+
+# --- exp_x87, exp2_x87 (through the SysV wrappers above) --------------------------------------
+
+EXP_EDGES = [0.0, -0.0, 1.0, -1.0, 1e-10, -1e-10, 0.5, 88.5, 88.8, 89.0, -87.0, -100.0,
+             -103.0, -104.0, -200.0, 1e30, -1e30]
+
+
+@pytest.mark.parametrize("f,base", [("exp_x87", math.e), ("exp2_x87", 2.0)])
+def test_exp_x87(emu, cpu, f, base):
+    rng = rng_for(f)
+    x = np.concatenate([np.array(EXP_EDGES, F32), rng.uniform(-90, 89, 200).astype(F32),
+                        rng.uniform(-2, 2, 50).astype(F32)])
+    if base == 2.0:
+        x = (x * F32(1.4426950408889634)).astype(F32)
+    with np.errstate(over="ignore"):
+        exact = np.power(base, x.astype(np.float64))
+        exact[np.isinf(exact.astype(F32))] = np.inf      # beyond float32: +inf, as the header
+
+    def twin(label, outs):
+        # the header: <= 0.5 ulp + 2^-27 ulp after rounding to float32 (overflow: +inf)
+        check(label, outs[0], exact, (0.5 + 2.0 ** -27) * ulp(exact))
+
+    run_everywhere(emu, cpu, f"{f}_each",
+                   (Out(np.full(x.size, np.nan, F32), "y"), In(x, "x"), x.size), f, twin)

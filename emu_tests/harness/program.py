@@ -4,10 +4,12 @@ Contract: `run_program(image, argv, files={path: bytes}, stdin=b"", ...) -> Prog
 starts the image at its entry point with a Linux-like initial stack (argc, argv, an empty
 environment, an auxiliary vector) on the baseline CPU (see unicorn_run.new_machine) and serves
 its syscalls from memory:
-read write open openat close fstat lseek mmap munmap mprotect madvise exit exit_group.
+read write open openat close fstat lseek mmap munmap mprotect madvise rt_sigprocmask exit
+exit_group.
 - `files` are the readable files (the model file, say); a file opened for writing is created
   in memory and returned in `ProgramResult.files`. stdout and stderr are captured;
-  `fail_writes={fd: errno}` makes writes to that fd fail, to test the engine's error path.
+  `fail_writes={fd: errno}` makes writes to that fd fail, to test the engine's error path;
+  with EPIPE the process dies of SIGPIPE as on Linux, unless it has blocked that signal.
 - mmap places every mapping in its own address range with an unmapped gap after it; pages of
   a file mapping wholly beyond the file's end stay unmapped (Linux raises SIGBUS there).
 - Anything the engine must never do raises `ProgramFault` (an AssertionError): an unexpected
@@ -43,6 +45,8 @@ S_IFREG, S_IFCHR = 0o100000, 0o020000
 STAT = struct.Struct("<QQQIIIIQqqq6q3q")   # struct stat (x86-64): dev ino nlink mode uid gid
                                             # pad rdev size blksize blocks times[6] unused[3]
 AT_PAGESZ, AT_RANDOM, AT_NULL = 6, 25, 0
+SIGSET_SIZE = 8
+SIGPIPE_BIT = 1 << 12                       # signal 13
 ARGS = (R.UC_X86_REG_RDI, R.UC_X86_REG_RSI, R.UC_X86_REG_RDX, R.UC_X86_REG_R10,
         R.UC_X86_REG_R8, R.UC_X86_REG_R9)
 MASK64 = (1 << 64) - 1
@@ -84,6 +88,7 @@ class _Process:
     status: int | None = None
     fault: str | None = None
     mapped: int = 0
+    sigmask: int = 0
 
     def __post_init__(self) -> None:
         self.fds = {0: OpenFile("<stdin>", bytearray(self.stdin), True, False, stdio=True),
@@ -224,6 +229,9 @@ class _Process:
         if f is None or not f.writable:
             return -errno.EBADF
         if fd in self.fail_writes:
+            if self.fail_writes[fd] == errno.EPIPE and not self.sigmask & SIGPIPE_BIT:
+                self._stop(f"killed by SIGPIPE (a write to fd {fd} with SIGPIPE not blocked)")
+                return None
             return -self.fail_writes[fd]
         chunk = self._read_guest(buf, n)
         if chunk is None:
@@ -350,6 +358,22 @@ class _Process:
     def sys_madvise(self, *_):
         return 0
 
+    def sys_rt_sigprocmask(self, how, new, old, setsize, *_):
+        if setsize != SIGSET_SIZE or how > 2:
+            return -errno.EINVAL
+        if old:
+            if not self._accessible(old, SIGSET_SIZE, UC_PROT_WRITE):
+                return -errno.EFAULT
+            self.uc.mem_write(old, self.sigmask.to_bytes(SIGSET_SIZE, "little"))
+        if new:
+            raw = self._read_guest(new, SIGSET_SIZE)
+            if raw is None:
+                return -errno.EFAULT
+            bits = int.from_bytes(raw, "little")
+            self.sigmask = (self.sigmask | bits if how == 0 else
+                            self.sigmask & ~bits if how == 1 else bits)
+        return 0
+
     def sys_exit_group(self, status, *_):
         self.status = status & 0xFF
         self.uc.emu_stop()
@@ -359,7 +383,8 @@ class _Process:
 
 
 SYSCALL_NAMES = {0: "read", 1: "write", 2: "open", 3: "close", 5: "fstat", 8: "lseek",
-                 9: "mmap", 10: "mprotect", 11: "munmap", 28: "madvise", 60: "exit",
+                 9: "mmap", 10: "mprotect", 11: "munmap", 14: "rt_sigprocmask", 28: "madvise",
+                 60: "exit",
                  231: "exit_group", 257: "openat"}
 
 

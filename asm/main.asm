@@ -182,8 +182,9 @@ start:
         je      exit_ok
         mov     eax, ebx
         call    put_piece
-        call    flush
         inc     r14d
+        cmp     r14d, [opt_n]
+        je      exit_ok
         cmp     ebp, [ctx_len]
         jb      .step
 exit_ok:

@@ -50,6 +50,7 @@ IMPLIED_SIZE = {"lea", "jmp", "call", "prefetcht0", "prefetcht1", "prefetcht2", 
 # ... and instructions whose register operand does not fix the memory operand's size.
 NEEDS_SIZE = {"movzx", "movsx", "movsxd", "shl", "shr", "sal", "sar", "rol", "ror", "rcl",
               "rcr", "cvtsi2ss", "cvtsi2sd", "vcvtsi2ss", "vcvtsi2sd", "crc32"}
+SHORT_BRANCHES = {"jcxz", "jecxz", "jrcxz", "loop", "loope", "loopne", "loopz", "loopnz"}
 IMM8 = {"shl", "shr", "sal", "sar", "rol", "ror", "rcl", "rcr", "bt", "bts", "btr", "btc",
         "int", "shld", "shrd"}
 
@@ -212,6 +213,9 @@ def plan(instr: Instr, env: _Env, address: int, length: int,
             value = env.number(op.expr, where, address)
             if mn in BRANCHES:
                 check_range(value, 0, 2**64 - 1, "branch target", where)
+                if mn in SHORT_BRANCHES and not -128 <= value - address - max(length, 2) < 128:
+                    raise BuildError("relative jump out of range (jrcxz/loop reach -128..127 "
+                                     "bytes)", where)
                 expected.append(("target", value))
             else:
                 check_range(value, -2**63, 2**64 - 1, "immediate", where)

@@ -4,6 +4,8 @@
 `builder.build.build` into a temporary directory: `.binary` (Path), `.symbols` (the symbol
 map: name -> {"address", "size", "file", "line"}), `.result` (the BuildResult).
 A build failure fails the tests that use it with the builder's one-line message.
+`asm_tree`: factory writing a small project (asm files + pyproject budget) into tmp_path,
+for tests of the builder itself.
 """
 from __future__ import annotations
 
@@ -32,3 +34,27 @@ def gemma(tmp_path_factory) -> Gemma:
     except BuildError as exc:
         pytest.fail(f"python -m builder failed: {exc}", pytrace=False)
     return Gemma(result.binary, result.symbols, result)
+
+
+PROLOGUE = "format ELF64 executable 3\nentry start\nsegment readable executable\nstart:\n"
+
+
+def write_tree(root: Path, files: dict[str, str] | str, budget: int = 6144) -> Path:
+    """A project directory for the builder: root/asm/<name> for each of `files` (a str is
+    the body of asm/gemma.asm after PROLOGUE: format, entry start, code segment, start:),
+    and a pyproject.toml with `budget`. Returns root."""
+    if isinstance(files, str):
+        files = {"gemma.asm": PROLOGUE + files}
+    (root / "asm").mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (root / "asm" / name).write_text(text)
+    (root / "pyproject.toml").write_text(f"[tool.gemma]\nsize_budget = {budget}\n")
+    return root
+
+
+@pytest.fixture
+def asm_tree(tmp_path):
+    """Factory: asm_tree(files, budget=6144) -> a fresh project root (see write_tree)."""
+    count = iter(range(1000))
+    return lambda files, budget=6144: write_tree(tmp_path / f"tree{next(count)}", files,
+                                                 budget)

@@ -227,6 +227,8 @@ def plan(instr: Instr, env: _Env, address: int, length: int,
         else:
             size = op.size or next((label_sizes[s] for s in symbols_in(op.expr)
                                     if s in label_sizes), None)
+            if mn == "lea":                            # an address, not an access
+                size = None
             if size is None and mn not in IMPLIED_SIZE and (not regs or mn in NEEDS_SIZE):
                 raise BuildError("operand size not specified", where)
             if size is not None and size not in KEYSTONE_SIZES:

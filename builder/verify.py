@@ -120,7 +120,7 @@ def compare(expected: Expected, insn) -> str | None:
     """None if the capstone instruction `insn` is what `expected` asked for, else the
     first difference in words."""
     prefix, mnemonic, got = read_back(insn)
-    want_mn, want = _pseudo(expected.mnemonic, list(expected.operands))
+    want_mn, want = _pseudo(canonical_mnemonic(expected.mnemonic), list(expected.operands))
     mnemonic, got = _pseudo(mnemonic, got)
     if want_mn == "int3":
         want_mn, want = "int", [("imm", 3)]

@@ -80,16 +80,15 @@ model_setup:
         lea     rdi, [rax*8]
         sub     rdi, rax
         lea     rdi, [rdi+rdx*2]
-        push    rax
+        mov     rbx, rax                ; S (the header is done with)
         call    alloc
+        mov     rdi, rbp
+        push    8
         pop     rcx
-        xor     edx, edx
 .pointer:
-        mov     [rbp+rdx*8], rax        ; FV_X, FV_XB, ..., FV_LOGITS, FV_KV
-        add     rax, rcx
-        inc     edx
-        cmp     edx, 8
-        jb      .pointer
+        stosq                           ; FV_X, FV_XB, ..., FV_LOGITS, FV_KV
+        add     rax, rbx
+        loop    .pointer
         pop     rax
         pop     rbp
         pop     rbx
@@ -151,7 +150,16 @@ forward:
         call    fwd_rope                ; k = rope(k)
         xor     r13d, r13d
 .head:
-        call    head_ptrs
+        mov     eax, r13d
+        xor     edx, edx
+        div     dword [rbp+FV_GROUP]
+        imul    eax, [rbx+HDR_HEAD_DIM]
+        lea     rdx, [r14+rax*4]        ; K_g: kv head g = h / group
+        mov     eax, r13d
+        imul    eax, [rbx+HDR_HEAD_DIM]
+        shl     eax, 2                  ; h*hd*4: q_h in q, o_h in xb
+        push    rax
+        push    rdx
         mov     rsi, [rbp+FV_Q]
         add     rsi, rax
         mov     rdi, [rbp+FV_ATT]
@@ -163,8 +171,9 @@ forward:
         mov     esi, [rbp+FV_N_T]
         movss   xmm0, [rbp+FV_ATT_SCALE]
         call    softmax                 ; att = softmax(att / sqrt(hd))
-        call    head_ptrs
-        add     rdx, [rbp+FV_KV_BLOCK]
+        pop     rdx
+        pop     rax
+        add     rdx, [rbp+FV_KV_BLOCK]  ; V_g
         mov     rdi, [rbp+FV_XB]
         add     rdi, rax
         mov     rsi, [rbp+FV_ATT]
@@ -254,19 +263,6 @@ fwd_rope:
         dec     ecx
         movss   xmm0, [rbx+HDR_ROPE_THETA]
         jmp     rope
-
-; head_ptrs: for query head h = r13d: rax = h*hd*4 (q_h in q, o_h in xb),
-; rdx = K_g (g = h / group, row 0 of this layer's K block).   clobbers: nothing else
-head_ptrs:
-        mov     eax, r13d
-        xor     edx, edx
-        div     dword [rbp+FV_GROUP]
-        imul    eax, [rbx+HDR_HEAD_DIM]
-        lea     rdx, [r14+rax*4]
-        mov     eax, r13d
-        imul    eax, [rbx+HDR_HEAD_DIM]
-        shl     eax, 2
-        ret
 
 ; tensor_bytes: the room a (rows, cols) f16 tensor takes in the weights, padding included.
 ;   in: eax rows, ecx cols (upper halves zero)   out: rax   clobbers: nothing else

@@ -4,51 +4,47 @@
 ; Dimensions are >= 1.
 
 ; matmul_f16: W (d,n) f16 @ x (n,) -> xout (d,); r9d != 0 adds to xout instead (residuals).
-; FP16 -> FP32 exactly for normal and subnormal halves: dword = half << 16, sign kept apart,
-; magnitude >> 3 puts exponent and mantissa in float32 position with bias 15 instead of 127,
-; times 2^112 rebiases (subnormal halves become float32 subnormals: exact, as MXCSR has no DAZ).
+; FP16 -> FP32, exact for normal and subnormal halves: dword = half << 16; psrad 3 puts
+; exponent and mantissa in float32 position (bias 15 instead of 127) and smears the sign over
+; bits 31..28; and 0x8FFFFFFF keeps it once; times 2^112 rebiases (subnormal halves become
+; float32 subnormals: exact, as MXCSR has no DAZ). Inf/NaN halves are not supported.
 ; Each row sums in 4 lanes (columns j mod 4), then lane 0+1 + lane 2+3.
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n, r8d d, r9d accumulate
-;   out: xout   clobbers: rax rdx r8 r10 r11 xmm0-xmm7
+;   out: xout   clobbers: rax rcx rdx rdi r8 r11 xmm0-xmm3 xmm6 xmm7
 matmul_f16:
-        pcmpeqd xmm6, xmm6
-        pslld   xmm6, 31                ; 0x80000000: sign
+        mov     eax, 0x8FFFFFFF
+        movd    xmm6, eax
+        pshufd  xmm6, xmm6, 0
         mov     eax, 0x77800000         ; 2^112
         movd    xmm7, eax
         pshufd  xmm7, xmm7, 0
+        mov     ecx, ecx
 .row:
         xorps   xmm0, xmm0
-        mov     eax, ecx                ; columns left
-        mov     r10, rsi
+        xor     eax, eax                ; column
 .col:
-        cmp     eax, 4
-        jb      .one
-        movq    xmm1, [rdx]             ; 4 halves
-        movups  xmm2, [r10]
-        add     rdx, 8
-        add     r10, 16
-        sub     eax, 4
+        lea     r11d, [rax+4]
+        cmp     r11d, ecx
+        ja      .one
+        movq    xmm1, [rdx+rax*2]       ; 4 halves
+        movups  xmm2, [rsi+rax*4]
+        mov     eax, r11d
         jmp     .cvt
 .one:
-        movzx   r11d, word [rdx]        ; 1 half, other lanes 0
+        movzx   r11d, word [rdx+rax*2]  ; 1 half, other lanes 0
         movd    xmm1, r11d
-        movss   xmm2, [r10]
-        add     rdx, 2
-        add     r10, 4
-        dec     eax
+        movss   xmm2, [rsi+rax*4]
+        inc     eax
 .cvt:
         pxor    xmm3, xmm3
         punpcklwd xmm3, xmm1
-        movdqa  xmm4, xmm3
-        pand    xmm4, xmm6
-        pxor    xmm3, xmm4
-        psrld   xmm3, 3
+        psrad   xmm3, 3
+        pand    xmm3, xmm6
         mulps   xmm3, xmm7
-        por     xmm3, xmm4
         mulps   xmm3, xmm2
         addps   xmm0, xmm3
-        test    eax, eax
-        jnz     .col
+        cmp     eax, ecx
+        jb      .col
         haddps  xmm0, xmm0
         haddps  xmm0, xmm0
         test    r9d, r9d
@@ -57,6 +53,7 @@ matmul_f16:
 .store:
         movss   [rdi], xmm0
         add     rdi, 4
+        lea     rdx, [rdx+rcx*2]
         dec     r8d
         jnz     .row
         ret
@@ -96,12 +93,13 @@ matvec_strided:
         jnz     .row
         ret
 
-; rmsnorm: x (n,), w (n,) -> xout (n,) = (x * r) * w, r = float32(1 / sqrt(mean(x^2) + eps)).
-; The sum of squares, mean and root are in x87 extended precision; xout may be x.
+; rmsnorm: x (n,), w (n,) -> xout (n,) = x * r * w, r = float32(1 / sqrt(mean(x^2) + eps)).
+; Sum of squares, mean, root and the products in x87 extended precision, rounded once to float32
+; (within 1 ulp of transformers' float32 (x * r) * w); xout may be x.
 ;   in: rdi xout, rsi x, rdx w (holds 1 + weight), ecx n, xmm0 eps   out: xout
-;   clobbers: rax xmm0 xmm1
+;   clobbers: rax
 rmsnorm:
-        push    rcx                     ; [rsp]: n, then r
+        push    rcx                     ; [rsp]: n, then r; [rsp+4]: eps
         movss   [rsp+4], xmm0
         fldz
         mov     eax, ecx
@@ -117,12 +115,11 @@ rmsnorm:
         fld1
         fdivrp
         fstp    dword [rsp]
-        movss   xmm0, [rsp]
 .scale:
-        movss   xmm1, [rsi+rax*4]
-        mulss   xmm1, xmm0
-        mulss   xmm1, [rdx+rax*4]
-        movss   [rdi+rax*4], xmm1
+        fld     dword [rsi+rax*4]
+        fmul    dword [rsp]
+        fmul    dword [rdx+rax*4]
+        fstp    dword [rdi+rax*4]
         inc     eax
         cmp     eax, ecx
         jb      .scale
@@ -195,58 +192,58 @@ geglu:
 ; a = float32(pos * f); c, s = float32 cos a, sin a (x87 fsincos);
 ; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c + x[i] s (each product rounded).
 ;   in: rdi x, esi n_heads, edx hd (even), ecx pos, xmm0 theta   out: x
-;   clobbers: rax rcx r8-r10 xmm0-xmm7 (calls exp2_x87)
+;   clobbers: rax rcx rdx rsi rdi xmm0-xmm4 (calls exp2_x87)
 rope:
+        add     edx, edx                ; 2hd: bytes of hd/2 floats
+        push    rcx                     ; [rsp+16]: pos
+        push    rdx                     ; [rsp+8]: 2hd
         push    rax                     ; [rsp]: scratch float32; aligns rsp for the call
-        movss   [rsp+4], xmm0
-        cvtsi2ss xmm4, ecx              ; pos
-        cvtsi2ss xmm5, edx              ; hd
-        mov     r8d, edx
-        shr     r8d, 1                  ; hd/2
-        xor     eax, eax                ; i
+        movss   [rsp+4], xmm0           ; theta
+.head:
+        xor     eax, eax                ; 4i
+        lea     rcx, [rdi+rdx]          ; the head's second half
 .pair:
-        lea     ecx, [rax+rax]
-        cvtsi2ss xmm0, ecx
-        divss   xmm0, xmm5              ; e
-        movss   [rsp], xmm0
-        fld     dword [rsp]
+        mov     [rsp], eax
+        fild    dword [rsp]
+        fidiv   dword [rsp+8]           ; 4i/2hd
+        fstp    dword [rsp]
+        fld     dword [rsp]             ; e
         fld     dword [rsp+4]
         fyl2x                           ; e log2(theta)
         call    exp2_x87
-        fstp    dword [rsp]             ; theta^e as float32
-        mov     ecx, 0x3F800000         ; 1.0
-        movd    xmm0, ecx
-        divss   xmm0, [rsp]
-        mulss   xmm0, xmm4              ; a
-        movss   [rsp], xmm0
-        fld     dword [rsp]
+        fstp    dword [rsp]
+        fld1
+        fdiv    dword [rsp]
+        fstp    dword [rsp]
+        fld     dword [rsp]             ; f
+        fimul   dword [rsp+16]          ; pos f, exact
+        fstp    dword [rsp]
+        fld     dword [rsp]             ; a
         fsincos
         fstp    dword [rsp]
         movss   xmm2, [rsp]             ; cos a
         fstp    dword [rsp]
         movss   xmm3, [rsp]             ; sin a
-        lea     r9, [rdi+rax*4]
-        mov     r10d, esi
-.head:
-        movss   xmm0, [r9]              ; x0
-        movss   xmm1, [r9+r8*4]         ; x1
-        movaps  xmm6, xmm0
-        mulss   xmm6, xmm2
-        movaps  xmm7, xmm1
-        mulss   xmm7, xmm3
-        subss   xmm6, xmm7              ; x0 c - x1 s
+        movss   xmm0, [rdi+rax]         ; x0
+        movss   xmm1, [rcx+rax]         ; x1
+        movaps  xmm4, xmm0
+        mulss   xmm4, xmm2
         mulss   xmm0, xmm3
+        mulss   xmm3, xmm1
         mulss   xmm1, xmm2
+        subss   xmm4, xmm3              ; x0 c - x1 s
         addss   xmm1, xmm0              ; x1 c + x0 s
-        movss   [r9], xmm6
-        movss   [r9+r8*4], xmm1
-        lea     r9, [r9+r8*8]           ; the next head: hd floats on
-        dec     r10d
-        jnz     .head
-        inc     eax
-        cmp     eax, r8d
+        movss   [rdi+rax], xmm4
+        movss   [rcx+rax], xmm1
+        add     eax, 4
+        cmp     eax, edx
         jb      .pair
+        lea     rdi, [rdi+rdx*2]
+        dec     esi
+        jnz     .head
         pop     rax
+        pop     rdx
+        pop     rcx
         ret
 
 gelu_kappa:

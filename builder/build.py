@@ -3,7 +3,8 @@
 Contract: `build(root, out=root/"gemma", symbols=False, budget=None) -> BuildResult` runs the
 front end (fasm.parse), assembly (assemble), verification (verify), `linker.link`, the ELF
 checks and the size budget (`[tool.gemma] size_budget` in root/pyproject.toml unless `budget`
-is given), then writes `out` (mode 0755, byte-identical for identical sources) and
+is given; with `symbols` the budget applies to the file without .symtab/.strtab, which is the
+program that ships), then writes `out` (mode 0755, byte-identical for identical sources) and
 `out.map.json`: {"NAME": {"address", "size", "file", "line"}} for every global label, size
 running to the next global label of the same segment or to the segment's end. Any failure
 raises BuildError with one line; an over-budget file is not written (the error's
@@ -116,15 +117,19 @@ def build(root: Path = REPO_ROOT, out: Path | None = None, symbols: bool = False
     verify(image.placed)
     table = symbol_map(image)
     try:
-        elf = linker.link(image.text, image.data, image.bss_size, image.entry, image.layout,
-                          linker_symbols(image, table) if symbols else None)
+        shipped = linker.link(image.text, image.data, image.bss_size, image.entry,
+                              image.layout)
+        elf = shipped if not symbols else linker.link(
+            image.text, image.data, image.bss_size, image.entry, image.layout,
+            linker_symbols(image, table))
         linker.check(elf)
     except (ValueError, linker.ElfCheckError) as exc:
         raise BuildError(f"link: {exc}") from None
-    report = size_table(image, len(elf), budget)
-    if len(elf) > budget:
-        error = BuildError(f"{out.name} would be {len(elf)} bytes, {len(elf) - budget} over the "
-                           f"budget of {budget} bytes (pyproject.toml [tool.gemma] size_budget)")
+    report = size_table(image, len(shipped), budget)
+    if len(shipped) > budget:
+        error = BuildError(f"{out.name} would be {len(shipped)} bytes, {len(shipped) - budget} "
+                           f"over the budget of {budget} bytes (pyproject.toml [tool.gemma] "
+                           f"size_budget)")
         error.report = report
         raise error
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +140,7 @@ def build(root: Path = REPO_ROOT, out: Path | None = None, symbols: bool = False
     map_path = out.with_name(out.name + ".map.json")
     map_path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     try:
-        linker.check(out, budget)
+        linker.check(out, None if symbols else budget)
     except linker.ElfCheckError as exc:
         raise BuildError(f"check: {exc}") from None
     return BuildResult(out, map_path, len(elf), budget, image, table, report)

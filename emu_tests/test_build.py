@@ -1,0 +1,142 @@
+"""builder/build.py, end to end: the shipped program's usage path, reproducible output, the
+size budget, the symbol map (and .symtab with --symbols), the size table and the command
+line."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from builder.build import REPO_ROOT, build
+from builder.errors import BuildError
+from conftest import PROLOGUE
+
+EXIT = "        mov eax, 60\n        syscall\n"
+
+
+def builder_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "builder", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_no_arguments_prints_usage_on_stderr_and_exits_2(gemma):
+    proc = subprocess.run([str(gemma.binary)], capture_output=True, timeout=10)
+    assert proc.returncode == 2
+    assert proc.stdout == b""
+    assert proc.stderr.startswith(b"usage: gemma -m MODEL")
+
+
+def test_two_builds_are_byte_identical(gemma, tmp_path):
+    again = build(REPO_ROOT, tmp_path / "again" / "gemma")
+    assert again.binary.read_bytes() == gemma.binary.read_bytes()
+    assert again.map_path.read_text() == gemma.result.map_path.read_text()
+    assert again.binary.stat().st_mode & 0o777 == 0o755
+
+
+def test_builds_with_symbols_are_byte_identical_too(tmp_path):
+    first = build(REPO_ROOT, tmp_path / "a" / "gemma", symbols=True)
+    second = build(REPO_ROOT, tmp_path / "b" / "gemma", symbols=True)
+    assert first.binary.read_bytes() == second.binary.read_bytes()
+
+
+def test_over_budget_build_fails_and_writes_nothing(asm_tree):
+    root = asm_tree(EXIT + "        db 6000 dup 0\n")
+    with pytest.raises(BuildError) as err:
+        build(root, root / "gemma")
+    m = re.fullmatch(r"gemma would be (\d+) bytes, (\d+) over the budget of 6144 bytes "
+                     r"\(pyproject.toml \[tool.gemma\] size_budget\)", str(err.value))
+    assert m and int(m[1]) - 6144 == int(m[2]) and int(m[1]) > 6000, str(err.value)
+    assert not (root / "gemma").exists()
+    proc = builder_cli("--root", str(root))
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "over the budget" in proc.stderr
+    assert "file total" in proc.stdout                      # the table shows where bytes went
+
+
+def test_budget_comes_from_pyproject_and_is_inclusive(asm_tree):
+    size = build(asm_tree(EXIT), asm_tree(EXIT) / "gemma").size
+    assert build(asm_tree(EXIT, budget=size), None).size == size
+    with pytest.raises(BuildError, match=f"1 over the budget of {size - 1} bytes"):
+        build(asm_tree(EXIT, budget=size - 1), None)
+
+
+def test_symbol_map_has_every_global_label_with_its_extent(asm_tree):
+    root = asm_tree({"gemma.asm": PROLOGUE + """        call    twice
+""" + EXIT + """twice:  nop
+.inner: nop
+        ret
+msg:    db 'abc'
+segment readable writeable
+value   dd 1, 2
+later:  rb 5
+last    rq 1
+"""})
+    result = build(root, root / "gemma")
+    lay = result.image.layout
+    start = lay.text_addr
+    expected = {
+        "start": (start, 5 + 7, 4),                 # call (5), mov eax (5) + syscall (2)
+        "twice": (start + 12, 3, 8),                # nop, nop, ret: .inner belongs to it
+        "msg": (start + 15, 3, 11),
+        "value": (lay.data_addr, 8, 13),
+        "later": (lay.data_addr + 8, 5, 14),
+        "last": (lay.data_addr + 13, 8, 15)}
+    got = {name: (s["address"], s["size"], s["line"]) for name, s in result.symbols.items()}
+    assert got == expected
+    assert {s["file"] for s in result.symbols.values()} == {"asm/gemma.asm"}
+    assert json.loads(result.map_path.read_text()) == result.symbols
+    assert result.map_path == root / "gemma.map.json"
+    assert lay.text_end == start + 18 and lay.bss_end == lay.data_addr + 21
+
+
+def test_real_map_covers_text_and_points_at_its_labels(gemma):
+    syms, lay = gemma.symbols, gemma.result.image.layout
+    text = sorted((s["address"], s["size"], n) for n, s in syms.items()
+                  if lay.text_addr <= s["address"] < lay.text_end)
+    assert text[0][0] == lay.text_addr
+    for (addr, size, name), (next_addr, _, _) in zip(text, text[1:] + [(lay.text_end, 0, "")]):
+        assert addr + size == next_addr, f"{name}: {addr:#x}+{size} != {next_addr:#x}"
+    for name, s in syms.items():
+        line = (REPO_ROOT / s["file"]).read_text().splitlines()[s["line"] - 1]
+        assert line.split(";")[0].split()[0].rstrip(":") == name, (name, s, line)
+    with open(gemma.binary, "rb") as f:
+        section = ELFFile(f).get_section_by_name(".text")
+        assert section["sh_addr"] == lay.text_addr
+        assert section.data() == gemma.result.image.text
+
+
+def test_symbols_flag_adds_a_symtab_matching_the_map(tmp_path):
+    result = build(REPO_ROOT, tmp_path / "gemma", symbols=True)
+    with open(result.binary, "rb") as f:
+        symtab = ELFFile(f).get_section_by_name(".symtab")
+        got = {s.name: (s["st_value"], s["st_size"]) for s in symtab.iter_symbols() if s.name}
+    assert got == {n: (s["address"], s["size"]) for n, s in result.symbols.items()}
+
+
+def test_command_line_prints_the_size_table(asm_tree):
+    root = asm_tree({"gemma.asm": PROLOGUE + "include 'part.asm'\n" + EXIT +
+                     "segment readable writeable\nv dd 1\nw rb 3\n",
+                     "part.asm": "        nop\n"})
+    out = root / "out" / "prog"
+    proc = builder_cli("--root", str(root), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines() if line}
+    size = out.stat().st_size
+    assert rows[".text"] == ["8"] and rows[".data"] == ["4"]
+    assert rows[".bss"][0] == "3"
+    assert rows["headers"] == ["etc.", str(size - 12)]
+    assert rows["asm/gemma.asm"] == ["7", "4", "3"] and rows["asm/part.asm"] == ["1", "0", "0"]
+    assert rows["file"] == ["total", str(size), "of", "6144", "bytes", "budget",
+                            f"({6144 - size}", "left)"]
+    assert (out.parent / "prog.map.json").exists()
+
+
+def test_help_and_bad_options():
+    proc = builder_cli("--help")
+    assert proc.returncode == 0 and "--symbols" in proc.stdout and "--output" in proc.stdout
+    proc = builder_cli("--no-such-option")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr

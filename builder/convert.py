@@ -30,6 +30,7 @@ from typing import Iterator
 import numpy as np
 
 from builder.cli import Parser, run
+from builder.gguf_meta import GGUFError, read_gguf_meta
 from builder.modelfile import (NORMAL, USER_DEFINED, Dims, Header, ModelFormatError,
                                TensorSpec, Vocab, tensor_layout, tensor_shapes, write_model)
 
@@ -91,6 +92,22 @@ def check_shapes(ckpt: Checkpoint, specs: list[TensorSpec], crop_rows: set[str])
                                        t.shape[1] == spec.shape[1] and t.shape[0] >= spec.shape[0])
         if not ok:
             raise ConvertError(f"tensor {t.name} has shape {list(t.shape)}, expected {list(spec.shape)}")
+
+
+def _is(kind: type, v) -> bool:
+    return not isinstance(v, bool) and (isinstance(v, kind) or (kind is float and isinstance(v, int)))
+
+
+def field(table: dict, key: str, kind: type, where: object, default=None, array: bool = False):
+    """table[key] (or default), which must be a kind (int, float, str) or an array of them."""
+    value = table.get(key)
+    value = default if value is None else value  # configs write null for "not set"
+    if value is None:
+        raise ConvertError(f"{where}: no {key}")
+    ok = (isinstance(value, list) and all(_is(kind, v) for v in value)) if array else _is(kind, value)
+    if not ok:
+        raise ConvertError(f"{where}: {key} is not {'an array of ' if array else 'a'} {kind.__name__}")
+    return value
 
 
 # ---- Hugging Face directory ---------------------------------------------------------------
@@ -169,7 +186,12 @@ def safetensors_index(path: Path) -> dict[str, SourceTensor]:
     for name, info in meta.items():
         if name == "__metadata__":
             continue
-        dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+        try:
+            dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+            if not all(_is(int, x) and x >= 0 for x in (*shape, start, end)):
+                raise ValueError
+        except (KeyError, TypeError, ValueError):
+            raise ConvertError(f"{path}: malformed header entry for tensor {name}") from None
         if dtype not in DTYPES:
             raise ConvertError(f"{path}: tensor {name} has dtype {dtype}; expected BF16, F16 or F32")
         if end - start != math.prod(shape) * DTYPES[dtype].itemsize:
@@ -187,30 +209,32 @@ def open_hf(src: Path) -> Checkpoint:
         config = json.loads(need("config.json").read_text())
     except ValueError as e:
         raise ConvertError(f"{src / 'config.json'}: invalid JSON ({e})") from None
+    where = src / "config.json"
+    if not isinstance(config, dict):
+        raise ConvertError(f"{where}: not a JSON object")
     arch = config.get("model_type")
     archs = config.get("architectures") or ["GemmaForCausalLM"]
     if arch != "gemma" or archs != ["GemmaForCausalLM"]:
-        raise ConvertError(f"unsupported architecture {arch!r} ({', '.join(map(str, archs))}): "
+        raise ConvertError(f"unsupported architecture {arch!r} ({archs}): "
                            "only Gemma v1 (model_type 'gemma', GemmaForCausalLM) is supported")
+    rope_parameters = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
 
-    def get(key: str, default=None):
-        value = config.get(key, default)
-        if value is None:
-            raise ConvertError(f"{src / 'config.json'}: no {key}")
-        return value
-    heads = get("num_attention_heads")
-    rope = config.get("rope_theta", (config.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-    dims = Dims(get("vocab_size"), get("hidden_size"), get("intermediate_size"),
-                get("num_hidden_layers"), heads, get("num_key_value_heads", heads),
-                get("head_dim", get("hidden_size") // heads), get("max_position_embeddings"),
-                float(get("rms_norm_eps", 1e-6)), float(rope))
+    def get(key: str, kind: type = int, default=None):
+        return field(config, key, kind, where, default)
+    heads, d = get("num_attention_heads"), get("hidden_size")
+    dims = Dims(get("vocab_size"), d, get("intermediate_size"), get("num_hidden_layers"), heads,
+                get("num_key_value_heads", default=heads), get("head_dim", default=d // max(heads, 1)),
+                get("max_position_embeddings"), float(get("rms_norm_eps", float, 1e-6)),
+                float(get("rope_theta", float, field(rope_parameters, "rope_theta", float, where, 10000.0))))
     vocab = sentencepiece_vocab(need("tokenizer.model"))
     if (src / "model.safetensors.index.json").is_file():
         try:
             weight_map = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError):
-            raise ConvertError(f"{src / 'model.safetensors.index.json'}: no weight_map") from None
-        files = sorted(set(weight_map.values()))
+            files = sorted(set(weight_map.values()))
+            if not all(isinstance(f, str) and "/" not in f for f in files):
+                raise ValueError
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ConvertError(f"{src / 'model.safetensors.index.json'}: no valid weight_map") from None
     else:
         need("model.safetensors")
         files = ["model.safetensors"]
@@ -244,43 +268,35 @@ def gguf_name(engine_name: str) -> str:
 
 
 def open_gguf(src: Path) -> Checkpoint:
-    import gguf
     try:
-        reader = gguf.GGUFReader(src)
-    except (ValueError, OSError, struct.error, IndexError, KeyError) as e:
+        meta = read_gguf_meta(src)
+    except GGUFError as e:
         raise ConvertError(f"{src}: not a readable GGUF file ({e})") from None
 
-    def get(key: str, default=None):
-        field = reader.fields.get(key)
-        if field is None:
-            if default is None:
-                raise ConvertError(f"{src}: GGUF has no {key}")
-            return default
-        return field.contents()
-    arch = get("general.architecture")
+    def get(key: str, kind: type = int, default=None, array: bool = False):
+        return field(meta.kv, key, kind, src, default, array)
+    arch = get("general.architecture", str)
     if arch != "gemma":
         raise ConvertError(f"unsupported architecture {arch!r}: only Gemma v1 ('gemma') is supported")
-    if get("tokenizer.ggml.model") != "llama":
-        raise ConvertError(f"{src}: tokenizer {get('tokenizer.ggml.model')!r} is not SentencePiece ('llama')")
-    tokens = get("tokenizer.ggml.tokens")
-    types = [int(t) for t in get("tokenizer.ggml.token_type")]
+    if get("tokenizer.ggml.model", str) != "llama":
+        raise ConvertError(f"{src}: tokenizer {get('tokenizer.ggml.model', str)!r} is not SentencePiece ('llama')")
+    tokens = get("tokenizer.ggml.tokens", str, array=True)
+    types = get("tokenizer.ggml.token_type", int, array=True)
     pieces = [(t.replace(" ", SPACE) if ty == USER_DEFINED else t).encode() for t, ty in zip(tokens, types)]
-    vocab = Vocab(pieces, [float(s) for s in get("tokenizer.ggml.scores")], types,
-                  int(get("tokenizer.ggml.bos_token_id")), int(get("tokenizer.ggml.eos_token_id")))
-    d, heads = int(get("gemma.embedding_length")), int(get("gemma.attention.head_count"))
-    dims = Dims(len(tokens), d, int(get("gemma.feed_forward_length")), int(get("gemma.block_count")),
-                heads, int(get("gemma.attention.head_count_kv", heads)),
-                int(get("gemma.attention.key_length", d // heads)), int(get("gemma.context_length")),
-                float(get("gemma.attention.layer_norm_rms_epsilon")),
-                float(get("gemma.rope.freq_base", 10000.0)))
+    vocab = Vocab(pieces, get("tokenizer.ggml.scores", float, array=True), types,
+                  get("tokenizer.ggml.bos_token_id"), get("tokenizer.ggml.eos_token_id"))
+    d, heads = get("gemma.embedding_length"), get("gemma.attention.head_count")
+    dims = Dims(len(tokens), d, get("gemma.feed_forward_length"), get("gemma.block_count"),
+                heads, get("gemma.attention.head_count_kv", default=heads),
+                get("gemma.attention.key_length", default=d // max(heads, 1)), get("gemma.context_length"),
+                float(get("gemma.attention.layer_norm_rms_epsilon", float)),
+                float(get("gemma.rope.freq_base", float, 10000.0)))
     found = {}
-    for t in reader.tensors:
-        kind = t.tensor_type.name
-        if kind not in DTYPES:
-            raise ConvertError(f"tensor {t.name} is {kind}: quantized GGUF files are not supported "
+    for t in meta.tensors.values():
+        if t.type not in DTYPES:
+            raise ConvertError(f"tensor {t.name} is {t.type}: quantized GGUF files are not supported "
                                "(convert an F16, BF16 or F32 GGUF)")
-        found[t.name] = SourceTensor(t.name, src, int(t.data_offset), kind,
-                                     tuple(int(x) for x in reversed(t.shape)))
+        found[t.name] = SourceTensor(t.name, src, t.offset, t.type, t.shape)
     wanted = {gguf_name(n): n for n, _, _ in tensor_shapes(dims)}
     extra = sorted(set(found) - set(wanted) - {"output.weight"})
     if extra:

@@ -19,7 +19,7 @@ import math
 import struct
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import numpy as np
 from tqdm import tqdm
@@ -398,6 +398,8 @@ class ModelFile:
         self.pieces = [blob[o:o + n] for o, n in zip(rec["off"].tolist(), rec["len"].tolist())]
         self.scores = rec["score"].copy()
         self.types = rec["type"].astype(np.int64)
+        if h.vocab and not ((self.types >= NORMAL) & (self.types <= BYTE)).all():
+            raise ModelFormatError("a piece has an unknown type")
         is_byte = self.types == BYTE
         if not is_byte[h.byte_base:h.byte_base + 256].all() or is_byte.sum() != 256:
             raise ModelFormatError("the 256 byte pieces are not exactly ids byte_base..byte_base+255")
@@ -411,14 +413,8 @@ class ModelFile:
             raise ModelFormatError("the index is not sorted by piece bytes")
         self._layout = {s.name: s for s in tensor_layout(h)}
 
-    @property
-    def vocab(self) -> Vocab:
-        return Vocab(self.pieces, self.scores.tolist(), self.types.tolist(), self.header.bos, self.header.eos)
-
     def tensor(self, name: str) -> np.ndarray:
         s = self._layout[name]
         dt = np.dtype("<f2" if s.dtype == "f16" else "<f4")
         return np.frombuffer(self._map, dt, math.prod(s.shape), self.header.weights_off + s.offset).reshape(s.shape)
 
-    def specs(self) -> Iterator[TensorSpec]:
-        return iter(self._layout.values())

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from builder import convert as conv
+from builder.gguf_meta import GGUFError, read_gguf_meta
 from builder.modelfile import HEADER_FIELDS, NORMAL, USER_DEFINED, ModelFile, ModelFormatError
 from modelfiles import MODELS, convert_fixture, fixture_path
 
@@ -294,3 +295,29 @@ def test_cli(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         conv.main(["-o"])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+# ---- builder.gguf_meta against gguf.GGUFReader ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_gguf_meta_matches_gguf_reader(name):
+    path = fixture_path(name) / "model-f16.gguf"
+    meta, reader = read_gguf_meta(path), gguf.GGUFReader(path)
+    want = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert meta.kv.keys() == want.keys()
+    for k, v in want.items():
+        assert meta.kv[k] == v, k
+    assert list(meta.tensors) == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        m = meta.tensors[t.name]
+        assert (m.type, m.shape, m.offset, m.nbytes) == \
+            (t.tensor_type.name, tuple(reversed(t.shape.tolist())), t.data_offset, t.n_bytes), t.name
+
+
+def test_gguf_meta_rejects_truncation(tmp_path):
+    data = (fixture_path("tiny_mqa") / "model-f16.gguf").read_bytes()
+    for cut in (3, 20, 5000, len(data) - 1):
+        (tmp_path / "t.gguf").write_bytes(data[:cut])
+        with pytest.raises(GGUFError, match="truncated|bad magic|past the end"):
+            read_gguf_meta(tmp_path / "t.gguf")

@@ -62,7 +62,7 @@ matmul_f16:
 ; matvec_t_f32: W^T (d,n) @ x (n,) -> xout (d,), xout[j] = sum_i x[i] W[i*r9 + 4j] (o = V^T att).
 ; Sums in order of the index, one float32 accumulator.
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
-;   clobbers: rax r8-r11 xmm0 xmm1
+;   clobbers: rax rdx rdi r8-r11 xmm0 xmm1
 matvec_f32:
         push    4
         pop     r10                     ; column stride
@@ -72,7 +72,7 @@ matvec_t_f32:
         push    4
         pop     r9
 ; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes).
-;   in: as above, r10 column stride   out: xout   clobbers: rax r8 r11 xmm0 xmm1
+;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0 xmm1
 matvec_strided:
 .row:
         xorps   xmm0, xmm0
@@ -123,7 +123,7 @@ rmsnorm:
         inc     eax
         cmp     eax, ecx
         jb      .scale
-        pop     rcx
+        pop     rax
         ret
 
 ; softmax: x (n,) -> x (n,) in place, x[i] = exp(s*(x[i] - max x)) / sum. Exponentials and

@@ -85,12 +85,14 @@ class Image:
     bss_size: int
     entry: int
     placed: list[Placed]
+    program: Program
     symbols: dict[str, int] = field(default_factory=dict)   # labels and constants
 
 
-class _Env:
-    """Symbol values for one pass: labels at the previous pass's addresses, constants
-    evaluated on demand (at their own address, for `$`)."""
+class SymbolEnv:
+    """Symbol values: labels (and constants' positions) at the addresses in `addrs`,
+    constants evaluated on demand at their own position (for `$`). The assembler makes one
+    per pass from the previous pass's addresses."""
 
     def __init__(self, program: Program, addrs: dict[str, int]):
         self.program = program
@@ -100,7 +102,7 @@ class _Env:
         self.cur = 0
         self.where: Where | None = None
 
-    def at(self, where: Where, address: int) -> "_Env":
+    def at(self, where: Where, address: int) -> "SymbolEnv":
         self.where, self.cur = where, address
         return self
 
@@ -183,7 +185,7 @@ def imm_range(mnemonic: str, first: Reg | Mem | None, size: int | None,
     return -(1 << (8 * size - 1)), (1 << (8 * size)) - 1
 
 
-def plan(instr: Instr, env: _Env, address: int, length: int,
+def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
          label_sizes: dict[str, int]) -> Expected:
     """The keystone text and expectations of one instruction assembled at `address`, taking
     its length to be `length` (for RIP-relative displacements)."""
@@ -276,7 +278,7 @@ def float_bytes(text: str, unit: int, where: Where) -> bytes:
     return struct.pack("<I", min(candidates, key=err))
 
 
-def data_bytes(stmt: Data, env: _Env, address: int) -> bytes:
+def data_bytes(stmt: Data, env: SymbolEnv, address: int) -> bytes:
     """The bytes of a db/dw/dd/dq statement."""
     unit, where = stmt.unit, stmt.where
     bits = 8 * unit
@@ -314,7 +316,7 @@ def assemble(program: Program, layout: Callable = linker.layout) -> Image:
             lay = layout(*sizes)
             symbols = {s.name: addrs[i] for i, s in enumerate(stmts)
                        if isinstance(s, (Label, Const))}
-            env = _Env(program, symbols)
+            env = SymbolEnv(program, symbols)
             errors: dict[int, BuildError] = {}
             plans: dict[int, Expected] = {}
             for i, s in enumerate(stmts):
@@ -355,7 +357,7 @@ def assemble(program: Program, layout: Callable = linker.layout) -> Image:
                          program.entry[1])
     env.memo.clear()
     values = {name: env.value(name) for name in list(program.labels) + list(program.consts)}
-    return Image(lay, text, data, sizes[2], entry, placed, values)
+    return Image(lay, text, data, sizes[2], entry, placed, program, values)
 
 
 def _place(stmts, plans, code, errors, env, lay, lengths):

@@ -370,3 +370,15 @@ def test_command_line_prints_one_line_and_exits_1(asm_tree):
     assert proc.returncode == 1
     assert proc.stderr == "asm/gemma.asm:5: undefined symbol 'nowhere'\n"
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_keystone_gets_every_number_in_0x_form_and_ptr_sizes(asm_tree):
+    # keystone reads bare numbers as hex once an option is set: "10" must never reach it.
+    root = asm_tree("        mov eax, 10\n        mov dword [rsi + 16], -10\n"
+                    "        lea rsi, [value]\n" + EXIT + "value: dd 0\n")
+    result = assemble_tree(root)
+    texts = [p.expected.keystone for p in result.image.placed if p.expected][:3]
+    value = result.symbols["value"]["address"]
+    lea = result.image.placed[3]
+    assert texts == ["mov eax, 0xa", "mov dword ptr [rsi + 0x10], -0xa",
+                     f"lea rsi, [rip + {value - lea.address - lea.size:#x}]"]

@@ -128,3 +128,17 @@ def test_a_whole_program_passes_and_every_instruction_is_checked(asm_tree):
     root = asm_tree("".join(f"        {line}\n" for line in lines) + EXIT + "value dd 0, 0\n")
     result = build(root, root / "gemma")
     assert verify(result.image.placed) == len(lines) + 2
+
+
+def test_keystone_abort_is_contained_in_its_child_process():
+    # keystone's LLVM aborts the process on `mov r8b, ah` (the front end refuses it first,
+    # see test_frontend); the child dies, the builder reports which item killed it and
+    # carries on with a new child.
+    from builder.kstone import Keystone, KeystoneCrash
+    with Keystone() as ks:
+        with pytest.raises(KeystoneCrash) as crash:
+            ks.assemble([("nop", ADDR), ("mov r8b, ah", ADDR)])
+        assert crash.value.index == 1
+        assert "LLVM ERROR" in str(crash.value)
+        assert ks.assemble([("mov eax, 0xa", ADDR), ("bogus", ADDR)]) == [
+            bytes.fromhex("b80a000000"), "Invalid mnemonic (KS_ERR_ASM_MNEMONICFAIL)"]

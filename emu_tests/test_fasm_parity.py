@@ -1,0 +1,172 @@
+"""FASM parity: the same asm/ sources through fasm 1.73 (`fasm asm/gemma.asm OUT`), the
+independent assembler, give a program that behaves like ours and is the same code.
+
+- Behaviour: both executables run on the same inputs (no arguments, bad flags, missing and
+  truncated model files, real prompts on a converted fixture model, --tokens, --logits) and
+  must give the same stdout, stderr, exit status (and --logits file).
+- Code: walking our statement list over fasm's file (fasm lays its code right after the
+  program headers), every instruction fasm encoded must have the same mnemonic and register
+  operands (capstone) as ours, every data statement the same bytes when evaluated at fasm's
+  addresses, and the walk must land on fasm's entry point and end where its code segment
+  ends.
+
+fasm is required: CI installs it (.ci/run); a missing fasm fails, it never skips.
+"""
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+
+import pytest
+from capstone import CS_ARCH_X86, CS_MODE_64, Cs
+from capstone import x86 as csx86
+
+from builder.assemble import SymbolEnv, data_bytes
+from builder.build import REPO_ROOT
+from builder.expr import evaluate
+from builder.fasm import Align, Const, Data, Instr, Label
+from modelfiles import convert_fixture
+
+PT_LOAD = 1
+
+
+@pytest.fixture(scope="module")
+def fasm_binary(tmp_path_factory):
+    fasm = shutil.which("fasm")
+    if fasm is None:
+        pytest.fail("fasm is not installed: the FASM parity test needs it (Debian package "
+                    "`fasm`: apt-get install fasm; .ci/run installs it)", pytrace=False)
+    out = tmp_path_factory.mktemp("fasm") / "gemma"
+    proc = subprocess.run([fasm, "asm/gemma.asm", str(out)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"fasm rejected the sources:\n{proc.stdout}{proc.stderr}"
+    out.chmod(0o755)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return convert_fixture("tiny_mqa", "hf", tmp_path_factory.mktemp("parity-model"))
+
+
+@pytest.fixture(scope="module")
+def truncated_model(model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("parity-bad") / "truncated.bin"
+    path.write_bytes(model.read_bytes()[:1000])
+    return path
+
+
+CASES = {
+    "no arguments": [],
+    "unknown flag": ["--bogus"],
+    "missing value": ["-m"],
+    "missing model": ["-m", "/nonexistent/model.bin"],
+    "bad number": ["-m", "{model}", "-n", "12x"],
+    "truncated model": ["-m", "{truncated}"],
+    "tokens": ["-m", "{model}", "--tokens", "-p", "The quick brown fox"],
+    "greedy": ["-m", "{model}", "-p", "Hello world", "-n", "8"],
+    "sampled": ["-m", "{model}", "-p", "Once upon", "-n", "6", "--temp", "0.8", "-s", "7",
+                "--top-p", "0.9"],
+    "logits": ["-m", "{model}", "-p", "hi", "-n", "2", "--logits", "{logits}"],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_behaviour_as_fasm_build(gemma, fasm_binary, model, truncated_model, tmp_path,
+                                      case):
+    results = []
+    for name, binary in (("ours", gemma.binary), ("fasm", fasm_binary)):
+        logits = tmp_path / f"{name}.logits"
+        argv = [a.format(model=model, truncated=truncated_model, logits=logits)
+                for a in CASES[case]]
+        proc = subprocess.run([str(binary), *argv], capture_output=True, timeout=120)
+        results.append((proc.returncode, proc.stdout, proc.stderr,
+                        logits.read_bytes() if logits.exists() else None))
+    ours, theirs = results
+    for what, a, b in zip(("exit status", "stdout", "stderr", "logits file"), ours, theirs):
+        assert a == b, f"{case}: {what} differs: ours {a!r:.300}, fasm's {b!r:.300}"
+    assert ours[0] >= 0, f"{case}: killed by signal {-ours[0]}"
+
+
+def _program_headers(elf: bytes) -> tuple[int, int, list[tuple]]:
+    """(entry, end of the program headers, PT_LOAD (flags, offset, vaddr, filesz))."""
+    entry, phoff = struct.unpack_from("<QQ", elf, 24)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 54)
+    loads = []
+    for i in range(phnum):
+        p_type, flags, offset, vaddr, _, filesz = struct.unpack_from("<IIQQQQ", elf,
+                                                                     phoff + i * phentsize)
+        if p_type == PT_LOAD:
+            loads.append((flags, offset, vaddr, filesz))
+    return entry, phoff + phnum * phentsize, loads
+
+
+def _shape(insn) -> tuple:
+    """Mnemonic and register operands (registers inside memory operands as a set)."""
+    regs = []
+    for op in insn.operands:
+        if op.type == csx86.X86_OP_REG:
+            regs.append(insn.reg_name(op.reg))
+        elif op.type == csx86.X86_OP_MEM:
+            regs.append(sorted({insn.reg_name(r) for r in (op.mem.base, op.mem.index) if r}))
+    return insn.mnemonic, regs
+
+
+def test_same_code_and_data_as_fasm_build(gemma, fasm_binary):
+    image = gemma.result.image
+    elf = fasm_binary.read_bytes()
+    entry, code_start, loads = _program_headers(elf)
+    (_, text_off, text_vaddr, text_filesz), *rest = loads
+    segments = {"text": (text_vaddr + code_start - text_off, code_start)}
+    if rest:
+        segments["data"] = (rest[0][2], rest[0][1])
+    md = Cs(CS_ARCH_X86, CS_MODE_64)
+    md.detail = True
+    ours_env = SymbolEnv(image.program, image.symbols)
+
+    # 1. fasm's address of every statement: its instruction lengths, our data sizes.
+    where_fasm, fasm_insn, cursor = {}, {}, {}
+    for n, p in enumerate(image.placed):
+        vaddr, offset = segments[p.segment]
+        addr = cursor.setdefault(p.segment, vaddr)
+        where_fasm[n] = addr
+        s = p.stmt
+        if isinstance(s, Instr):
+            file_at = offset + addr - vaddr
+            insn = next(md.disasm(elf[file_at:file_at + 15], addr), None)
+            assert insn is not None, f"{s.where}: fasm's bytes at {addr:#x} do not decode"
+            fasm_insn[n] = insn
+            size = insn.size
+        elif isinstance(s, Align):
+            boundary = evaluate(s.boundary, ours_env.at(s.where, p.address), s.where)
+            size = -addr % boundary.number(s.where)
+        else:
+            size = p.size
+        cursor[p.segment] = addr + size
+    assert cursor["text"] == text_vaddr + text_filesz, "walk does not end at fasm's code end"
+    fasm_env = SymbolEnv(image.program, {p.stmt.name: where_fasm[n]
+                                         for n, p in enumerate(image.placed)
+                                         if isinstance(p.stmt, (Label, Const))})
+    entry_name = image.program.entry[0]
+    assert fasm_env.value(entry_name) == entry, "walk does not reach fasm's entry point"
+
+    # 2. the same instructions and data.
+    differences = []
+    for n, p in enumerate(image.placed):
+        s = p.stmt
+        if isinstance(s, Instr):
+            ours = next(md.disasm(p.data, p.address))
+            theirs = fasm_insn[n]
+            if _shape(ours) != _shape(theirs):
+                differences.append(f"{s.where} '{s.text}': ours '{ours.mnemonic} "
+                                   f"{ours.op_str}', fasm '{theirs.mnemonic} {theirs.op_str}'")
+        elif isinstance(s, Data):
+            vaddr, offset = segments[p.segment]
+            want = data_bytes(s, fasm_env, where_fasm[n])
+            got = elf[offset + where_fasm[n] - vaddr:][:len(want)]
+            if want != got:
+                differences.append(f"{s.where}: data {want.hex()[:64]} vs fasm {got.hex()[:64]}")
+    count = sum(isinstance(p.stmt, Instr) for p in image.placed)
+    assert not differences, (f"{len(differences)} of {count} instructions/data differ from "
+                             "fasm's build:\n" + "\n".join(differences[:20]))

@@ -201,62 +201,58 @@ err_bad_value:
 
 ; parse_uint: a decimal u64.
 ;   in: rsi string   out: rax value, rsi -> the first byte after the digits
-;   (err_bad_value when there is no digit or the value overflows)   clobbers: rcx rdx
+;   (err_bad_value when there is no digit or the value overflows)   clobbers: rcx rdx r10 r11
 parse_uint:
         xor     eax, eax
-        mov     rcx, rsi
-.digit:
-        movzx   edx, byte [rsi]
-        sub     edx, '0'
-        cmp     edx, 9
-        ja      .end
-        push    rdx
-        push    10
-        pop     rdx
-        mul     rdx
-        pop     rdx
-        jc      err_bad_value
-        add     rax, rdx
-        jc      err_bad_value
-        inc     rsi
-        jmp     .digit
-.end:
-        cmp     rsi, rcx
-        je      err_bad_value
+        call    parse_digits
+        jrcxz   err_bad_value
         ret
 
-; parse_float: a decimal number: digits, optionally '.' and digits, optionally e/E, a sign
-; and digits; at least one mantissa digit. Accumulated in double, rounded to float32.
+; parse_digits: more decimal digits appended to rax (rax = rax * 10 + digit for each).
+;   in: rsi string, rax   out: rax, ecx digits read, rsi -> after them
+;   (err_bad_value when rax overflows 64 bits)   clobbers: rdx r10 r11
+parse_digits:
+        xor     ecx, ecx
+        push    10
+        pop     r11
+.digit:
+        movzx   r10d, byte [rsi+rcx]
+        sub     r10d, '0'
+        cmp     r10d, 9
+        ja      .end
+        mul     r11
+        jc      err_bad_value
+        add     rax, r10
+        jc      err_bad_value
+        inc     ecx
+        jmp     .digit
+.end:
+        add     rsi, rcx
+        ret
+
+; parse_float: a decimal number: digits, optionally '.' and digits (at least one digit in
+; all, at most 2^63 - 1 as an integer), optionally e or E, a sign and digits (<= 1000).
+; The digits are an exact integer, scaled by powers of ten in double, rounded to float32.
 ;   in: rsi string   out: rax float32 bits (0x7F800000 when it overflows), rsi -> after it
-;   (err_bad_value when it has no mantissa digit)   clobbers: rcx rdx r8 r9 xmm0-xmm2
+;   (err_bad_value when malformed)   clobbers: rcx rdx r8-r11 xmm0 xmm1
 parse_float:
-        xorps   xmm0, xmm0
-        movsd   xmm2, [float_ten]
+        xor     eax, eax
+        call    parse_digits
+        mov     r9d, ecx                ; digits
         xor     r8d, r8d                ; decimal exponent
-        xor     r9d, r9d                ; 0 before the point, 1 after it
-        mov     rcx, rsi
-.mantissa:
-        movzx   eax, byte [rsi]
+        cmp     byte [rsi], '.'
+        jne     .mantissa_done
         inc     rsi
-        cmp     al, '.'
-        jne     .not_point
-        inc     r9d                     ; a second point: 2 -> trailing check fails
-        cmp     r9d, 1
-        je      .mantissa
-.not_point:
-        sub     eax, '0'
-        cmp     eax, 9
-        ja      .mantissa_end
-        mulsd   xmm0, xmm2
-        cvtsi2sd xmm1, eax
-        addsd   xmm0, xmm1
-        sub     r8d, r9d
-        jmp     .mantissa
-.mantissa_end:
-        dec     rsi
-        lea     rdx, [rcx+r9]           ; the digits and the point must be more than the point
-        cmp     rsi, rdx
-        jbe     err_bad_value
+        call    parse_digits
+        add     r9d, ecx
+        sub     r8d, ecx
+.mantissa_done:
+        test    r9d, r9d
+        jz      err_bad_value
+        test    rax, rax
+        js      err_bad_value           ; cvtsi2sd reads it signed
+        cvtsi2sd xmm0, rax
+        movsd   xmm1, [float_ten]
         mov     al, [rsi]
         or      al, 0x20
         cmp     al, 'e'
@@ -270,9 +266,7 @@ parse_float:
 .exp_sign:
         inc     rsi
 .exp_digits:
-        push    r8
         call    parse_uint
-        pop     r8
         cmp     rax, 1000               ; beyond float32 either way
         ja      err_bad_value
         cmp     r9b, '-'
@@ -284,11 +278,11 @@ parse_float:
         test    r8d, r8d
         jz      .round
         js      .down
-        mulsd   xmm0, xmm2
+        mulsd   xmm0, xmm1
         dec     r8d
         jmp     .scale
 .down:
-        divsd   xmm0, xmm2
+        divsd   xmm0, xmm1
         inc     r8d
         jmp     .scale
 .round:

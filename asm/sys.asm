@@ -62,10 +62,13 @@ alloc:
 ; write_str: write a zero-terminated string to a file descriptor.
 ;   in: edi fd, rsi string   out: rax bytes written or -errno   clobbers: rcx rdx r10 r11
 write_str:
+        mov     cl, 1
+; write_until: the same, the string ending at its first byte below cl.
+write_until:
         xor     edx, edx
 .measure:
-        cmp     byte [rsi+rdx], 0
-        je      sys_write
+        cmp     byte [rsi+rdx], cl
+        jb      sys_write
         inc     edx
         jmp     .measure
 
@@ -87,7 +90,8 @@ fatal_arg:
         mov     rsi, rbp
         test    rsi, rsi
         jz      .newline
-        call    .put
+        mov     cl, ' '                 ; the argument up to a control byte: one line
+        call    .put_until
 .newline:
         lea     rsi, [msg_newline]
         call    .put
@@ -95,8 +99,10 @@ fatal_arg:
         pop     rdi
         jmp     sys_exit
 .put:
+        mov     cl, 1
+.put_until:
         mov     edi, STDERR
-        jmp     write_str
+        jmp     write_until
 
 ; usage: print the usage text on stderr and exit with EXIT_USAGE.
 usage:

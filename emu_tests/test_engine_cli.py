@@ -280,6 +280,8 @@ def test_no_arguments_prints_usage(engine):
     (["--temp", "."], "bad value for --temp"),
     (["--temp", "1.2.3"], "bad value for --temp"),
     (["--temp", "1e"], "bad value for --temp"),
+    (["--temp", "18446744073709551616"], "bad value for --temp"),   # mantissa digits overflow
+    (["--temp", "1e1001"], "bad value for --temp"),
     (["--top-p", "0"], "bad value for --top-p"),
     (["--top-p", "1.0001"], "bad value for --top-p"),
     (["--top-p", "1e-50"], "bad value for --top-p"),
@@ -293,7 +295,7 @@ def test_command_line_errors(engine, args, message):
 
 @pytest.mark.parametrize("args", [
     ["--temp", "0"], ["--temp", "1.5e-3"], ["--temp", "25E-1"], ["--temp", ".5"], ["--temp", "3."],
-    ["--top-p", "1"], ["--top-p", "0.9"], ["-s", "18446744073709551615"], ["-t", "256"],
+    ["--top-p", "1"], ["--top-p", "0.9"], ["--temp", "0.00000000000000000000000000001"], ["-s", "18446744073709551615"], ["-t", "256"],
     ["-t", "1"], ["-n", "0"], ["-c", "1024"], ["-c", "1"], ["-p", "x", "-p", "y"],
 ])
 def test_accepted_values(engine, mqa, args):

@@ -1,0 +1,142 @@
+"""Memory read bandwidth of this machine, measured natively, for `python -m builder bench`.
+
+`measure(threads, size)` streams a buffer of `size` bytes (much larger than the caches; the
+benchmark uses 2 GiB) through a read-only vector loop and returns the best GB/s (10^9 bytes
+per second) over a few trials. With N threads the buffer is cut into N contiguous slices and
+each thread reads its own slice, all started together from a barrier; bandwidth = total bytes
+read / wall time from the barrier to the last thread's end.
+
+The loop is machine code: eight aligned 32-byte loads per iteration (AVX2; 16-byte SSE2 loads
+when the CPU lacks AVX2), assembled with keystone, checked instruction by instruction with
+capstone (keystone is untrusted, see TOOLCHAIN.md), copied into an executable mapping and
+called through ctypes, which releases the GIL, so the threads run in parallel. The buffer is
+written before it is read: untouched anonymous pages would all map the one shared zero page
+and the loop would measure the cache instead of memory.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import capstone
+import keystone
+
+UNROLL = 8  # loads per loop iteration
+
+
+@dataclass(frozen=True)
+class ReadLoop:
+    """An assembled read loop: `fn(ptr, bytes, passes)`; bytes a multiple of `step`."""
+
+    fn: ctypes._CFuncPtr
+    step: int
+    width: int
+    code: mmap.mmap  # keeps the executable mapping alive while fn is used
+
+
+def cpu_flags() -> set[str]:
+    """The feature flags /proc/cpuinfo lists for the first CPU."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _source(width: int) -> list[str]:
+    """The loop in capstone's canonical spelling (so disassembly can be compared to it)."""
+    reg, size, mov = ("ymm", "ymmword", "vmovdqa") if width == 32 else ("xmm", "xmmword", "movdqa")
+    loads = [f"{mov} {reg}{i}, {size} ptr [rax{f' + {hex(i * width)}' if i else ''}]"
+             for i in range(UNROLL)]
+    step = hex(UNROLL * width)
+    # rdi = buffer, rsi = bytes per pass, rdx = passes (SysV leaf; clobbers rax rcx rdx).
+    return ["outer:", "mov rax, rdi", "mov rcx, rsi", "inner:", *loads, f"add rax, {step}",
+            f"sub rcx, {step}", "jne inner", "dec rdx", "jne outer"] + \
+           (["vzeroupper"] if width == 32 else []) + ["ret"]
+
+
+def assemble(width: int) -> bytes:
+    """Assemble the loop for `width`-byte loads and verify every instruction with capstone."""
+    lines = _source(width)
+    code = bytes(keystone.Ks(keystone.KS_ARCH_X86, keystone.KS_MODE_64).asm("\n".join(lines))[0])
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    insns = list(md.disasm(code, 0))
+    wanted = [ln for ln in lines if not ln.endswith(":")]
+    labels, k = {}, 0
+    for ln in lines:
+        if ln.endswith(":"):
+            labels[ln[:-1]] = insns[k].address if k < len(insns) else None
+        else:
+            k += 1
+    if len(insns) != len(wanted) or sum(i.size for i in insns) != len(code):
+        raise RuntimeError("bandwidth loop: keystone output does not disassemble to the source")
+    for insn, want in zip(insns, wanted):
+        mnemonic, _, operand = want.partition(" ")
+        if operand in labels:
+            operand = hex(labels[operand]) if labels[operand] > 9 else str(labels[operand])
+        got = f"{insn.mnemonic} {insn.op_str}".strip()
+        if got != f"{mnemonic} {operand}".strip():
+            raise RuntimeError(f"bandwidth loop: keystone gave {got!r} for {want!r}")
+    return code
+
+
+def read_loop() -> ReadLoop:
+    """The widest loop this CPU runs, in executable memory, callable from ctypes."""
+    width = 32 if "avx2" in cpu_flags() else 16
+    code = assemble(width)
+    mem = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    mem.write(code)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mem))
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)
+    return ReadLoop(proto(addr), UNROLL * width, width, mem)
+
+
+class Buffer:
+    """`size` bytes of anonymous memory, every page written (so it is real RAM)."""
+
+    def __init__(self, size: int):
+        self.mem = mmap.mmap(-1, size)
+        chunk = b"\x5a" * (1 << 20)
+        for off in range(0, size, len(chunk)):
+            self.mem[off:off + len(chunk)] = chunk[:size - off]
+        self.size = size
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+
+    def close(self) -> None:
+        # The ctypes view still exports the buffer; munmap happens when the mmap is collected.
+        self.mem = None
+
+
+def measure(loop: ReadLoop, buf: Buffer, threads: int, passes: int = 2, trials: int = 3) -> float:
+    """Best read bandwidth in GB/s over `trials` of `passes` sweeps with `threads` threads."""
+    slice_len = buf.size // threads // 4096 * 4096  # page-aligned slices, a multiple of step
+    best = 0.0
+    for _ in range(trials):
+        barrier = threading.Barrier(threads + 1)
+
+        def worker(k: int) -> None:
+            barrier.wait()
+            loop.fn(buf.addr + k * slice_len, slice_len, passes)
+
+        pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+        for t in pool:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for t in pool:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        best = max(best, threads * slice_len * passes / elapsed / 1e9)
+    return best
+
+
+def bandwidths(thread_counts: list[int], size: int) -> dict[int, float]:
+    """GB/s for each thread count, sharing one buffer of `size` bytes."""
+    loop, buf = read_loop(), Buffer(size)
+    try:
+        return {t: measure(loop, buf, t) for t in thread_counts}
+    finally:
+        buf.close()

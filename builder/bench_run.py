@@ -1,0 +1,134 @@
+"""Run a child process for `python -m builder bench` and record what it cost.
+
+`run(argv, row_bytes=...)` starts the program with stdout discarded (or kept: capture=True),
+waits for it, and samples /proc/PID/status every 10 ms meanwhile: VmHWM (the peak resident set
+size of the child's own address space, mapped file pages included) and RssAnon (its anonymous
+memory: heap, KV cache, scratch, as opposed to the mapped model file). The wait4 rusage is not
+used for memory: for a child started by vfork+exec its ru_maxrss starts from the parent's
+resident size (the kernel records the old address space's peak at exec), which here would be
+this Python process. A run shorter than the first sample reports 0 for both. When
+`row_bytes` is given, passes a FIFO in place of the file name `{logits}` in argv and stamps the
+arrival time of every complete `row_bytes` record written to it (the engine's `--logits`: one
+float32 row per evaluated position). All times are seconds since the child was started.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), absent from older Pythons' fcntl
+POLL_SECONDS = 0.01
+
+
+@dataclass
+class Run:
+    """What one child process did."""
+
+    argv: list[str]
+    returncode: int
+    seconds: float  # wall time from spawn to exit
+    stderr: str
+    peak_rss: int  # bytes, last VmHWM seen (0 if it ended before a sample)
+    peak_anon: int  # bytes, largest RssAnon seen
+    rows: list[float] = field(default_factory=list)  # arrival time of each complete row
+    stdout: bytes = b""  # only when run(..., capture=True)
+
+    def error_line(self) -> str:
+        """The child's last stderr line, or how it ended."""
+        lines = self.stderr.strip().splitlines()
+        if lines:
+            return lines[-1]
+        if self.returncode < 0:
+            return f"killed by signal {-self.returncode}"
+        return f"exit status {self.returncode}"
+
+
+def _memory(pid: int) -> tuple[int, int]:
+    """(VmHWM, RssAnon) of a live process in bytes; zeros once it has exited."""
+    found = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "RssAnon"):
+                found[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return found.get("VmHWM", 0), found.get("RssAnon", 0)
+
+
+class _RowReader(threading.Thread):
+    """Reads a FIFO to its end, stamping each completed `row_bytes` record."""
+
+    def __init__(self, path: Path, row_bytes: int, t0: float):
+        super().__init__(daemon=True)
+        self.path, self.row_bytes, self.t0 = path, row_bytes, t0
+        self.rows: list[float] = []
+        self.total = 0
+
+    def run(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)  # blocks until a writer opens it
+        try:
+            try:  # room for a whole row, so the writer never waits for us mid-row
+                fcntl.fcntl(fd, F_SETPIPE_SZ, min(max(self.row_bytes, 65536), 1 << 20))
+            except OSError:
+                pass
+            while chunk := os.read(fd, 1 << 20):
+                self.total += len(chunk)
+                now = time.perf_counter() - self.t0
+                self.rows += [now] * (self.total // self.row_bytes - len(self.rows))
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        """Unblock a reader still waiting in open() because no writer ever came."""
+        try:
+            os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # ENXIO: no reader left waiting
+                raise
+
+
+def run(argv: list[str], row_bytes: int | None = None, capture: bool = False) -> Run:
+    """Run argv to its end; see the module docstring. capture: keep stdout (else discarded)."""
+    with tempfile.TemporaryDirectory(prefix="gemma-bench-") as tmp, \
+            tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
+        fifo = Path(tmp) / "logits"
+        if row_bytes:
+            os.mkfifo(fifo)
+            argv = [str(fifo) if a == "{logits}" else a for a in argv]
+        t0 = time.perf_counter()
+        reader = _RowReader(fifo, row_bytes, t0) if row_bytes else None
+        if reader:
+            reader.start()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=err,
+                                stdout=out if capture else subprocess.DEVNULL)
+        peak = [0, 0]
+        done = threading.Event()
+
+        def sample() -> None:
+            while True:
+                peak[:] = map(max, peak, _memory(proc.pid))
+                if done.wait(POLL_SECONDS):
+                    return
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status = os.waitpid(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+        done.set()
+        sampler.join()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if reader:
+            reader.release()
+            reader.join()
+        err.seek(0)
+        out.seek(0)
+        return Run(argv, proc.returncode, seconds, err.read().decode(errors="replace"),
+                   peak[0], peak[1], reader.rows if reader else [], out.read())

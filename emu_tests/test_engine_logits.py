@@ -1,21 +1,36 @@
 """The engine's forward pass, on the real binary: `--logits` against the fixtures' recorded
 transformers logits (reference.npz) at every prompt position and every greedy step, and the
-greedy tokens against reference.json, for both fixture models converted from HF and from GGUF.
+greedy tokens against reference.json, for both fixture models converted from HF and from GGUF;
+then shapes the fixtures lack, against the numpy twin.
 
-`gemma -m MODEL -p TEXT --logits FILE -n 24` writes one float32 row [vocab] per forward call:
-the len(ids) prompt positions, then one per generated token fed back (the 24th is not), so the
-rows are reference.npz's prompt rows followed by its step rows 1..23 as long as the engine picks
+`gemma -m MODEL -p TEXT --logits FILE -n N` writes one float32 row [vocab] per forward call:
+the len(ids) prompt positions, then one per generated token fed back (the N-th is not), so the
+rows are reference.npz's prompt rows followed by its step rows 1..N-1 as long as the engine picks
 the recorded tokens.
 
+The fixtures' GGUFs mark user-defined pieces as normal ones, so a GGUF-converted model tokenizes
+a prompt holding `<start_of_turn>` differently from the recorded ids; for such a prompt the
+expected rows and tokens come from the numpy twin (builder/reference.py, proven against the
+recorded logits within 1.4e-5 by test_reference.py) on the same weights and the twin tokenizer's
+ids (builder/tokenizer.py).
+
 Tolerance TOL = 1e-4, absolute, on logits of magnitude <= 6.6. Measured: this engine is within
-1.9e-5 (tiny_wide) and 8.0e-6 (tiny_mqa) of the recorded logits, the numpy twin
-(builder/reference.py) within 1.4e-5 — float32 noise from a different summation order. The
-smallest modelling mistakes tried move them much more: exact-erf GELU instead of tanh by 2e-3, a
-0.1% error in the embedding scale by 8e-3. TOL sits 5x above the noise and 20x below those.
-Greedy tokens: where the recorded top-2 gap of a step exceeds 2*TOL, every engine within TOL picks
-the recorded token, so a different one fails; where it does not, the engine may pick the other
-token and the comparison ends at that step (its text legitimately differs from there on).
+1.9e-5 (tiny_wide) and 8.0e-6 (tiny_mqa) of the recorded logits, the numpy twin within 1.4e-5 —
+float32 noise from a different summation order. The smallest modelling mistakes tried move them
+much more: exact-erf GELU instead of tanh by 2e-3, a 0.1% error in the embedding scale by 8e-3.
+TOL sits 5x above the noise and 20x below those.
+Greedy tokens: where the expected top-2 gap of a step exceeds 2*TOL, every engine within TOL
+picks the expected token, so a different one fails; where it does not, the engine may pick the
+other token and the comparison ends at that step (its text legitimately differs from there on).
+
+Synthetic shapes (test_shape_against_twin, builder.synth's random weights, logits <= ~3): the
+synth "tiny" preset (grouped-query attention, 2 query heads per kv head, hd 24); Gemma-2B's
+vocabulary and head shape (256000 x d, H=8, K=1, hd=256, H*hd = 16 d) on a narrow model; and
+odd sizes that exercise every kernel's tail (d=66, ffn=130, hd=22, 3 query heads per kv head).
+Measured engine vs twin: <= 4.8e-7; TWIN_TOL = 1e-5 (20x margin; a wrong kv head or a dropped
+tail element moves logits by > 1e-2).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,14 +39,25 @@ import subprocess
 import numpy as np
 import pytest
 
-from builder.modelfile import ModelFile
+from builder.modelfile import Dims, ModelFile, write_model
 from builder.reference import Reference
+from builder.synth import PRESETS, synth_source, synth_vocab
 from builder.tokenizer import Tokenizer
 from modelfiles import MODELS, convert_fixture, fixture_path
 
 TOL = 1e-4
+TWIN_TOL = 1e-5
 STEPS = 24
 N_PROMPTS = 5
+SHAPES = {
+    "synth-tiny": PRESETS["tiny"],
+    "2b-heads": Dims(vocab=256000, dim=128, ffn=256, layers=1, heads=8, kv_heads=1,
+                     head_dim=256, max_ctx=8192),
+    "odd": Dims(vocab=600, dim=66, ffn=130, layers=2, heads=6, kv_heads=2, head_dim=22,
+                max_ctx=64),
+}
+SHAPE_STEPS = 8
+SHAPE_TEXT = "Hello world, the quick brown fox"
 
 
 def expected(name: str, source: str, prompt: int, model):
@@ -54,12 +80,42 @@ def top2_gap(row: np.ndarray) -> float:
     return float(abs(b - a))
 
 
-def compare_rows(where: str, got: np.ndarray, want: np.ndarray) -> None:
+def compare_rows(where: str, got: np.ndarray, want: np.ndarray, tol: float) -> None:
     """Fail naming the row position, vocabulary index, expected and actual of the worst logit."""
     err = np.abs(got.astype(np.float64) - want)
     i = int(np.argmax(err))
-    assert err[i] <= TOL, (f"{where}: logit {i} differs by {err[i]:.3g} > {TOL} "
+    assert err[i] <= tol, (f"{where}: logit {i} differs by {err[i]:.3g} > {tol} "
                            f"(expected {want[i]!r}, got {got[i]!r})")
+
+
+def run_engine(binary, model, text: str, steps: int, vocab: int, out) -> np.ndarray:
+    """The --logits rows of `gemma -m model -p text -n steps`."""
+    run = subprocess.run([str(binary), "-m", str(model), "-p", text, "--logits", str(out),
+                          "-n", str(steps)], capture_output=True, timeout=60)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr.decode(errors='replace')}"
+    raw = np.fromfile(out, np.float32)
+    assert raw.size % vocab == 0, f"--logits holds {raw.size} floats, not rows of {vocab}"
+    return raw.reshape(-1, vocab)
+
+
+def check_rows(label: str, rows, ids, prompt_ref, step_ref, greedy, tol: float) -> None:
+    """Prompt rows, then greedy steps until the end or a permitted near-tie divergence."""
+    n, steps = len(ids), len(greedy)
+    assert len(rows) >= n, f"{label}: {len(rows)} rows for a prompt of {n} tokens"
+    for p in range(n):
+        compare_rows(f"{label}, prompt position {p} (token {ids[p]})", rows[p], prompt_ref[p], tol)
+    for k in range(steps):
+        r = n - 1 + k                       # the row whose argmax is generated token k
+        assert r < len(rows), f"{label}: no logits for greedy step {k} (rows: {len(rows)})"
+        compare_rows(f"{label}, greedy step {k}", rows[r], step_ref[k], tol)
+        token = int(np.argmax(rows[r]))
+        if token != greedy[k]:
+            gap = top2_gap(step_ref[k])
+            assert gap <= 2 * tol, (f"{label}, greedy step {k}: token {token}, expected "
+                                    f"{greedy[k]} (expected top-2 gap {gap:.3g} > {2 * tol})")
+            return                          # a near tie went the other way: texts part here
+    assert len(rows) == n + steps - 1, (f"{label}: {len(rows)} rows, expected {n} prompt rows "
+                                        f"+ {steps - 1} fed-back tokens")
 
 
 @pytest.mark.parametrize("source", ["hf", "gguf"])
@@ -68,28 +124,19 @@ def compare_rows(where: str, got: np.ndarray, want: np.ndarray) -> None:
 def test_logits_and_greedy_tokens(gemma, tmp_path_factory, tmp_path, name, source, prompt):
     model = convert_fixture(name, source, tmp_path_factory.getbasetemp())
     text, ids, prompt_ref, step_ref, greedy, vocab, oracle = expected(name, source, prompt, model)
-    out = tmp_path / "logits.f32"
-    run = subprocess.run([str(gemma.binary), "-m", str(model), "-p", text,
-                          "--logits", str(out), "-n", str(STEPS)],
-                         capture_output=True, timeout=60)
-    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr.decode(errors='replace')}"
-    raw = np.fromfile(out, np.float32)
-    assert raw.size % vocab == 0, f"--logits holds {raw.size} floats, not rows of {vocab}"
-    rows = raw.reshape(-1, vocab)
-    label = f"{name}-{source} prompt {prompt} ({text!r}, expected rows from {oracle})"
-    n = len(ids)
-    assert len(rows) >= n, f"{label}: {len(rows)} rows for a prompt of {n} tokens"
-    for p in range(n):
-        compare_rows(f"{label}, prompt position {p} (token {ids[p]})", rows[p], prompt_ref[p])
-    for k in range(STEPS):
-        r = n - 1 + k                       # the row whose argmax is generated token k
-        assert r < len(rows), f"{label}: no logits for greedy step {k} (rows: {len(rows)})"
-        compare_rows(f"{label}, greedy step {k}", rows[r], step_ref[k])
-        token = int(np.argmax(rows[r]))
-        if token != greedy[k]:
-            gap = top2_gap(step_ref[k])
-            assert gap <= 2 * TOL, (f"{label}, greedy step {k}: token {token}, expected "
-                                    f"{greedy[k]} (recorded top-2 gap {gap:.3g} > {2 * TOL})")
-            return                          # a near tie went the other way: texts part here
-    assert len(rows) == n + STEPS - 1, (f"{label}: {len(rows)} rows, expected {n} prompt rows "
-                                        f"+ {STEPS - 1} fed-back tokens")
+    rows = run_engine(gemma.binary, model, text, STEPS, vocab, tmp_path / "logits.f32")
+    check_rows(f"{name}-{source} prompt {prompt} ({text!r}, expected rows from {oracle})",
+               rows, ids, prompt_ref, step_ref, greedy, TOL)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_shape_against_twin(gemma, tmp_path, shape):
+    dims = SHAPES[shape]
+    model = tmp_path / f"{shape}.bin"
+    write_model(model, dims, synth_vocab(dims.vocab, 0), synth_source(0), False)
+    mf = ModelFile(model)
+    ids = Tokenizer(mf).encode(SHAPE_TEXT.encode())
+    prompt_ref, step_ref, greedy = Reference(mf).generate(ids, SHAPE_STEPS)
+    rows = run_engine(gemma.binary, model, SHAPE_TEXT, SHAPE_STEPS, dims.vocab,
+                      tmp_path / "logits.f32")
+    check_rows(f"{shape} {dims}", rows, ids, prompt_ref, step_ref, greedy, TWIN_TOL)

@@ -346,7 +346,7 @@ def table(res: Result) -> str:
              f"{m.vector}",
              f"model: {res.model} ({res.preset}); GGUF twin: {res.gguf or 'none'}",
              f"bytes read per generated token: {res.bytes_per_token:,} (every tensor once)",
-             f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:,.3f} G; AVX2 FMA peak "
+             f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "
              f"{m.fma_peak(1) / 1e9:,.1f} GFLOP/s per core",
              f"llama.cpp: {res.llama_source}" if res.llama else res.llama_source]
     g = {f.threads: f for f in res.gemma}

@@ -1,0 +1,159 @@
+"""`python -m builder bench`, its machinery only (never a timed assertion): on the tiny preset
+it makes and caches the model pair, runs the real engine (and llama.cpp when installed), and
+prints a table whose rows, cells and derived figures are checked against the JSON it writes
+and against an independent count of the tiny model's bytes; the parts (FIFO row stamping,
+the verified bandwidth loop, llama-bench parsing, one-line errors) are checked on their own.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import re
+
+import pytest
+
+from builder import bench, bench_bandwidth, bench_llama
+from builder.bench_run import run
+from builder.synth import PRESETS
+
+PROMPT, N = 24, 6
+ROWS = ["threads", "memory read bandwidth GB/s", "(before / after the engines)",
+        "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
+        "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
+        "gemma peak anonymous MB", "tokens: prompt, decoded"]
+LLAMA_ROWS = ["llama.cpp prompt tokens/s", "llama.cpp decode tokens/s",
+              "llama.cpp decode efficiency", "llama.cpp peak RSS MB",
+              "prompt ratio gemma/llama.cpp", "decode ratio gemma/llama.cpp"]
+
+
+def tiny_bytes() -> int:
+    """The tiny preset's tensor bytes, counted from its dimensions (not from the file layout)."""
+    d = PRESETS["tiny"]
+    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    layer = 2 * (q * d.dim + 2 * kv * d.dim + d.dim * q + 3 * d.ffn * d.dim) + 4 * 2 * d.dim
+    return 2 * d.vocab * d.dim + d.layers * layer + 4 * d.dim
+
+
+@pytest.fixture(scope="module")
+def report(gemma, tmp_path_factory):
+    """Runs the bench once on the tiny preset: (tmp dir, thread counts, stdout, JSON)."""
+    tmp = tmp_path_factory.mktemp("bench")
+    threads = [1, 2] if len(os.sched_getaffinity(0)) >= 2 else [1]
+    argv = ["--preset", "tiny", "--cache", str(tmp / "cache"), "--engine", str(gemma.binary),
+            "--bw-size", "32M", "-t", ",".join(map(str, threads)), "-p", str(PROMPT),
+            "-n", str(N), "--json", str(tmp / "out.json")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(argv)
+    assert rc == 0, f"bench failed (rc {rc}); stdout: {out.getvalue()}"
+    return tmp, threads, out.getvalue(), json.loads((tmp / "out.json").read_text())
+
+
+def parse_table(text: str) -> dict[str, list[str]]:
+    """Table rows: label -> cells (columns are separated by two or more spaces)."""
+    rows = {}
+    for line in text.splitlines():
+        parts = re.split(r" {2,}", line.strip())
+        if len(parts) > 1 and not line.startswith(("machine:", "model:", "bytes", "prompt FLOPs")):
+            rows[parts[0]] = parts[1:]
+    return rows
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+def test_table_has_every_row_and_a_column_per_thread_count(report):
+    _, threads, text, res = report
+    rows = parse_table(text)
+    llama = bool(res["llama"])
+    want = ROWS + (LLAMA_ROWS if llama else [])
+    assert list(rows) == want, f"rows differ: expected {want}, got {list(rows)}"
+    for label, cells in rows.items():
+        assert len(cells) == len(threads), f"row {label!r}: {len(cells)} cells for {threads}"
+    assert [int(c) for c in rows["threads"]] == threads
+    assert f"bytes read per generated token: {tiny_bytes():,}" in text
+    assert text.splitlines()[0].startswith("machine: ")
+    if not llama:  # llama.cpp missing: omitted with a note, never an error
+        assert "llama.cpp: not run" in text
+
+
+def test_figures_are_positive_and_consistent(report):
+    _, threads, text, res = report
+    rows = parse_table(text)
+    assert res["bytes_per_token"] == tiny_bytes()
+    assert sorted(map(int, res["bandwidth"])) == threads
+    for engine in ("gemma", "llama"):
+        for i, f in enumerate(res[engine]):
+            t = f["threads"]
+            bw = res["bandwidth"][str(t)]
+            assert bw == max(res["bandwidth_runs"][str(t)]) > 0
+            assert f["prompt_tps"] > 0 and f["decode_tps"] > 0, f"{engine} t={t}: {f}"
+            assert f["n_prompt"] == res["gemma"][0]["n_prompt"], f"{engine}: other prompt length"
+            eff = f["decode_tps"] * res["bytes_per_token"] / (bw * 1e9)
+            row = rows[f"{'gemma' if engine == 'gemma' else 'llama.cpp'} decode efficiency"]
+            # the table rounds to 3 decimals
+            assert math.isclose(number(row[i]), eff, abs_tol=6e-4), f"{engine} t={t}"
+    for i, f in enumerate(res["gemma"]):
+        # a prompt of at most PROMPT tokens; -n N yields N - 1 or N forward passes
+        assert 2 <= f["n_prompt"] <= PROMPT and N - 1 <= f["n_decode"] <= N, f
+        assert rows["tokens: prompt, decoded"][i] == f"{f['n_prompt']}, {f['n_decode']}"
+        assert math.isclose(number(rows["gemma decode tokens/s"][i]), f["decode_tps"],
+                            abs_tol=6e-3)
+        assert f["peak_anon"] <= f["peak_rss"] or f["peak_rss"] == 0
+    for i, (g, ll) in enumerate(zip(res["gemma"], res["llama"])):
+        assert math.isclose(number(rows["decode ratio gemma/llama.cpp"][i]),
+                            g["decode_tps"] / ll["decode_tps"], abs_tol=6e-4)
+
+
+def test_model_pair_is_cached(report):
+    tmp, *_ = report
+    cache = tmp / "cache"
+    files = sorted(p.name for p in cache.iterdir())
+    assert files == ["tiny-seed0.bin", "tiny-seed0.gguf"], f"cache holds {files}"
+    stamp = [(cache / f).stat().st_mtime_ns for f in files]
+    cfg = bench.Config(preset="tiny", cache=cache)
+    assert bench.model_paths(cfg) == (cache / files[0], cache / files[1])
+    assert [(cache / f).stat().st_mtime_ns for f in files] == stamp, "the model was made again"
+
+
+def test_fifo_rows_are_stamped_in_order(tmp_path):
+    script = 'exec 3>"$0"; head -c 2500 /dev/zero >&3; sleep 0.05; head -c 1500 /dev/zero >&3'
+    r = run(["sh", "-c", script, "{logits}"], row_bytes=1000)
+    assert r.returncode == 0 and len(r.rows) == 4, r
+    assert r.rows == sorted(r.rows) and r.rows[3] - r.rows[1] >= 0.04, r.rows
+    # a child that never opens the FIFO must not leave the reader waiting
+    r = run(["sh", "-c", "echo oops >&2; exit 3", "{logits}"], row_bytes=1000)
+    assert (r.returncode, r.rows, r.error_line()) == (3, [], "oops")
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_bandwidth_loop_is_verified_and_reads(width):
+    code = bench_bandwidth.assemble(width)
+    assert code[-1] == 0xC3  # ret
+    assert bench_bandwidth.bandwidths([1], 8 << 20)[1] > 0
+
+
+def test_llama_bench_output_is_parsed():
+    text = json.dumps([{"n_prompt": 64, "n_gen": 0, "avg_ts": 37.5},
+                       {"n_prompt": 0, "n_gen": 16, "avg_ts": 4.25}])
+    assert bench_llama.parse_llama_bench(text) == {"prompt_tps": 37.5, "n_prompt": 64,
+                                                   "decode_tps": 4.25, "n_decode": 16}
+    with pytest.raises(ValueError):
+        bench_llama.parse_llama_bench(json.dumps([{"n_prompt": 64, "n_gen": 0, "avg_ts": 1}]))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "/nonexistent/gemma", "--preset", "tiny"], "no engine binary at /nonexistent/gemma"),
+    (["-t", "0"], "--threads wants positive integers"),
+    (["--bw-size", "12"], "--bw-size wants at least 1M"),
+    (["--gguf", "x.gguf"], "--gguf goes with --model"),
+    (["--model", "/nonexistent/m.bin", "--engine", "/bin/true"], "no such file: /nonexistent/m.bin"),
+])
+def test_errors_are_one_line(argv, message, capsys, tmp_path):
+    assert bench.main(argv + ["--cache", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"bench: error: {message}") and err.count("\n") == 1, err

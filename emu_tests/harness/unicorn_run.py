@@ -182,11 +182,11 @@ class _Call:
         insn = code.decode(self.image.read(rip, code.MAX_INSN), rip)
         return code.describe(self.image, insn) if insn else self.image.where(rip)
 
-    def _violation(self, write: bool, a: int, size: int, extra: str = "") -> None:
+    def _violation(self, write: bool, a: int, size: int) -> None:
         if self.fault is None:
             near = min(self.regions, key=lambda r: r.distance(a, size))
             self.fault = (f"{self.name}: {'write' if write else 'read'} of {size} bytes at "
-                          f"{a:#x} outside its buffers, image and stack frame{extra}; "
+                          f"{a:#x} outside its buffers, image and stack frame; "
                           f"{near.relation(a, size)}; at {self._where()}")
         self.uc.emu_stop()
 

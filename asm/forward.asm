@@ -118,14 +118,13 @@ forward:
         mov     r8d, [rbx+HDR_DIM]
         mov     eax, eax
         imul    rax, r8
-        mov     rdx, [rbp+FV_EMBED]
-        lea     rdx, [rdx+rax*2]
+        mov     r12, [rbp+FV_EMBED]
+        lea     r12, [r12+rax*2]
         mov     rdi, [rbp+FV_X]
         lea     rsi, [rbx+HDR_EMBED_SCALE]
         push    1
         pop     rcx
-        xor     r9d, r9d
-        call    matmul_f16              ; x = embed[token] (d,1) @ [embed_scale]
+        call    fwd_matmul              ; x = embed[token] (d,1) @ [embed_scale]
         mov     r12, [rbp+FV_LAYER0]
         mov     r14, [rbp+FV_KV]
         mov     eax, [rbx+HDR_LAYERS]
@@ -244,8 +243,8 @@ fwd_residual:
 fwd_matmul_xb:
         mov     rsi, [rbp+FV_XB]
         mov     ecx, [rbx+HDR_DIM]
-; fwd_matmul: xout = W (rows,n) @ x (n,), W at r12; r12 moves past W.
-;   in: rdi xout, rsi x, ecx n, r8d rows
+; fwd_matmul: xout = W (rows,n) @ x (n,), W at r12; r12 moves past W. Every matrix product
+; of the forward pass goes through here.   in: rdi xout, rsi x, ecx n, r8d rows
 fwd_matmul:
         xor     r9d, r9d
 .w:

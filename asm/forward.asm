@@ -77,8 +77,7 @@ model_setup:
         mov     [rbp+FV_KV_BLOCK], rcx
         mov     edx, [rbx+HDR_LAYERS]
         imul    rdx, rcx
-        lea     rdi, [rax*8]
-        sub     rdi, rax
+        imul    rdi, rax, 7
         lea     rdi, [rdi+rdx*2]
         mov     rbx, rax                ; S (the header is done with)
         call    alloc

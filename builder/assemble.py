@@ -37,7 +37,7 @@ MAX_PASSES = 50
 FILL = 0x90                   # what `align` puts in the file (fasm fills with nop)
 
 # Memory operands without a register operand that need no size operator (fasm agrees).
-IMPLIED_SIZE = {"lea", "jmp", "call", "prefetcht0", "prefetcht1", "prefetcht2", "prefetchnta",
+IMPLIED_SIZE = {"lea", "prefetcht0", "prefetcht1", "prefetcht2", "prefetchnta",
                 "prefetchw", "clflush", "clflushopt", "fldcw", "fnstcw", "fstcw", "fnstsw",
                 "fstsw", "ldmxcsr", "stmxcsr", "vldmxcsr", "vstmxcsr", "fxsave", "fxrstor",
                 "fxsave64", "fxrstor64", "xsave", "xrstor", "fldenv", "fnstenv", "fstenv",
@@ -48,8 +48,12 @@ IMPLIED_SIZE = {"lea", "jmp", "call", "prefetcht0", "prefetcht1", "prefetcht2", 
                                                   "l", "nge", "ge", "nl", "le", "ng", "g",
                                                   "nle")}
 # ... and instructions whose register operand does not fix the memory operand's size.
-NEEDS_SIZE = {"movzx", "movsx", "movsxd", "shl", "shr", "sal", "sar", "rol", "ror", "rcl",
-              "rcr", "cvtsi2ss", "cvtsi2sd", "vcvtsi2ss", "vcvtsi2sd", "crc32"}
+DEFAULT_SIZE = {"cvtsi2ss": 4, "cvtsi2sd": 4, "movsxd": 4}     # fasm's defaults
+# String instructions keystone only knows with explicit operands (movsd/cmpsd are SSE to it).
+KEYSTONE_STRINGS = {"movsd": "movs dword ptr [rdi], dword ptr [rsi]",
+                    "cmpsd": "cmps dword ptr [rsi], dword ptr [rdi]"}
+NEEDS_SIZE = {"movzx", "movsx", "shl", "shr", "sal", "sar", "rol", "ror", "rcl",
+              "rcr", "vcvtsi2ss", "vcvtsi2sd", "crc32"}
 SHORT_BRANCHES = {"jcxz", "jecxz", "jrcxz", "loop", "loope", "loopne", "loopz", "loopnz"}
 IMM8 = {"shl", "shr", "sal", "sar", "rol", "ror", "rcl", "rcr", "bt", "bts", "btr", "btc",
         "int", "shld", "shrd"}
@@ -215,9 +219,10 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
             value = env.number(op.expr, where, address)
             if mn in BRANCHES:
                 check_range(value, 0, 2**64 - 1, "branch target", where)
-                if mn in SHORT_BRANCHES and not -128 <= value - address - max(length, 2) < 128:
-                    raise BuildError("relative jump out of range (jrcxz/loop reach -128..127 "
-                                     "bytes)", where)
+                if (mn in SHORT_BRANCHES or op.short) \
+                        and not -128 <= value - address - max(length, 2) < 128:
+                    raise BuildError("relative jump out of range (short jumps, jrcxz and "
+                                     "loop reach -128..127 bytes)", where)
                 expected.append(("target", value))
             else:
                 check_range(value, -2**63, 2**64 - 1, "immediate", where)
@@ -231,6 +236,7 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
                                     if s in label_sizes), None)
             if mn == "lea":                            # an address, not an access
                 size = None
+            size = size or DEFAULT_SIZE.get(mn)
             if size is None and mn not in IMPLIED_SIZE and (not regs or mn in NEEDS_SIZE):
                 raise BuildError("operand size not specified", where)
             if size is not None and size not in KEYSTONE_SIZES:
@@ -255,27 +261,41 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
                                           for r in regs) or any(r.rex for r in mem_regs)):
         raise BuildError("ah/bh/ch/dh cannot be used with a register that needs a REX prefix",
                          where)
-    text = " ".join(filter(None, (instr.prefix, KEYSTONE_NAMES.get(mn, mn), ", ".join(texts))))
+    if not texts and mn in KEYSTONE_STRINGS:
+        body = KEYSTONE_STRINGS[mn]
+    else:
+        body = " ".join(filter(None, (KEYSTONE_NAMES.get(mn, mn), ", ".join(texts))))
+    text = " ".join(filter(None, (instr.prefix, body)))
     return Expected(instr.prefix, canonical_mnemonic(mn), expected, text)
 
 
+_FLOAT_FORMATS = {2: ("<e", "<H", 10, 0x1F), 4: ("<f", "<I", 23, 0xFF)}
+
+
 def float_bytes(text: str, unit: int, where: Where) -> bytes:
-    """A decimal float literal as IEEE-754 binary32/64, correctly rounded (ties to even)."""
+    """A decimal float literal as IEEE-754 binary16/32/64 (dw/dd/dq), correctly rounded
+    (ties to even), as fasm does."""
     exact = Fraction(text)
     if exact == 0:
-        return struct.pack("<d" if unit == 8 else "<f", -0.0 if text.startswith("-") else 0.0)
+        return struct.pack({2: "<e", 4: "<f", 8: "<d"}[unit],
+                           -0.0 if text.startswith("-") else 0.0)
     try:
         if unit == 8:
             return struct.pack("<d", float(exact))
-        bits = struct.unpack("<I", struct.pack("<f", float(exact)))[0]
+        fmt, raw, mantissa, exp_mask = _FLOAT_FORMATS[unit]
+        bits = struct.unpack(raw, struct.pack(fmt, float(exact)))[0]
     except OverflowError:
         raise BuildError(f"float literal {text} out of range", where) from None
-    # float(exact) rounds once to double; pick the nearest float32 among the neighbours.
-    candidates = [b for b in (bits - 1, bits, bits + 1) if 0 <= b < 2**32
-                  and (b >> 23 & 0xFF) != 0xFF and (b >> 31) == (bits >> 31)]
-    def err(b):
-        return abs(Fraction(struct.unpack("<f", struct.pack("<I", b))[0]) - exact), b & 1
-    return struct.pack("<I", min(candidates, key=err))
+    # float(exact) rounds once to double, packing rounds again: pick the nearest of the
+    # neighbours (same sign, finite) by exact arithmetic.
+    sign = 1 << (8 * unit - 1)
+    candidates = [b for b in (bits - 1, bits, bits + 1) if 0 <= b < 2 * sign
+                  and (b >> mantissa) & exp_mask != exp_mask and (b & sign) == (bits & sign)]
+
+    def error(b: int) -> tuple:
+        value = struct.unpack(fmt, struct.pack(raw, b))[0]
+        return abs(Fraction(value) - exact), b & 1
+    return struct.pack(raw, min(candidates, key=error))
 
 
 def data_bytes(stmt: Data, env: SymbolEnv, address: int) -> bytes:

@@ -197,7 +197,7 @@ class Parser:
                 raise self.error(f"'{name}' is not allowed here")
             return ("sym", self.qualify(name))
         if tok.kind == "float":
-            raise self.error(f"float literal {tok.text} is only allowed in dd/dq data")
+            raise self.error(f"float literal {tok.text} is only allowed in dw/dd/dq data")
         raise self.error(f"unexpected '{tok.text}' in expression")
 
 

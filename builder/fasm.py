@@ -8,6 +8,7 @@ judged from the text alone is: the accepted dialect is exactly the subset the RE
   format ELF64 executable 3 | entry NAME | segment readable executable | segment readable
   writeable | include 'f.asm' | name: | .local: | NAME = expr | NAME equ tokens |
   [name] db/dw/dd/dq values | [name] rb/rw/rd/rq count | align N | [prefix] mnemonic operands
+  (operands: register, [size] [address], expression, short label)
 
 and anything else (macros, `if`, `times`, segment overrides, `ptr`, unknown words, duplicate
 or reserved names, ...) raises BuildError "asm/FILE.asm:LINE: message".
@@ -43,6 +44,7 @@ class Reg:
 @dataclass
 class Imm:
     expr: Node
+    short: bool = False       # `jmp short label`: must reach with a rel8
 
 
 @dataclass
@@ -99,19 +101,18 @@ class Align(Statement):
 class Instr(Statement):
     prefix: str | None        # rep / repne / lock (aliases normalised)
     mnemonic: str             # lower case, as written
-    operands: list
+    operands: list[Operand]
     text: str                 # the source statement, for messages
 
 
 @dataclass
 class Program:
-    """The parsed sources: statements in order, constants by name, the entry label and the
-    list of files read (relative to the root)."""
+    """The parsed sources: statements in order, labels and constants by name, the entry
+    label."""
     statements: list[Statement] = field(default_factory=list)
     consts: dict[str, Const] = field(default_factory=dict)
     labels: dict[str, Label] = field(default_factory=dict)
     entry: tuple[str, Where] | None = None
-    files: list[str] = field(default_factory=list)
 
 
 def strip_comment(line: str) -> str:
@@ -180,7 +181,6 @@ class _Reader:
             raise BuildError(f"file not found: {rel}", where) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise BuildError(f"cannot read {rel}: {exc}", where) from None
-        self.program.files.append(rel)
         self.including.append(path.resolve())
         for number, line in enumerate(text.splitlines(), 1):
             self.line(line, Where(rel, number))
@@ -365,8 +365,8 @@ class _Reader:
             tok = p.peek()
         if tok is not None and tok.kind == "float":
             p.take()
-            if unit not in (4, 8):
-                raise p.error(f"float literal {tok.text} needs dd or dq")
+            if unit == 1:
+                raise p.error(f"float literal {tok.text} needs dw, dd or dq")
             return ("float", sign + tok.text)
         if tok is not None and tok.kind == "id" and tok.text == "?":
             raise p.error("'?' (uninitialised data) is not in the FASM subset; use rb/rw/rd/rq")
@@ -404,7 +404,10 @@ class _Reader:
             size = SIZES[p.take().text.lower()]
             if p.at("ptr"):
                 raise p.error("fasm writes size operators without 'ptr'")
-        if p.at("short") or p.at("near") or p.at("far"):
+        short = p.at("short")
+        if short:
+            p.take()
+        if p.at("near") or p.at("far"):
             raise p.error(f"'{p.peek().text}' is not in the FASM subset")
         if p.at("["):
             p.take()
@@ -416,7 +419,9 @@ class _Reader:
         node = p.expr()
         if size is not None:
             raise p.error("a size operator applies to a memory operand only")
-        return Reg(node[1]) if node[0] == "reg" else Imm(node)
+        if node[0] == "reg" and not short:
+            return Reg(node[1])
+        return Imm(node, short)
 
 
 def parse(root: Path) -> Program:

@@ -160,9 +160,13 @@ def test_float_literals_round_like_fasm(asm_tree):
     # 1 + 2^-24 + 2^-54 lies just above the midpoint between two float32 values: rounding
     # once (fasm 1.73 gives 0x3f800001) differs from rounding through a double (0x3f800000).
     above_midpoint = "1.000000059604644830901776231257827021181583404541015625"
-    root = asm_tree(EXIT + f"        dd {above_midpoint}, 0.1, 1e-45, 3.4028234e38, -0.0\n")
-    words = struct.unpack_from("<5I", assemble_tree(root).image.text, 7)
+    root = asm_tree(EXIT + f"        dd {above_midpoint}, 0.1, 1e-45, 3.4028234e38, -0.0\n"
+                    "        dw 1.0, -2.5, 0.1, 65504.0, 1e-7\n")
+    text = assemble_tree(root).image.text
+    words = struct.unpack_from("<5I", text, 7)
     assert words == (0x3F800001, 0x3DCCCCCD, 0x00000001, 0x7F7FFFFF, 0x80000000)
+    # dw takes IEEE half precision; fasm 1.73 gave 003c 00c1 662e ff7b 0200 for this line.
+    assert text[27:37] == bytes.fromhex("003c00c1662eff7b0200")
 
 
 def test_reservations_are_bss_at_the_end_and_zeros_inside(asm_tree):
@@ -319,9 +323,9 @@ ERRORS = [
      "asm/gemma.asm:5: circular definition of 'A'"),
     ("division by zero", PROLOGUE + "        db 1 / 0\n", "asm/gemma.asm:5: division by zero"),
     ("float in db", PROLOGUE + "        db 1.0\n",
-     "asm/gemma.asm:5: float literal 1.0 needs dd or dq"),
+     "asm/gemma.asm:5: float literal 1.0 needs dw, dd or dq"),
     ("float in code", PROLOGUE + "        mov eax, 1.5\n",
-     "asm/gemma.asm:5: float literal 1.5 is only allowed in dd/dq data"),
+     "asm/gemma.asm:5: float literal 1.5 is only allowed in dw/dd/dq data"),
     ("align not a power of two", PROLOGUE + "        align 6\n",
      "asm/gemma.asm:5: align 6: not a power of two <= 4096"),
     ("undefined entry", "format ELF64 executable 3\nentry begin\nsegment readable executable\n"
@@ -336,7 +340,8 @@ ERRORS = [
      "asm/gemma.asm:5: keystone rejected 'movups xmm0, dword ptr [rip + 0x0]': "
      "Invalid operand (KS_ERR_ASM_INVALIDOPERAND)"),
     ("jump out of range", PROLOGUE + "        jrcxz far_away\n        db 200 dup 0\nfar_away:\n",
-     "asm/gemma.asm:5: relative jump out of range (jrcxz/loop reach -128..127 bytes)"),
+     "asm/gemma.asm:5: relative jump out of range (short jumps, jrcxz and loop reach "
+     "-128..127 bytes)"),
 ]
 
 
@@ -382,3 +387,17 @@ def test_keystone_gets_every_number_in_0x_form_and_ptr_sizes(asm_tree):
     lea = result.image.placed[3]
     assert texts == ["mov eax, 0xa", "mov dword ptr [rsi + 0x10], -0xa",
                      f"lea rsi, [rip + {value - lea.address - lea.size:#x}]"]
+
+
+def test_fasm_conveniences(asm_tree):
+    # string movsd/cmpsd without operands, fasm's default dword for cvtsi2ss/movsxd memory
+    # operands, `jmp short` (which must reach).
+    root = asm_tree("        rep movsd\n        cmpsd\n        cvtsi2ss xmm0, [rsi]\n"
+                    "        movsxd rax, [rsi]\n        jmp short start\n" + EXIT)
+    assert disasm(assemble_tree(root))[:5] == [
+        "rep movsd dword ptr [rdi], dword ptr [rsi]", "cmpsd dword ptr [rsi], dword ptr [rdi]",
+        "cvtsi2ss xmm0, dword ptr [rsi]", "movsxd rax, dword ptr [rsi]",
+        f"jmp {assemble_tree(root).image.layout.text_addr:#x}"]
+    far = asm_tree("        jmp short away\n        db 130 dup 0\naway:\n" + EXIT)
+    with pytest.raises(BuildError, match=r"^asm/gemma\.asm:5: relative jump out of range"):
+        assemble_tree(far)

@@ -84,6 +84,8 @@ ROUTINES = {
     "writes_input": "mov dword ptr [rsi], 0\nret",
     "writes_code": "mov dword ptr [{seven}], 0\nret",
     "reads_caller_frame": "mov rax, qword ptr [rsp + 8]\nret",
+    "uses_red_zone": "mov dword ptr [rsp - 128], 7\nmov eax, dword ptr [rsp - 128]\nret",
+    "writes_below_red_zone": "mov dword ptr [rsp - 132], 7\nret",
     "wild_pointer": "mov eax, dword ptr [0x1234]\nret",
     "jumps_to_buffer": "jmp rdi",
     "unbalanced_stack": "mov rax, qword ptr [rsp]\nadd rsp, 16\njmp rax",
@@ -140,6 +142,10 @@ def test_aligned_call_passes_and_returns_rax(emu):
     assert emu.call("calls_aligned").rax & 0xFFFFFFFF == 7
 
 
+def test_red_zone_may_be_used(emu):
+    assert emu.call("uses_red_zone").rax & 0xFFFFFFFF == 7
+
+
 def test_avx2_routine_runs_natively(cpu):
     x, args = add_args(16)
     # exact: one float32 addition per element
@@ -170,6 +176,7 @@ FAULTS = [
     ("writes_input", r"write of 4 bytes .* inside \(element 0\) input buffer x .* read-only"),
     ("writes_code", r"write of 4 bytes .* read-only segment"),
     ("reads_caller_frame", r"read of 8 bytes .* after the end of the stack frame"),
+    ("writes_below_red_zone", r"write of 4 bytes at 0x[0-9a-f]+, 4 bytes below the red zone"),
     ("wild_pointer", r"read of 4 bytes at 0x1234 outside"),
     ("jumps_to_buffer", r"jumps to 0x[0-9a-f]+, which is not code"),
     ("clobbers_rbx", r"clobbers callee-saved rbx \(0xb0b0b0b1badf00d -> 0x1\)"),

@@ -7,8 +7,9 @@ instruction is refused (`RefusedCode`, naming the instruction). Each call gets a
 image's segments, one mapping per buffer followed by an unmapped guard page, a stack, and a
 sentinel return address. During the call:
 - every read and write must fall inside a buffer (writes: Out buffers only), the image's
-  segments (writes: writable ones) or the routine's stack frame (below its return address) —
-  byte-exact, through memory hooks on every page that such a region covers only in part;
+  segments (writes: writable ones) or the routine's stack frame (below its return address,
+  and no deeper than the 128-byte red zone under the current rsp) — byte-exact, through
+  memory hooks on the stack and on every page that a region covers only in part;
 - at every `call` the routine makes rsp must be 16-byte aligned;
 - no more than `budget` instructions may run (the count is returned).
 After it returns: rbx rbp r12-r15 and rsp are as before, DF is clear, MXCSR and the x87 control
@@ -45,6 +46,7 @@ STACK_TOP = 0x7FF00000
 STACK_SIZE = 0x40000
 RETURN = 0x7FFE0000                # sentinel return address (a page of hlt)
 RSP_ENTRY = STACK_TOP - 0x48       # rsp at entry: (rsp + 8) % 16 == 0 as after a call
+RED_ZONE = 128                     # SysV: below rsp, safe from signal handlers
 STRADDLE = 64                      # widest access (zmm) that can start before a hooked page
 DEFAULT_BUDGET = 5_000_000
 TIMEOUT_US = 120_000_000
@@ -160,19 +162,21 @@ class _Call:
                                  + b"\xa5" * (STACK_TOP - RSP_ENTRY - 8)))
         uc.mem_map(RETURN, PAGE, UC_PROT_READ | UC_PROT_EXEC)
         uc.mem_write(RETURN, b"\xf4" * PAGE)
-        self.regions.append(Region(STACK_TOP - STACK_SIZE, RSP_ENTRY + 8,
-                                   "the stack frame", True))
+        self.stack = Region(STACK_TOP - STACK_SIZE, RSP_ENTRY + 8, "the stack frame", True)
+        self.regions.append(self.stack)
 
     def _hook(self) -> None:
         uc = self.uc
         partial = set()
         for r in self.regions:
             for edge in (r.lo, r.hi):
-                if edge % PAGE:
+                if edge % PAGE and r is not self.stack:
                     partial.add(page_down(edge))
         for p in sorted(partial):
             uc.hook_add(UC_HOOK_MEM_READ | UC_HOOK_MEM_WRITE, self._on_access,
                         begin=p - STRADDLE, end=p + PAGE - 1)
+        uc.hook_add(UC_HOOK_MEM_READ | UC_HOOK_MEM_WRITE, self._on_access,
+                    begin=STACK_TOP - STACK_SIZE - STRADDLE, end=STACK_TOP - 1)
         uc.hook_add(UC_HOOK_MEM_UNMAPPED | UC_HOOK_MEM_PROT, self._on_bad_access)
         uc.hook_add(UC_HOOK_BLOCK, self._on_block)
 
@@ -194,6 +198,12 @@ class _Call:
         write = access == UC_MEM_WRITE
         for r in self.regions:
             if r.lo <= a and a + size <= r.hi and (r.writable or not write):
+                floor = uc.reg_read(R.UC_X86_REG_RSP) - RED_ZONE
+                if r is self.stack and a < floor and self.fault is None:
+                    self.fault = (f"{self.name}: {'write' if write else 'read'} of {size} bytes "
+                                  f"at {a:#x}, {floor - a} bytes below the red zone (rsp - "
+                                  f"{RED_ZONE}); at {self._where()}")
+                    uc.emu_stop()
                 return
         self._violation(write, a, size)
 

@@ -32,8 +32,10 @@ def gemma(tmp_path_factory) -> Gemma:
     try:
         result = build(REPO_ROOT, out)
     except BuildError as exc:
-        pytest.fail(f"python -m builder failed: {exc}", pytrace=False)
-    return Gemma(result.binary, result.symbols, result)
+        failure = str(exc)
+    else:
+        return Gemma(result.binary, result.symbols, result)
+    pytest.fail(f"python -m builder failed: {failure}", pytrace=False)
 
 
 PROLOGUE = "format ELF64 executable 3\nentry start\nsegment readable executable\nstart:\n"

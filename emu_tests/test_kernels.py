@@ -113,9 +113,11 @@ def ulp(x) -> np.ndarray:
         return np.spacing(np.abs(np.asarray(x, np.float64).astype(F32))).astype(np.float64)
 
 
-def run_everywhere(emu, cpu, kernel: str, args: tuple, what: str, twin_check) -> list:
-    """Run `kernel` in Unicorn and natively (and `<kernel>_avx2` natively if the binary has it),
-    apply `twin_check(label, outputs)` to each; return the Unicorn outputs."""
+def run_everywhere(emu, cpu, kernel: str, args: tuple, what: str, twin_check,
+                   across=None) -> list:
+    """Run `kernel` in Unicorn and natively, and `<kernel>_avx2` natively if the binary has
+    it; apply `twin_check(label, outputs)` to each; the fast version's first output must also
+    lie within `across` (a tolerance stated by the caller) of the baseline's."""
     base = emu.call(kernel, *args)
     twin_check(f"{what} [Unicorn]", base.outputs)
     native = cpu.call(kernel, *args)
@@ -124,6 +126,8 @@ def run_everywhere(emu, cpu, kernel: str, args: tuple, what: str, twin_check) ->
     if fast in emu.image.symbols:
         got = cpu.call(fast, *args)
         twin_check(f"{what} [{fast}]", got.outputs)
+        assert across is not None, f"{kernel}: no tolerance stated for {fast} vs baseline"
+        check(f"{what} [{fast} vs baseline]", got.outputs[0], base.outputs[0], across)
     return base.outputs
 
 
@@ -179,9 +183,11 @@ def test_matmul_f16(emu, cpu, d, n, accumulate, edge):
             # operations in numpy give the same bits (FP16 -> FP32 is exact)
             check(label + " vs header order", outs[0], in_order, 0)
 
+    # across versions: each lies within `bound` of the exact value, so within 2 bound of
+    # each other
     run_everywhere(emu, cpu, "matmul_f16",
                    (Out(old.copy(), "xout"), In(x, "x"), In(w, "W"), n, d, accumulate),
-                   what, twin)
+                   what, twin, across=2 * bound)
 
 
 # --- matvec_f32, matvec_t_f32 ---------------------------------------------------------------

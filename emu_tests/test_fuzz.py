@@ -1,0 +1,223 @@
+"""Hostile input on the real binary (issue 7, points 1, 2, 3 and 5).
+
+- The fuzz run: CASES seeded cases (emu_tests/fuzz: mutated tiny_mqa engine files and
+  command lines), two subprocesses of ./gemma at a time, TIMEOUT s each. Budget: no case is
+  started after BUDGET s, and at least MIN_CASES must have run (measured: see the report the
+  test prints). Every run must exit normally; a refusal is exactly one "gemma: ..." line on
+  stderr and nothing on stdout; inputs the contract makes invalid must be refused.
+  Replay a failure: `python -m emu_tests.fuzz --binary ./gemma --seed SEED --case N`.
+- Output into a closed pipe ends promptly and without a signal.
+- The model file keeps its bytes and modification time; it is opened read-only and mapped
+  PROT_READ + MAP_PRIVATE (seen through qemu-user's -strace).
+- The mutators themselves: reproducible, covering every boundary, and never calling a file
+  invalid that builder.modelfile's reader accepts.
+- test_regression_F*: each crash found (coord/fuzz_findings.md), kept as a named case.
+"""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from builder.modelfile import Dims, ModelFile, ModelFormatError
+from builder.modelfile import weights_size as modelfile_weights_size
+from fuzz.model import Base, header_problems, weights_size
+from fuzz.mutate import Case, make_cases, MODEL
+from fuzz.runner import judge, materialize, run
+from modelfiles import convert_fixture
+
+SEED = 20261130
+CASES = 4000        # the whole deterministic list; the budget may cut it
+MIN_CASES = 2000    # issue 7: at least this many in CI
+BUDGET = 150.0      # seconds after which no case is started
+TIMEOUT = 10.0      # per case; tiny_mqa runs take milliseconds
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def engine(request, tmp_path_factory) -> Path:
+    """The binary under test: conftest's `gemma` fixture, or fasm's build while it is missing."""
+    try:
+        return Path(request.getfixturevalue("gemma").binary)
+    except pytest.FixtureLookupError:
+        out = tmp_path_factory.mktemp("fasm") / "gemma"
+        subprocess.run(["fasm", str(REPO / "asm" / "gemma.asm"), str(out)], check=True,
+                       capture_output=True)
+        out.chmod(0o755)
+        return out
+
+
+@pytest.fixture(scope="module")
+def base_model(tmp_path_factory) -> Path:
+    return convert_fixture("tiny_mqa", "hf", tmp_path_factory.mktemp("fuzz-model"))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_cases(engine: Path, model: Path, cases: list[Case], tmp: Path, **kw):
+    report = run(engine, model, cases, tmp, timeout=TIMEOUT, **kw)
+    shown = "\n".join(str(f) for f in report.failures[:25])
+    return report, shown
+
+
+# -- point 1: the fuzz run ---------------------------------------------------------------------
+def test_fuzz_model_files_and_command_lines(engine, base_model, tmp_path):
+    before = sha256(base_model)
+    cases = make_cases(Base.load(base_model), SEED, CASES)
+    report, shown = run_cases(engine, base_model, cases, tmp_path, budget=BUDGET)
+    print(f"\nfuzz (seed {SEED}, budget {BUDGET:g} s, {TIMEOUT:g} s per case): {report.summary()}")
+    assert not report.failures, (f"{len(report.failures)} of {report.ran} runs failed "
+                                 f"(seed {SEED}); first ones:\n{shown}")
+    assert report.ran >= MIN_CASES, f"only {report.ran} cases within {BUDGET:g} s"
+    assert sha256(base_model) == before, "the base model file changed during the fuzz run"
+
+
+# -- point 2: a closed pipe --------------------------------------------------------------------
+def test_closed_pipe_ends_promptly_and_quietly(engine, base_model):
+    """`gemma ... | head -c1` in a real shell, and a pipe closed before the first write."""
+    script = '"$@" | head -c1 >/dev/null; echo "status ${PIPESTATUS[0]}" >&2'
+    for argv in ([b"-p", b"Once upon a time", b"-n", b"1000", b"--temp", b"1", b"-s", b"5"],
+                 [b"-p", b"\xff" * 1000, b"--tokens"]):
+        cmd = ["bash", "-c", script, "gemma", str(engine), "-m", str(base_model), *argv]
+        t = time.monotonic()
+        p = subprocess.run(cmd, capture_output=True, timeout=30)
+        took = time.monotonic() - t
+        *lines, last = p.stderr.decode(errors="replace").splitlines() or ["status ?"]
+        status = int(last.split()[-1])
+        assert status < 128, f"{argv[:2]}: killed by signal {status - 128} ({last})"
+        assert len(lines) <= 1 and all(x.startswith("gemma: ") for x in lines), lines
+        assert took < 10, f"{took:.1f} s after the reader went away"
+    r, w = os.pipe()
+    os.close(r)         # the reader is gone before the first byte is written
+    p = subprocess.Popen([engine, "-m", base_model, "-p", "hello", "--tokens"], stdout=w,
+                         stderr=subprocess.PIPE)
+    os.close(w)
+    _, err = p.communicate(timeout=10)
+    assert p.returncode >= 0, f"killed by {signal.Signals(-p.returncode).name}"
+    assert p.returncode != 0 and err.count(b"\n") == 1 and err.startswith(b"gemma: "), \
+        f"a write into a closed pipe must fail with one line: status {p.returncode}, {err!r}"
+
+
+# -- point 3: the model file is only read ------------------------------------------------------
+def test_model_file_unchanged_after_runs(engine, base_model, tmp_path):
+    model = tmp_path / "model.bin"
+    shutil.copyfile(base_model, model)
+    os.utime(model, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    model.chmod(0o444)                         # opening it for writing would fail
+    before = (sha256(model), model.stat().st_mtime_ns, model.stat().st_size)
+    runs = [["-p", "hello world", "-n", "4"], ["-p", "hi", "--tokens"],
+            ["-p", "a b c", "-n", "3", "--temp", "1", "-s", "9", "--top-p", "0.9"],
+            ["-p", "x", "-n", "2", "--logits", str(tmp_path / "logits.bin")]]
+    for argv in runs:
+        p = subprocess.run([engine, "-m", model, *argv], capture_output=True, timeout=TIMEOUT)
+        assert p.returncode == 0, f"{argv}: status {p.returncode}, {p.stderr!r}"
+    after = (sha256(model), model.stat().st_mtime_ns, model.stat().st_size)
+    assert after == before, f"model file changed: (sha256, mtime_ns, size) {before} -> {after}"
+
+
+def test_model_mapped_read_only_and_private(engine, base_model):
+    """qemu-user -strace shows how the model is opened and every mapping of its descriptor."""
+    p = subprocess.run(["qemu-x86_64", "-cpu", "Nehalem", "-strace", engine, "-m", base_model,
+                        "-p", "hi", "-n", "2"], capture_output=True, timeout=60)
+    trace = p.stderr.decode(errors="replace")
+    assert p.returncode == 0, f"status {p.returncode}: {trace[-800:]}"
+    opens = re.findall(r'open(?:at)?\((?:-?\d+,)?"' + re.escape(str(base_model))
+                       + r'",([^,)]*)[^)]*\) = (\d+)', trace)
+    assert len(opens) == 1, f"expected one open of the model, got {opens}"
+    flags, fd = opens[0]
+    assert "O_RDONLY" in flags or flags.strip() in ("0", "0x0"), f"opened with {flags}"
+    maps = re.findall(r"mmap\([^,]*,\d+,([^,]*),([^,]*)," + fd + r",", trace)
+    assert maps, f"the model (fd {fd}) is never mapped:\n{trace[-800:]}"
+    for prot, mflags in maps:
+        assert prot == "PROT_READ" and "MAP_PRIVATE" in mflags and "MAP_SHARED" not in mflags, \
+            f"model mapped {prot} {mflags}"
+    assert not re.search(rf"\b(write|pwrite64|ftruncate|msync)\({fd},", trace), \
+        "the model's descriptor is written to"
+
+
+# -- the mutators --------------------------------------------------------------------------------
+def test_cases_are_reproducible_and_seeded(base_model):
+    base = Base.load(base_model)
+    a, b, c = (make_cases(base, s, 3000) for s in (SEED, SEED, SEED + 1))
+    assert a == b
+    assert sum(x != y for x, y in zip(a, c)) > 1000, "another seed changes the random cases"
+    assert len({x.label for x in a}) > 2500
+
+
+def test_truncations_cover_every_boundary(base_model):
+    base = Base.load(base_model)
+    sizes = {c.size for c in make_cases(base, SEED, CASES) if c.size is not None}
+    for name, off in base.boundaries().items():
+        missing = {off - 1, off, off + 1} - sizes - {len(base.data)} - {-1}
+        assert not missing, f"no truncation to {sorted(missing)} around {name} ({off})"
+
+
+def test_closed_form_weights_size_equals_modelfile(base_model):
+    h = Base.load(base_model).header
+    for change in ({}, {"layers": 5}, {"heads": 8, "kv_heads": 2}, {"head_dim": 48, "dim": 144},
+                   {"vocab": 1000, "ffn": 100}):
+        d = dict(h, **change)
+        dims = Dims(*(d[k] for k in ("vocab", "dim", "ffn", "layers", "heads", "kv_heads",
+                                     "head_dim", "max_ctx")))
+        assert weights_size(d) == modelfile_weights_size(dims), change
+
+
+def _python_refusals(base_path: str, tmp: str) -> tuple[int, list[str]]:
+    """In a child process (address space 2 GB, 3 s per file): every mutated file the fuzzer
+    must see refused, opened with builder.modelfile.ModelFile; what it did not refuse."""
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    def too_slow(*_):
+        raise TimeoutError("more than 3 s")
+    signal.signal(signal.SIGALRM, too_slow)
+    base, path = Base.load(Path(base_path)), Path(tmp) / "m.bin"
+    checked, wrong = 0, []
+    for i, case in enumerate(make_cases(base, SEED, CASES)):
+        if case.reject and (case.edits or case.size is not None):
+            path.write_bytes(materialize(base.data, case))
+            checked += 1
+            signal.alarm(3)
+            try:
+                ModelFile(path)
+                wrong.append(f"case {i}: accepted: {case.label}")
+            except ModelFormatError:
+                pass
+            except BaseException as e:  # noqa: BLE001 - anything else is the finding
+                wrong.append(f"case {i}: {type(e).__name__} {str(e)[:80]}: {case.label}")
+            finally:
+                signal.alarm(0)
+    return checked, wrong
+
+
+def test_files_to_refuse_are_refused_by_the_python_reader(base_model, tmp_path):
+    """Twin check of fuzz.model.header_problems: whatever it calls invalid (a mutated file
+    with reject=True), builder.modelfile.ModelFile refuses too, promptly and cleanly."""
+    base = Base.load(base_model)
+    assert header_problems(base.header, len(base.data)) == []
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        checked, wrong = pool.apply(_python_refusals, (str(base_model), str(tmp_path)))
+    assert checked > 800
+    assert not wrong, f"{len(wrong)} mutated files not refused cleanly:\n" + "\n".join(wrong[:20])
+
+
+def test_judge_names_each_kind_of_failure():
+    from fuzz.runner import Outcome
+    case, bad = Case("c", argv=(MODEL,)), Case("c", reject=True)
+    assert judge(case, Outcome(None, b"", b"", 10), 10) == ["hang: no exit within 10 s"]
+    assert judge(case, Outcome(-11, b"", b"", 0), 10) == ["killed by SIGSEGV"]
+    assert judge(case, Outcome(1, b"", b"gemma: bad\n", 0), 10) == []
+    assert judge(case, Outcome(1, b"x", b"gemma: a\nb\n", 0), 10) == [
+        "refusal is not exactly one 'gemma: ...' line on stderr", "refusal wrote to stdout"]
+    assert judge(bad, Outcome(0, b"x", b"", 0), 10) == [
+        "accepted an input the contract says is invalid"]

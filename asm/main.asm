@@ -13,7 +13,8 @@ DEFAULT_CTX = 4096
 ; start: the ELF entry point. The kernel leaves argc at [rsp], argv after it.
 ;   in: rsp -> argc, argv[], 0, envp[]   out: never returns
 start:
-        mov     rbx, rsp
+        mov     r14, rsp
+        lea     rbp, [front_base]       ; for good (vars.asm)
         ; writes to a closed pipe must return EPIPE (then output.asm exits quietly)
         ; rather than kill the process: block SIGPIPE.
         push    SIGPIPE_BIT
@@ -24,20 +25,20 @@ start:
         pop     rcx
         call    sys_sigprocmask
         pop     rax
-        cmp     dword [rbx], 2
+        cmp     dword [r14], 2
         jb      usage
-        add     rbx, 16                 ; argv[1]
-        mov     dword [opt_n], -1
-        mov     dword [opt_top_p], 0x3F800000   ; 1.0
-        mov     byte [n_threads], 1
+        add     r14, 16                 ; argv[1]
+        or      dword [rbp+V_N], -1
+        mov     dword [rbp+V_TOP_P], 0x3F800000 ; 1.0
+        inc     byte [rbp+V_THREADS]
 
-; The command line: each argument must be a flag of opt_table; rbp = the flag (the argument
-; of every error message here), rbx -> the next argv slot.
+; The command line: each argument must be a flag of opt_table; rbx = the flag (the argument
+; of every error message here), r14 -> the next argv slot.
 .next_arg:
-        mov     rbp, [rbx]
-        test    rbp, rbp
+        mov     rbx, [r14]
+        test    rbx, rbx
         jz      .args_done
-        add     rbx, 8
+        add     r14, 8
         lea     rdi, [opt_table]
 .find:
         mov     rdx, rdi                ; this entry's name
@@ -47,14 +48,14 @@ start:
         xor     ecx, ecx
 .compare:
         mov     al, [rdx+rcx]
-        cmp     al, [rbp+rcx]
+        cmp     al, [rbx+rcx]
         jne     .other
         inc     ecx
         test    al, al
         jnz     .compare
         movzx   eax, byte [rdi]         ; kind
-        movzx   ecx, byte [rdi+1]       ; slot offset
-        lea     r12, [options+rcx]
+        movsx   rcx, byte [rdi+1]       ; slot
+        lea     r12, [rbp+rcx]
         test    eax, eax
         jnz     .value
         inc     byte [r12]              ; K_FLAG
@@ -63,13 +64,13 @@ start:
         add     rdi, 6
         cmp     byte [rdi], 0
         jne     .find
-        lea     rsi, [msg_unknown]
-        jmp     fatal_arg
+        call    fatal_arg_here
+        db      'unknown option ', 0
 .value:
-        mov     rsi, [rbx]
+        mov     rsi, [r14]
         test    rsi, rsi
         jz      err_missing_value
-        add     rbx, 8
+        add     r14, 8
         cmp     al, K_STR
         je      .store
         mov     r13d, eax
@@ -93,15 +94,12 @@ start:
         mov     [r12], rsi
         jmp     .next_arg
 .args_done:
-        cmp     qword [opt_model], 0
-        lea     rsi, [msg_no_model]
-        je      fatal
-
-        call    load_model              ; validates everything the file holds
-        mov     rax, [model_base]
-        mov     ecx, [rax+HDR_MAX_CTX]
-        mov     eax, [opt_ctx]
-        lea     rbp, [opt_name_c]
+        mov     rbx, [rbp+V_MODEL]
+        test    rbx, rbx
+        jz      err_no_model
+        call    load_model              ; validates everything the file holds; rbx = header
+        mov     ecx, [rbx+HDR_MAX_CTX]
+        mov     eax, [rbp+V_CTX]
         test    eax, eax
         jnz     .ctx_given
         mov     eax, DEFAULT_CTX
@@ -109,95 +107,92 @@ start:
         cmova   eax, ecx
 .ctx_given:
         cmp     eax, ecx
-        ja      err_bad_value
-        mov     [ctx_len], eax
-        mov     ecx, [opt_n]            ; -n <= context (0xFFFFFFFF: not given)
+        ja      err_bad_c
+        mov     [rbp+V_CTX_LEN], eax
+        mov     ecx, [rbp+V_N]          ; -n <= context (0xFFFFFFFF: not given)
         cmp     ecx, eax
         jbe     .n_ok
-        lea     rbp, [opt_name_n]
         inc     ecx
-        jnz     err_bad_value
+        jnz     err_bad_n
 .n_ok:
         call    model_setup
         call    tokenize                ; r12 -> ids, r13d = count
-        cmp     r13d, [ctx_len]
-        lea     rsi, [msg_long_prompt]
-        ja      fatal
-        cmp     byte [opt_tokens], 0
+        cmp     r13d, [rbp+V_CTX_LEN]
+        ja      err_long_prompt
+        cmp     byte [rbp+V_TOKENS], 0
         jne     print_ids
-
-        mov     rdi, [opt_logits]
+        mov     rdi, [rbp+V_LOGITS]
         test    rdi, rdi
         jz      .no_logits
-        mov     rbp, rdi
         mov     esi, 0x241              ; O_WRONLY | O_CREAT | O_TRUNC
         mov     edx, 420                ; 0644
         call    sys_open
         test    eax, eax
-        lea     rsi, [msg_cannot_write]
-        js      fatal_arg
-        mov     [logits_fd], eax
+        js      err_cannot_write
+        mov     [rbp+V_LOGITS_FD], eax
 .no_logits:
-        mov     rax, [opt_seed]
-        mov     rcx, 0x9E3779B97F4A7C15 ; xorshift64* needs a state other than 0
-        xor     rax, rcx
-        cmovz   rax, rcx
-        mov     [rng_state], rax
 
-; The generation loop: feed the prompt's ids, then sample, print and feed each new id.
-; ebx = id to evaluate, ebp = position, r12 -> prompt ids, r13d = prompt length,
-; r14d = ids generated, r15 = logits.
-        mov     ebx, [r12]              ; BOS
-        xor     ebp, ebp
+; The generation loop: feed the prompt's ids, then sample, print and feed each new id
+; (appended to the ids). r15d = position, r12 -> ids, r13d = prompt length,
+; r14d = ids generated, rbx = header.
+        xor     r15d, r15d
         xor     r14d, r14d
 .step:
-        mov     eax, ebx
-        mov     ecx, ebp
+        mov     eax, [r12+r15*4]
+        mov     ecx, r15d
         call    forward
-        mov     r15, rax
-        mov     edi, [logits_fd]
+        mov     edi, [rbp+V_LOGITS_FD]
         test    edi, edi
         jz      .logits_done
+        push    rax
         mov     rsi, rax
-        mov     rax, [model_base]
-        mov     edx, [rax+HDR_VOCAB]
-        shl     rdx, 2
+        mov     edx, [rbx+HDR_VOCAB]
+        shl     edx, 2
         call    write_all
+        pop     rax
 .logits_done:
-        inc     ebp
-        cmp     ebp, r13d
-        jae     .generate
-        mov     ebx, [r12+rbp*4]
-        jmp     .step
-.generate:
-        cmp     r14d, [opt_n]
+        inc     r15d
+        cmp     r15d, r13d
+        jb      .step
+        cmp     r14d, [rbp+V_N]
         je      exit_ok
-        mov     rdi, r15
+        xchg    rdi, rax
         call    sample
-        mov     ebx, eax
-        mov     rax, [model_base]
-        cmp     ebx, [rax+HDR_EOS]
+        cmp     eax, [rbx+HDR_EOS]
         je      exit_ok
-        cmp     ebx, [rax+HDR_EOT]
+        cmp     eax, [rbx+HDR_EOT]
         je      exit_ok
-        mov     eax, ebx
+        mov     [r12+r15*4], eax
         call    put_piece
         inc     r14d
-        cmp     r14d, [opt_n]
+        cmp     r14d, [rbp+V_N]
         je      exit_ok
-        cmp     ebp, [ctx_len]
+        cmp     r15d, [rbp+V_CTX_LEN]
         jb      .step
 exit_ok:
         call    flush
         xor     edi, edi
         jmp     sys_exit
 
+err_bad_c:
+        lea     rbx, [opt_name_c]
+        jmp     err_bad_value
+err_bad_n:
+        lea     rbx, [opt_name_n]
+        jmp     err_bad_value
+err_cannot_write:
+        mov     rbx, rdi
+        call    fatal_arg_here
+        db      'cannot write ', 0
+err_no_model:
+        call    fatal_here
+        db      'no model file (-m)', 0
 err_missing_value:
-        lea     rsi, [msg_missing]
-        jmp     fatal_arg
+        call    fatal_arg_here
+        db      'missing value for ', 0
 err_bad_value:
-        lea     rsi, [msg_bad_value]
-        jmp     fatal_arg
+        call    fatal_arg_here
+        db      'bad value for ', 0
 
 ; parse_uint: a decimal u64.
 ;   in: rsi string   out: rax value, rsi -> the first byte after the digits
@@ -293,30 +288,30 @@ parse_float:
 float_ten:
         dq      10.0
 
-; The options: name, 0, kind, slot (offset from `options`, vars.asm), maximum - minimum of
+; The options: name, 0, kind, slot (offset from front_base, vars.asm), maximum - minimum of
 ; the value as a dword (sign-extended: 0xFFFFFFFF allows any u64). Ends with a 0 byte.
 opt_table:
-        db      '-m', 0, K_STR, opt_model - options
+        db      '-m', 0, K_STR, V_MODEL and 0xFF
         dd      0
-        db      '-p', 0, K_STR, opt_prompt - options
+        db      '-p', 0, K_STR, V_PROMPT and 0xFF
         dd      0
 opt_name_n:
-        db      '-n', 0, K_INT, opt_n - options
+        db      '-n', 0, K_INT, V_N and 0xFF
         dd      0x7FFFFFFF              ; further checked against the context
-        db      '--temp', 0, K_FLOAT, opt_temp - options
+        db      '--temp', 0, K_FLOAT, V_TEMP and 0xFF
         dd      0x7F7FFFFF              ; finite, >= 0 (no sign accepted)
-        db      '--top-p', 0, K_FLOAT + K_MIN1, opt_top_p - options
+        db      '--top-p', 0, K_FLOAT + K_MIN1, V_TOP_P and 0xFF
         dd      0x3F800000 - 1          ; (0, 1]
-        db      '-s', 0, K_INT, opt_seed - options
+        db      '-s', 0, K_INT, V_RNG and 0xFF
         dd      0xFFFFFFFF
-        db      '-t', 0, K_INT + K_MIN1, n_threads - options
+        db      '-t', 0, K_INT + K_MIN1, V_THREADS and 0xFF
         dd      256 - 1                 ; 1..256
 opt_name_c:
-        db      '-c', 0, K_INT + K_MIN1, opt_ctx - options
+        db      '-c', 0, K_INT + K_MIN1, V_CTX and 0xFF
         dd      0x7FFFFFFF - 1          ; further checked against the model's max_ctx
-        db      '--tokens', 0, K_FLAG, opt_tokens - options
+        db      '--tokens', 0, K_FLAG, V_TOKENS and 0xFF
         dd      0
-        db      '--logits', 0, K_STR, opt_logits - options
+        db      '--logits', 0, K_STR, V_LOGITS and 0xFF
         dd      0
         db      0
 

@@ -12,10 +12,10 @@ O_NONBLOCK = 0x800              ; O_RDONLY | O_NONBLOCK: a FIFO named by -m cann
 ; sections in order and non-overlapping (pieces, index, user, blob, weights) ending at
 ; file_size, weights_off % 4096 == 0, every piece's bytes inside the blob and no longer
 ; than max_piece_len, every index and user id < vocab, user pieces not empty.
-;   in: -   out: rbx = model_base   clobbers: rax rcx rdx rsi rdi rbp r8-r11
+;   in: rbx path, rbp front_base   out: rbx = model_base (the header)
+;   clobbers: rax rcx rdx rsi rdi r8-r11
 load_model:
-        mov     rbp, [opt_model]
-        mov     rdi, rbp
+        mov     rdi, rbx
         mov     esi, O_NONBLOCK
         call    sys_open
         test    eax, eax
@@ -29,9 +29,9 @@ load_model:
         pop     r8                      ; fd
         test    rax, rax
         js      err_cannot_read
-        mov     [model_size], rax
         cmp     rax, HEADER_SIZE
         jb      err_truncated
+        mov     [rbp+V_SIZE], rax
         xchg    rsi, rax
         xor     edi, edi
         push    1                       ; PROT_READ
@@ -42,20 +42,17 @@ load_model:
         call    sys_mmap
         cmp     rax, -4095
         jae     err_cannot_read
-        mov     [model_base], rax
+        mov     [rbp+V_BASE], rax
         xchg    rbx, rax
 
         mov     rax, MODEL_MAGIC
         cmp     [rbx+HDR_MAGIC], rax
-        lea     rsi, [msg_magic]
-        jne     fatal
+        jne     err_bad_magic
         cmp     dword [rbx+HDR_VERSION], MODEL_VERSION
-        lea     rsi, [msg_version]
-        jne     fatal
+        jne     err_bad_version
         cmp     dword [rbx+HDR_HEADER_SIZE], HEADER_SIZE
         jne     err_header
-        mov     rax, [rbx+HDR_FILE_SIZE]
-        cmp     rax, [model_size]
+        cmp     [rbx+HDR_FILE_SIZE], rsi
         ja      err_truncated
         jne     err_header
 
@@ -92,21 +89,21 @@ load_model:
         shl     rax, 4                  ; vocab records of PIECE_REC bytes
         mov     rdx, [rbx+HDR_PIECES_OFF]
         call    check_section
-        mov     [pieces_ptr], rdx
+        mov     [rbp+V_PIECES], rdx
         mov     eax, [rbx+HDR_N_INDEX]
         shl     rax, 2
         mov     rdx, [rbx+HDR_INDEX_OFF]
         call    check_section
-        mov     [index_ptr], rdx
+        mov     [rbp+V_INDEX], rdx
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2
         mov     rdx, [rbx+HDR_USER_OFF]
         call    check_section
-        mov     [user_ptr], rdx
+        mov     [rbp+V_USER], rdx
         mov     rax, [rbx+HDR_BLOB_SIZE]
         mov     rdx, [rbx+HDR_BLOB_OFF]
         call    check_section
-        mov     [blob_ptr], rdx
+        mov     [rbp+V_BLOB], rdx
         mov     rax, [rbx+HDR_WEIGHTS_SIZE]
         mov     rdx, [rbx+HDR_WEIGHTS_OFF]
         test    dx, WEIGHTS_ALIGN - 1
@@ -115,7 +112,7 @@ load_model:
         cmp     r8, [rbx+HDR_FILE_SIZE]
         jne     err_header
 
-        mov     rsi, [pieces_ptr]
+        mov     rsi, [rbp+V_PIECES]
         mov     ecx, r9d
 .piece:
         mov     eax, [rsi+PIECE_BLOB_OFF]
@@ -127,31 +124,40 @@ load_model:
         ja      err_header
         add     rsi, PIECE_REC
         loop    .piece
-        mov     rsi, [index_ptr]
-        mov     ecx, [rbx+HDR_N_INDEX]
-        xor     edi, edi                ; index pieces may be empty
+        mov     rsi, [rbp+V_INDEX]
+        mov     edx, [rbx+HDR_N_INDEX]
+        xor     r10d, r10d              ; index pieces may be empty
         call    check_ids
-        mov     rsi, [user_ptr]
-        mov     ecx, [rbx+HDR_N_USER]
-        mov     edi, 1                  ; user pieces are matched: never empty
-; check_ids: ecx u32 ids at rsi must be < vocab (r9d), their pieces at least edi bytes long.
-;   in: rsi, ecx, edi, r9d   out: -   clobbers: rax rcx rdx rsi
+        mov     rsi, [rbp+V_USER]
+        mov     edx, [rbx+HDR_N_USER]
+        inc     r10d                    ; user pieces are matched: never empty
+; check_ids: edx u32 ids at rsi must be < vocab (r9d), their pieces >= r10d bytes long.
+;   in: rsi, edx, r9d, r10d   out: -   clobbers: rax rcx rdx rsi rdi r11
 check_ids:
-        jrcxz   .done
+        sub     edx, 1
+        jb      .done
         lodsd
         cmp     eax, r9d
         jae     err_header
-        shl     rax, 4
-        add     rax, [pieces_ptr]
-        cmp     [rax+PIECE_LEN], edi
+        call    piece
+        cmp     ecx, r10d
         jb      err_header
-        loop    check_ids
+        jmp     check_ids
 .done:
         ret
+err_cannot_read:
+        call    fatal_arg_here
+        db      'cannot read model ', 0
+err_bad_magic:
+        call    fatal_here
+        db      'not a model file (bad magic)', 0
+err_bad_version:
+        call    fatal_here
+        db      'unsupported model file version', 0
 
 ; check_section: check one section against the end of the previous one.
-;   in: rdx offset, rax size, r8 previous end   out: r8 = this end, rdx = rbx + offset
-;   clobbers: -
+;   in: rdx offset, rax size, r8 previous end, rbx header   out: r8 = this end,
+;   rdx = rbx + offset   clobbers: -
 check_section:
         cmp     rdx, r8
         jb      err_header
@@ -161,15 +167,24 @@ check_section:
         add     rdx, rbx
         ret
 
-err_cannot_read:
-        lea     rsi, [msg_cannot_read]
-        jmp     fatal_arg
+; piece: where a piece's record and bytes are.
+;   in: eax id (< vocab)   out: r11 -> its record, rdi -> its bytes, ecx = its length
+;   clobbers: -
+piece:
+        mov     r11d, eax
+        shl     r11, 4
+        add     r11, [rbp+V_PIECES]
+        mov     edi, [r11+PIECE_BLOB_OFF]
+        add     rdi, [rbp+V_BLOB]
+        mov     ecx, [r11+PIECE_LEN]
+        ret
+
 err_truncated:
-        lea     rsi, [msg_truncated]
-        jmp     fatal
+        call    fatal_here
+        db      'model file is truncated', 0
 err_header:
-        lea     rsi, [msg_header]
-        jmp     fatal
+        call    fatal_here
+        db      'inconsistent model header', 0
 
 ; field_limits: header fields vocab .. embed_scale, each checked as 1 <= v and v - 1 < limit.
 ; The dimension bounds keep every size the engine computes (weights, KV cache, scratch)

@@ -5,27 +5,24 @@ OUT_BUF_SIZE = 256
 
 ; put_piece: append the text of a token and flush: normal and user-defined pieces with
 ; U+2581 as a space, byte pieces as their raw byte, other types as nothing.
-;   in: eax id < vocab   out: -   clobbers: rax rcx rdx rsi r8 r10 r11
+;   in: eax id < vocab, rbx header, rbp front_base   out: -
+;   clobbers: rax rcx rdx rsi rdi r8 r10 r11
 put_piece:
-        mov     rsi, rax
-        shl     rsi, 4
-        add     rsi, [pieces_ptr]
-        mov     ecx, [rsi+PIECE_TYPE]
-        cmp     ecx, PIECE_BYTE
+        call    piece
+        mov     edx, [r11+PIECE_TYPE]
+        cmp     edx, PIECE_BYTE
         jne     .text
-        mov     rcx, [model_base]
-        sub     eax, [rcx+HDR_BYTE_BASE]
+        sub     eax, [rbx+HDR_BYTE_BASE]
         call    put_byte
         jmp     flush
 .text:
-        cmp     ecx, PIECE_NORMAL
+        cmp     edx, PIECE_NORMAL
         je      .bytes
-        cmp     ecx, PIECE_USER
+        cmp     edx, PIECE_USER
         jne     flush
 .bytes:
-        mov     r8d, [rsi+PIECE_LEN]
-        mov     esi, [rsi+PIECE_BLOB_OFF]
-        add     rsi, [blob_ptr]
+        mov     rsi, rdi
+        mov     r8d, ecx
 .next:
         sub     r8d, 1
         jb      flush
@@ -46,9 +43,9 @@ put_piece:
 ; print_ids: the --tokens listing, "id id ... id\n", then exit 0.
 ;   in: r12 -> ids, r13d = count (>= 1)   out: never returns
 print_ids:
-        xor     ebx, ebx
+        xor     r14d, r14d
 .id:
-        mov     eax, [r12+rbx*4]
+        mov     eax, [r12+r14*4]
         push    10
         pop     r8
         xor     r9d, r9d
@@ -65,37 +62,37 @@ print_ids:
         call    put_byte
         dec     r9d
         jnz     .digit
-        inc     ebx
+        inc     r14d
         mov     al, ' '
-        cmp     ebx, r13d
+        cmp     r14d, r13d
         jb      .separator
         mov     al, 10
 .separator:
         call    put_byte
-        cmp     ebx, r13d
+        cmp     r14d, r13d
         jb      .id
         jmp     exit_ok
 
 ; put_byte: append a byte to out_buf, flushing it when full.
-;   in: al   out: -   clobbers: rax rcx r10 r11
+;   in: al, rbp front_base   out: -   clobbers: rax rcx r10 r11
 put_byte:
-        mov     ecx, [out_len]
-        mov     [out_buf+rcx], al
+        mov     ecx, [rbp+V_OUT_LEN]
+        mov     [rbp+rcx+V_OUT_BUF], al
         inc     ecx
-        mov     [out_len], ecx
+        mov     [rbp+V_OUT_LEN], ecx
         cmp     ecx, OUT_BUF_SIZE
         jb      flush.done
 ; flush: write out_buf to stdout.
-;   in: -   out: -   clobbers: rax rcx r10 r11
+;   in: rbp front_base   out: -   clobbers: rax rcx r10 r11
 flush:
         push    rdx
         push    rsi
         push    rdi
-        mov     edx, [out_len]
-        lea     rsi, [out_buf]
+        lea     rsi, [rbp+V_OUT_BUF]
+        xor     edx, edx
+        xchg    edx, [rbp+V_OUT_LEN]
         push    STDOUT
         pop     rdi
-        and     dword [out_len], 0
         call    write_all
         pop     rdi
         pop     rsi
@@ -122,5 +119,5 @@ write_all:
         pop     rdi
         jmp     sys_exit
 .failed:
-        lea     rsi, [msg_write]
-        jmp     fatal
+        call    fatal_here
+        db      'write failed', 0

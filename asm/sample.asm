@@ -4,14 +4,14 @@
 ; total weight (the smallest set of most probable tokens reaching top_p; ties at its edge
 ; all in), and a draw from it with probability proportional to w_i. tau is found by
 ; bisection on its float bits (non-negative floats order like their bits): no sort.
-; Random numbers: xorshift64* (Marsaglia, Vigna), seeded from -s in main.asm.
+; Random numbers: the 64-bit LCG of Knuth's MMIX (a = 6364136223846793005, c = 1), its top
+; 24 bits per draw; the state starts as the -s seed (default 0).
 
 ; sample: the next token from the logits.
-;   in: rdi logits [vocab] (overwritten with the weights when T > 0)   out: eax id < vocab
-;   clobbers: rcx rdx rsi r8-r11 xmm0-xmm4 (x87 left empty)
+;   in: rdi logits [vocab] (overwritten with the weights when T > 0), rbx header,
+;   rbp front_base   out: eax id < vocab   clobbers: rcx rdx r8-r11 xmm0-xmm4 (x87 empty)
 sample:
-        mov     rax, [model_base]
-        mov     r8d, [rax+HDR_VOCAB]
+        mov     r8d, [rbx+HDR_VOCAB]
         xor     ecx, ecx
         xor     eax, eax
         movss   xmm0, [rdi]
@@ -25,10 +25,10 @@ sample:
         inc     ecx
         cmp     ecx, r8d
         jb      .argmax
-        cmp     dword [opt_temp], 0
+        cmp     dword [rbp+V_TEMP], 0
         je      .done
         push    rax                     ; the argmax, kept for logits without a nucleus (NaN)
-        fld     dword [opt_temp]
+        fld     dword [rbp+V_TEMP]
         fld     dword [rdi+rax*4]       ; st0 = max, st1 = T
         xor     ecx, ecx
 .weight:
@@ -46,7 +46,7 @@ sample:
         xorps   xmm1, xmm1
         call    walk                    ; xmm0 = total weight
         movss   xmm3, xmm0
-        mulss   xmm3, [opt_top_p]       ; the nucleus must hold this much
+        mulss   xmm3, [rbp+V_TOP_P]       ; the nucleus must hold this much
         xor     r10d, r10d              ; tau bits: lo (always enough), hi (never enough)
         mov     r11d, 0x3F800001        ; just above 1.0, the largest weight
 .bisect:
@@ -66,19 +66,10 @@ sample:
 .draw:
         movd    xmm1, r10d
         call    walk                    ; xmm0 = the nucleus' weight
-        mov     rax, [rng_state]        ; xorshift64*
-        mov     rdx, rax
-        shr     rdx, 12
-        xor     rax, rdx
-        mov     rdx, rax
-        shl     rdx, 25
-        xor     rax, rdx
-        mov     rdx, rax
-        shr     rdx, 27
-        xor     rax, rdx
-        mov     [rng_state], rax
-        mov     rdx, 0x2545F4914F6CDD1D
-        imul    rax, rdx
+        mov     rax, 6364136223846793005
+        imul    rax, [rbp+V_RNG]
+        inc     rax
+        mov     [rbp+V_RNG], rax
         shr     rax, 40                 ; 24 random bits
         cvtsi2ss xmm2, eax
         mulss   xmm2, [two_to_minus_24] ; u in [0, 1)

@@ -73,24 +73,34 @@ write_until:
         jmp     .measure
 
 err_oom:
-        lea     rsi, [msg_oom]
+        call    fatal_here
+        db      'out of memory', 0
+
+; fatal_here: fatal with the message that follows the call instruction.
+fatal_here:
+        pop     rsi
 ; fatal: print "gemma: MESSAGE\n" on stderr and exit with status 1 (EXIT_ERROR).
 ;   in: rsi message (zero-terminated, without the "gemma: " prefix and the newline)
 ;   out: never returns. (ebx is ignored: every error exits with EXIT_ERROR.)
 fatal:
-        xor     ebp, ebp
-; fatal_arg: the same with an argument appended: "gemma: MESSAGEARGUMENT\n".
-;   in: rsi message, rbp argument (zero-terminated) or 0   out: never returns
+        xor     ebx, ebx
+        jmp     fatal_arg
+; fatal_arg_here: fatal_arg with the message that follows the call instruction.
+fatal_arg_here:
+        pop     rsi
+; fatal_arg: the same with an argument appended, "gemma: MESSAGEARGUMENT\n", the argument
+; cut at its first control byte so that the message stays one line.
+;   in: rsi message, rbx argument (zero-terminated) or 0   out: never returns
 fatal_arg:
         push    rsi
         lea     rsi, [msg_prefix]
         call    .put
         pop     rsi
         call    .put
-        mov     rsi, rbp
+        mov     rsi, rbx
         test    rsi, rsi
         jz      .newline
-        mov     cl, ' '                 ; the argument up to a control byte: one line
+        mov     cl, ' '
         call    .put_until
 .newline:
         lea     rsi, [msg_newline]

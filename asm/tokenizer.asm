@@ -6,11 +6,12 @@
 ; tokenize: spaces -> U+2581; user-defined pieces (longest first) or one UTF-8 character per
 ; symbol; merge the adjacent free pair whose bytes are the best-scoring normal piece
 ; (leftmost on ties) until none is; each symbol -> its id, or one byte piece per byte.
-;   in: - (opt_prompt, the model tables)   out: r12 -> ids (BOS first), r13d = their count
-;   clobbers: everything else but rsp (fatal "prompt longer than the context" when the text
-;   alone proves it: more bytes than ctx_len * max_piece_len)
+;   in: rbx header, rbp front_base, opt_prompt   out: r12 -> ids (BOS first, room for
+;   ctx_len), r13d = their count   clobbers: rax rcx rdx rsi rdi r8-r11 r14 r15 xmm0 xmm1
+;   (fatal "prompt longer than the context" when the text alone proves it: more bytes than
+;   ctx_len * max_piece_len)
 tokenize:
-        mov     rsi, [opt_prompt]
+        mov     rsi, [rbp+V_PROMPT]
         test    rsi, rsi
         jnz     .measure
         lea     rsi, [msg_newline+1]    ; no -p: the empty prompt
@@ -21,14 +22,16 @@ tokenize:
         repne   scasb
         not     rcx                     ; length + 1
         push    rsi
-        lea     rbx, [rcx+rcx*2+4]      ; n3 >= 3*length + 3 (the text and 3 zero bytes)
-        mov     rdi, rbx
+        lea     r14, [rcx+rcx*2+4]
+        mov     eax, [rbp+V_CTX_LEN]
+        add     r14, rax                ; n3 >= 3 * length + 3 (text, 3 zero bytes) and ctx_len
+        mov     rdi, r14
         shl     rdi, 4
-        call    alloc                   ; text [n3 bytes] | ids [4*n3] | ... | symbols [8*n3]
+        call    alloc                   ; text [n3 bytes] | ids [4 * n3] | ... | symbols [8 * n3]
         pop     rsi
         mov     r15, rax                ; text
-        lea     r12, [rax+rbx]          ; ids
-        lea     rbx, [rax+rbx*8]        ; symbols
+        lea     r12, [rax+r14]          ; ids
+        lea     r14, [rax+r14*8]        ; symbols
         mov     rdi, rax
 .normalise:
         lodsb
@@ -43,46 +46,36 @@ tokenize:
         stosb
         jmp     .normalise
 .normalised:
-        mov     rbp, rdi                ; text end
+        mov     r13, rdi                ; text end
         sub     rdi, r15
-        mov     rax, [model_base]
-        mov     eax, [rax+HDR_MAX_PIECE_LEN]
-        mov     ecx, [ctx_len]
+        mov     eax, [rbx+HDR_MAX_PIECE_LEN]
+        mov     ecx, [rbp+V_CTX_LEN]
         imul    rax, rcx
         cmp     rdi, rax
         ja      err_long_prompt
 
-        mov     rsi, r15                ; rsi = position, rdi = next symbol slot
-        mov     rdi, rbx
+        mov     rsi, r15                ; rsi = position, r10 -> the next symbol
+        mov     r10, r14
 .symbol:
-        mov     r8, [user_ptr]
-        mov     rax, [model_base]
-        mov     r9d, [rax+HDR_N_USER]
-        mov     rdx, rbp
+        mov     rdx, r13
         sub     rdx, rsi                ; bytes left
         jz      .symbols_done
+        mov     r8, [rbp+V_USER]
+        mov     r9d, [rbx+HDR_N_USER]
+        lea     r9, [r8+r9*4]
 .user:
-        test    r9d, r9d
-        jz      .character
-        dec     r9d
+        cmp     r8, r9
+        jae     .character
         mov     eax, [r8]
         add     r8, 4
-        mov     r10, rax
-        shl     r10, 4
-        add     r10, [pieces_ptr]
-        mov     ecx, [r10+PIECE_LEN]    ; >= 1 (load_model)
+        call    piece
         cmp     rcx, rdx
         ja      .user
-        mov     r11d, [r10+PIECE_BLOB_OFF]
-        add     r11, [blob_ptr]
         push    rsi
-        push    rdi
-        mov     rdi, r11
-        repe    cmpsb
-        pop     rdi
+        repe    cmpsb                   ; ecx >= 1 (load_model)
         pop     rsi
         jne     .user
-        mov     edx, [r10+PIECE_LEN]
+        mov     edx, [r11+PIECE_LEN]
         jmp     .push
 .character:
         ; UTF-8: the lead byte gives the length; a byte that does not start a complete,
@@ -121,130 +114,125 @@ tokenize:
 .push:
         mov     ecx, esi
         sub     ecx, r15d
-        mov     [rdi], ecx              ; start
-        mov     [rdi+4], eax            ; tag
-        add     rdi, 8
+        mov     [r10], ecx              ; start
+        mov     [r10+4], eax            ; tag
+        add     r10, 8
         add     rsi, rdx
         jmp     .symbol
 .symbols_done:
         mov     ecx, esi
         sub     ecx, r15d
-        mov     [rdi], ecx              ; the sentinel: start = text length
-        sub     rdi, rbx
-        shr     edi, 3
-        mov     r13d, edi               ; symbols
+        mov     [r10], ecx              ; the sentinel: start = text length
+        sub     r10, r14
+        shr     r10d, 3
+        mov     r13d, r10d              ; symbols
 
+; A merge pass: rdi -> symbol j, [rsp] -> the best pair's left symbol (-1: none), xmm1 its
+; score.
 .pass:
-        or      ebp, -1                 ; best pair (its left symbol), none yet
-        xor     r14d, r14d              ; j
+        push    -1
+        mov     rdi, r14
 .pair:
-        lea     eax, [r14+1]
-        cmp     eax, r13d
+        lea     rax, [r14+r13*8-8]
+        cmp     rdi, rax
         jae     .pass_done
-        mov     eax, [rbx+r14*8+4]
-        and     eax, [rbx+r14*8+12]
+        mov     eax, [rdi+4]
+        and     eax, [rdi+12]
         inc     eax                     ; both tags -1: both free
         jnz     .next_pair
-        mov     esi, [rbx+r14*8]
-        mov     edx, [rbx+r14*8+16]     ; the pair ends where symbol j+2 starts
+        mov     esi, [rdi]
+        mov     edx, [rdi+16]           ; the pair ends where symbol j+2 starts
         sub     edx, esi
         add     rsi, r15
         call    lookup
         test    eax, eax
         js      .next_pair
-        shl     rax, 4
-        add     rax, [pieces_ptr]
-        movss   xmm0, [rax+PIECE_SCORE]
-        test    ebp, ebp
-        js      .best
+        movss   xmm0, [r11+PIECE_SCORE]
+        cmp     qword [rsp], -1
+        je      .best
         ucomiss xmm0, xmm1
         jbe     .next_pair              ; not higher (or NaN): the leftmost stays
 .best:
-        mov     ebp, r14d
+        mov     [rsp], rdi
         movaps  xmm1, xmm0
 .next_pair:
-        inc     r14d
+        add     rdi, 8
         jmp     .pair
 .pass_done:
-        test    ebp, ebp
-        js      .merged
-        dec     r13d                    ; drop symbol best+1: move best+2 .. sentinel down
-        lea     rdi, [rbx+rbp*8+8]
-        lea     rsi, [rdi+8]
-        mov     ecx, r13d
-        sub     ecx, ebp
+        pop     rdi
+        cmp     rdi, -1
+        je      .merged
+        lea     rcx, [r14+r13*8+8]      ; drop symbol best+1: move best+2 .. sentinel down
+        lea     rsi, [rdi+16]
+        add     rdi, 8
+        sub     rcx, rsi
+        shr     ecx, 3
+        dec     r13d
         rep     movsq
         jmp     .pass
 
+; Emit: r13 -> symbol, r14 = the sentinel, rdi -> the next id.
 .merged:
         mov     rdi, r12
-        mov     rax, [model_base]
-        mov     eax, [rax+HDR_BOS]
+        mov     eax, [rbx+HDR_BOS]
         stosd
-        xor     r14d, r14d
+        lea     rax, [r14+r13*8]
+        mov     r13, r14
+        xchg    r14, rax
 .emit:
-        cmp     r14d, r13d
+        cmp     r13, r14
         jae     .emitted
-        mov     eax, [rbx+r14*8+4]
+        mov     eax, [r13+4]
         cmp     eax, -1
         jne     .store                  ; a user-defined piece
-        mov     esi, [rbx+r14*8]
-        mov     edx, [rbx+r14*8+8]
+        mov     esi, [r13]
+        mov     edx, [r13+8]
         sub     edx, esi
         add     rsi, r15
-        push    rdi
         call    lookup
-        pop     rdi
         test    eax, eax
         jns     .store
 .byte:
-        movzx   eax, byte [rsi]         ; byte fallback: <0xHH> = byte_base + HH
-        inc     rsi
-        mov     rcx, [model_base]
-        add     eax, [rcx+HDR_BYTE_BASE]
-        stosd
+        lodsb                           ; byte fallback: <0xHH> = byte_base + HH
+        movzx   eax, al
+        add     eax, [rbx+HDR_BYTE_BASE]
         dec     edx
-        jnz     .byte
-        jmp     .next_symbol
+        jz      .store
+        stosd
+        jmp     .byte
 .store:
         stosd
-.next_symbol:
-        inc     r14d
+        add     r13, 8
         jmp     .emit
 .emitted:
         sub     rdi, r12
-        shr     rdi, 2
+        shr     edi, 2
         mov     r13d, edi
         ret
 
 ; lookup: the normal piece whose bytes equal [rsi, rsi + rdx), by binary search in the index
 ; (sorted by unsigned bytes, a proper prefix first).
-;   in: rsi bytes, edx length   out: eax id, or -1   clobbers: rcx rdi r8-r11
+;   in: rsi bytes, edx length, rbx header   out: eax id and r11 -> its record, or eax = -1
+;   clobbers: rcx r8-r11
 lookup:
+        push    rdi
         xor     r8d, r8d                ; lo
-        mov     rax, [model_base]
-        mov     r9d, [rax+HDR_N_INDEX]  ; hi
+        mov     r9d, [rbx+HDR_N_INDEX]  ; hi
 .probe:
         cmp     r8, r9
         jae     .none
         lea     r10, [r8+r9]
         shr     r10, 1                  ; mid
-        mov     rax, [index_ptr]
-        mov     eax, [rax+r10*4]        ; its id
-        mov     r11, rax
-        shl     r11, 4
-        add     r11, [pieces_ptr]
-        mov     edi, [r11+PIECE_BLOB_OFF]
-        add     rdi, [blob_ptr]
-        mov     r11d, [r11+PIECE_LEN]
+        mov     rax, [rbp+V_INDEX]
+        mov     eax, [rax+r10*4]
+        call    piece
         push    rsi
-        cmp     edx, r11d               ; when the shorter length is 0 these flags decide
-        mov     ecx, edx
-        cmova   ecx, r11d
+        cmp     edx, ecx                ; when the shorter length is 0 these flags decide
+        cmovb   ecx, edx
         repe    cmpsb
         pop     rsi
         jne     .decided
-        cmp     edx, r11d               ; equal up to the shorter: the shorter sorts first
+        cmp     edx, [r11+PIECE_LEN]    ; equal up to the shorter: the shorter sorts first
         je      .found
 .decided:
         ja      .right
@@ -256,8 +244,9 @@ lookup:
 .none:
         or      eax, -1
 .found:
+        pop     rdi
         ret
 
 err_long_prompt:
-        lea     rsi, [msg_long_prompt]
-        jmp     fatal
+        call    fatal_here
+        db      'prompt longer than the context', 0

@@ -3,31 +3,51 @@
 ; and "forward" (W-fwd: weights, KV cache, activations). Keep qwords first, then dwords.
 
 ; ---- front ------------------------------------------------------------------------------
-; Command-line options: one qword slot each, in the order of opt_table (main.asm), which
-; addresses them by their offset from `options`.
-options:
+; From start-up on the front end keeps rbp = front_base: [rbp + V_*] reaches every variable
+; here with a one-byte displacement. Option slots are qwords (opt_table in main.asm).
+front_vars:
 opt_model:      rq 1            ; -m path
 opt_prompt:     rq 1            ; -p text (0: empty prompt)
 opt_logits:     rq 1            ; --logits path (0: none)
-opt_seed:       rq 1            ; -s
-opt_n:          rq 1            ; -n, low dword (default 0xFFFFFFFF: until EOS or context full)
+rng_state:      rq 1            ; -s, then the generator's state (main.asm: sample)
+opt_n:          rq 1            ; -n, low dword (0xFFFFFFFF: until EOS or a full context)
 opt_temp:       rq 1            ; --temp, float32 bits in the low dword
 opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
-n_threads:      rq 1            ; -t, low dword (dword variable of CONTRACTS.md)
+n_threads:      rq 1            ; -t, low dword (the dword of CONTRACTS.md)
 opt_tokens:     rq 1            ; --tokens, low byte
-
 model_base:     rq 1            ; address of the read-only mapping of the model file
 model_size:     rq 1            ; its length in bytes
 pieces_ptr:     rq 1            ; model_base + pieces_off (PIECE_REC records)
 index_ptr:      rq 1            ; model_base + index_off (u32 normal ids, sorted by bytes)
 user_ptr:       rq 1            ; model_base + user_off (u32 user-defined ids, longest first)
 blob_ptr:       rq 1            ; model_base + blob_off (piece bytes)
-rng_state:      rq 1            ; xorshift64* state
+front_base:
 ctx_len:        rd 1            ; context length (from -c or the header)
 logits_fd:      rd 1            ; --logits file descriptor (0: none)
 out_len:        rd 1            ; bytes waiting in out_buf
 out_buf:        rb 256          ; stdout buffer, flushed after every token
+
+V_MODEL         = opt_model - front_base
+V_PROMPT        = opt_prompt - front_base
+V_LOGITS        = opt_logits - front_base
+V_RNG           = rng_state - front_base
+V_N             = opt_n - front_base
+V_TEMP          = opt_temp - front_base
+V_TOP_P         = opt_top_p - front_base
+V_CTX           = opt_ctx - front_base
+V_THREADS       = n_threads - front_base
+V_TOKENS        = opt_tokens - front_base
+V_BASE          = model_base - front_base
+V_SIZE          = model_size - front_base
+V_PIECES        = pieces_ptr - front_base
+V_INDEX         = index_ptr - front_base
+V_USER          = user_ptr - front_base
+V_BLOB          = blob_ptr - front_base
+V_CTX_LEN       = ctx_len - front_base
+V_LOGITS_FD     = logits_fd - front_base
+V_OUT_LEN       = out_len - front_base
+V_OUT_BUF       = out_buf - front_base
 
 ; ---- forward ----------------------------------------------------------------------------
 ; The first eight qwords are set in this order by model_setup's pointer loop.

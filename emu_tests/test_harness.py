@@ -295,8 +295,30 @@ CAT = """
         mov eax, 231
         syscall""" % O_WRONLY_CREAT_TRUNC
 
+SEEK_WRITE = """
+        mov eax, 2
+        mov edi, {outpath}
+        mov esi, %d
+        mov edx, 0x1a4
+        syscall
+        mov r12d, eax
+        mov eax, 8
+        mov edi, r12d
+        mov esi, 4
+        xor edx, edx
+        syscall
+        mov eax, 1
+        mov edi, r12d
+        mov esi, {path}
+        mov edx, 5
+        syscall
+        mov eax, 231
+        xor edi, edi
+        syscall""" % O_WRONLY_CREAT_TRUNC
+
 PROGRAMS = {
     "cat": CAT,
+    "seek_write": SEEK_WRITE,
     "bad_syscall": "mov eax, 39\nsyscall",
     "segfault": "mov eax, dword ptr [0x1000]\nud2",
     "vex": "vxorps xmm0, xmm0, xmm0\nud2",
@@ -316,6 +338,12 @@ def test_program_syscalls_open_fstat_mmap_write_close_munmap():
     assert r.files == {"out.bin": model[:4]}
     assert r.syscalls == ["open", "fstat", "mmap", "write", "open", "write", "close", "munmap",
                           "exit_group"]
+
+
+def test_program_write_after_seek_past_the_end_fills_zeros():
+    r = run_program(program("seek_write"), ["seek_write"])
+    assert (r.status, r.files) == (0, {"out.bin": b"\0\0\0\0model"})
+    assert r.syscalls == ["open", "lseek", "write", "exit_group"]
 
 
 def test_program_missing_file_and_failed_write_return_errno():

@@ -73,6 +73,7 @@ class OpenFile:
     writable: bool
     pos: int = 0
     stdio: bool = False
+    append: bool = False
 
 
 @dataclass
@@ -236,11 +237,12 @@ class _Process:
         chunk = self._read_guest(buf, n)
         if chunk is None:
             return -errno.EFAULT
-        if f.stdio:
-            f.data += chunk
-        else:
-            f.data[f.pos:f.pos + n] = chunk
-            f.pos += n
+        if f.stdio or f.append:
+            f.pos = len(f.data)
+        if f.pos > len(f.data):                      # written after a seek past the end
+            f.data += bytes(f.pos - len(f.data))
+        f.data[f.pos:f.pos + n] = chunk
+        f.pos += n
         return n
 
     def sys_open(self, path, flags, mode, *_):
@@ -268,7 +270,7 @@ class _Process:
             return -errno.ENOENT
         fd = min(set(range(len(self.fds) + 1)) - set(self.fds))
         self.fds[fd] = OpenFile(path, data, acc in (0, 2), writable,
-                                pos=len(data) if flags & O_APPEND else 0)
+                                append=bool(flags & O_APPEND))
         return fd
 
     def sys_close(self, fd, *_):

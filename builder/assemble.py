@@ -34,6 +34,7 @@ from .kstone import Keystone, KeystoneCrash
 from .x86 import BRANCHES, KEYSTONE_NAMES, KEYSTONE_SIZES, REGISTERS, canonical_mnemonic
 
 MAX_PASSES = 50
+MAX_DATA = 1 << 24            # bytes one data statement may produce
 FILL = 0x90                   # what `align` puts in the file (fasm fills with nop)
 
 # Memory operands without a register operand that need no size operator (fasm agrees).
@@ -313,9 +314,11 @@ def data_bytes(stmt: Data, env: SymbolEnv, address: int) -> bytes:
                 out.extend(float_bytes(value[1], unit, where))
             elif kind == "dup":
                 count = env.number(value[1], where, address + len(out))
-                check_range(count, 0, 1 << 24, "dup count", where)
+                check_range(count, 0, MAX_DATA, "dup count", where)
                 for _ in range(count):
                     emit(value[2])
+                    if len(out) > MAX_DATA:
+                        raise BuildError(f"data statement larger than {MAX_DATA} bytes", where)
             else:
                 number = env.number(value[1], where, address + len(out))
                 check_range(number, -(1 << (bits - 1)), (1 << bits) - 1, "value", where)

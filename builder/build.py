@@ -113,7 +113,10 @@ def build(root: Path = REPO_ROOT, out: Path | None = None, symbols: bool = False
     root = Path(root)
     out = Path(out) if out is not None else root / "gemma"
     budget = read_budget(root) if budget is None else budget
-    image = assemble(parse(root))
+    try:
+        image = assemble(parse(root))
+    except RecursionError:
+        raise BuildError("symbol definitions nested too deeply") from None
     verify(image.placed)
     table = symbol_map(image)
     try:

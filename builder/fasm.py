@@ -183,7 +183,10 @@ class _Reader:
             raise BuildError(f"cannot read {rel}: {exc}", where) from None
         self.including.append(path.resolve())
         for number, line in enumerate(text.splitlines(), 1):
-            self.line(line, Where(rel, number))
+            try:
+                self.line(line, Where(rel, number))
+            except RecursionError:
+                raise BuildError("expression nested too deeply", Where(rel, number)) from None
         self.including.pop()
 
     # -- names ---------------------------------------------------------------------------

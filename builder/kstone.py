@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 
 class KeystoneCrash(Exception):
@@ -51,6 +52,7 @@ class Keystone:
     def _start(self) -> None:
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-m", "builder.kstone"],
+                                     cwd=Path(__file__).resolve().parents[1],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, text=True)
 

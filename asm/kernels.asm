@@ -8,7 +8,8 @@
 ; exponent and mantissa in float32 position (bias 15 instead of 127) and smears the sign over
 ; bits 31..28; and 0x8FFFFFFF keeps it once; times 2^112 rebiases (subnormal halves become
 ; float32 subnormals: exact, as MXCSR has no DAZ). Inf/NaN halves are not supported.
-; Each row sums in 4 lanes (columns j mod 4), then lane 0+1 + lane 2+3.
+; A row is read 4 columns at a time while 4 remain, then one at a time (any n); it sums in
+; 4 lanes (columns j mod 4), then (lane 0 + lane 1) + (lane 2 + lane 3).
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n, r8d d, r9d accumulate
 ;   out: xout   clobbers: rax rcx rdx rdi r8 r11 xmm0-xmm3 xmm6 xmm7
 matmul_f16:

@@ -111,6 +111,7 @@ class Figures:
     n_decode: int
     peak_rss: int = 0  # bytes; 0 = not measured
     peak_anon: int = 0
+    major_faults: int = 0  # of the decode run: >0 means it waited for the disk
 
 
 @dataclass
@@ -126,6 +127,7 @@ class Result:
     gemma: list[Figures]
     llama: list[Figures]
     llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
+    load: list[float]  # 1-minute load average before and after: other work on the machine
 
     def efficiency(self, f: Figures) -> float:
         return f.decode_tps * self.bytes_per_token / (self.bandwidth[f.threads] * 1e9)
@@ -256,15 +258,19 @@ def time_engine(engine: Path, model: Path, text: str, n_prompt: int, start: floa
     prompt_s = prompt.seconds - start
     if prompt_s <= 0:
         raise BenchError("the prompt run was not slower than start-up: nothing to measure")
-    return Figures(threads, n_prompt / prompt_s, n_decode / (rows[-1] - rows[n_prompt - 1]),
-                   n_prompt, n_decode, decode.peak_rss, decode.peak_anon)
+    decode_s = rows[-1] - rows[n_prompt - 1]
+    if decode_s <= 0:
+        raise BenchError("the decode rows arrived all at once: nothing to time")
+    return Figures(threads, n_prompt / prompt_s, n_decode / decode_s,
+                   n_prompt, n_decode, decode.peak_rss, decode.peak_anon,
+                   prompt.major_faults + decode.major_faults)
 
 
 # ---------------------------------------------------------------- llama.cpp
 
 
 def llama_source(cfg: Config, gguf: Path | None) -> str | None:
-    """How llama.cpp will be run, or None (with the reason in `why`) when it cannot be."""
+    """How llama.cpp will be run, or None when it cannot be (llama_missing says why)."""
     if gguf is None:
         return None
     if cfg.llama_bench:
@@ -302,14 +308,19 @@ def time_llama(cfg: Config, gguf: Path, ids: list[int], threads: int) -> Figures
                               "-n", str(cfg.n), "--out", str(path)]), "")
             out = json.loads(path.read_text())
     return Figures(threads, out["prompt_tps"], out["decode_tps"], out["n_prompt"],
-                   out["n_decode"], r.peak_rss, r.peak_anon)
+                   out["n_decode"], r.peak_rss, r.peak_anon, r.major_faults)
 
 
 # ---------------------------------------------------------------- the whole run
 
 
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def bench(cfg: Config) -> Result:
     machine = Machine.here()
+    load = load_average()
     threads = cfg.threads or [machine.cpus]
     engine = engine_path(cfg)
     model, gguf = model_paths(cfg)
@@ -332,7 +343,7 @@ def bench(cfg: Config) -> Result:
                   bytes_per_token(model), flops_per_prompt_token(model, len(ids)),
                   {t: max(before[t], after[t]) for t in threads},
                   {t: [before[t], after[t]] for t in threads}, gemma, llama,
-                  source or llama_missing(cfg, gguf))
+                  source or llama_missing(cfg, gguf), [load, load_average()])
 
 
 def _num(x: float, digits: int = 2) -> str:
@@ -348,6 +359,8 @@ def table(res: Result) -> str:
              f"bytes read per generated token: {res.bytes_per_token:,} (every tensor once)",
              f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "
              f"{m.fma_peak(1) / 1e9:,.1f} GFLOP/s per core",
+             f"load average (1 min) before / after: {res.load[0]:.2f} / {res.load[1]:.2f} "
+             f"(other work on the {m.cpus} CPUs)",
              f"llama.cpp: {res.llama_source}" if res.llama else res.llama_source]
     g = {f.threads: f for f in res.gemma}
     ll = {f.threads: f for f in res.llama}
@@ -364,6 +377,7 @@ def table(res: Result) -> str:
         ("gemma peak RSS MB", [_num(f.peak_rss / 1e6, 1) for f in g.values()]),
         ("gemma peak anonymous MB", [_num(f.peak_anon / 1e6, 1) for f in g.values()]),
         ("tokens: prompt, decoded", [f"{f.n_prompt}, {f.n_decode}" for f in g.values()]),
+        ("gemma major page faults", [f"{f.major_faults:,}" for f in g.values()]),
     ]
     if ll:
         rows += [
@@ -371,6 +385,7 @@ def table(res: Result) -> str:
             ("llama.cpp decode tokens/s", [_num(ll[t].decode_tps) for t in g]),
             ("llama.cpp decode efficiency", [_num(res.efficiency(ll[t]), 3) for t in g]),
             ("llama.cpp peak RSS MB", [_num(ll[t].peak_rss / 1e6, 1) for t in g]),
+            ("llama.cpp major page faults", [f"{ll[t].major_faults:,}" for t in g]),
             ("prompt ratio gemma/llama.cpp", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
             ("decode ratio gemma/llama.cpp", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
         ]

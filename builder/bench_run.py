@@ -6,10 +6,12 @@ size of the child's own address space, mapped file pages included) and RssAnon (
 memory: heap, KV cache, scratch, as opposed to the mapped model file). The wait4 rusage is not
 used for memory: for a child started by vfork+exec its ru_maxrss starts from the parent's
 resident size (the kernel records the old address space's peak at exec), which here would be
-this Python process. A run shorter than the first sample reports 0 for both. When
+this Python process. wait4 does give its major page faults: pages it had to wait for the disk
+for (non-zero when the model file was not in the page cache). When
 `row_bytes` is given, passes a FIFO in place of the file name `{logits}` in argv and stamps the
 arrival time of every complete `row_bytes` record written to it (the engine's `--logits`: one
-float32 row per evaluated position). All times are seconds since the child was started.
+float32 row per evaluated position). The pipe is sized to one row, so a stamp is never late by
+more than the time the writer takes for one row plus this reader's wake-up (tens of µs). All times are seconds since the child was started.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class Run:
     stderr: str
     peak_rss: int  # bytes, last VmHWM seen (0 if it ended before a sample)
     peak_anon: int  # bytes, largest RssAnon seen
+    major_faults: int  # page faults that read from disk
     rows: list[float] = field(default_factory=list)  # arrival time of each complete row
     stdout: bytes = b""  # only when run(..., capture=True)
 
@@ -75,10 +78,10 @@ class _RowReader(threading.Thread):
     def run(self) -> None:
         fd = os.open(self.path, os.O_RDONLY)  # blocks until a writer opens it
         try:
-            try:  # room for a whole row, so the writer never waits for us mid-row
-                fcntl.fcntl(fd, F_SETPIPE_SZ, min(max(self.row_bytes, 65536), 1 << 20))
+            try:  # a pipe of one row: the writer can run at most one row ahead of the stamps
+                fcntl.fcntl(fd, F_SETPIPE_SZ, self.row_bytes)
             except OSError:
-                pass
+                pass  # larger than /proc/sys/fs/pipe-max-size: the default 64 KB pipe
             while chunk := os.read(fd, 1 << 20):
                 self.total += len(chunk)
                 now = time.perf_counter() - self.t0
@@ -120,7 +123,7 @@ def run(argv: list[str], row_bytes: int | None = None, capture: bool = False) ->
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        _, status = os.waitpid(proc.pid, 0)
+        _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - t0
         done.set()
         sampler.join()
@@ -131,4 +134,4 @@ def run(argv: list[str], row_bytes: int | None = None, capture: bool = False) ->
         err.seek(0)
         out.seek(0)
         return Run(argv, proc.returncode, seconds, err.read().decode(errors="replace"),
-                   peak[0], peak[1], reader.rows if reader else [], out.read())
+                   peak[0], peak[1], usage.ru_majflt, reader.rows if reader else [], out.read())

@@ -23,9 +23,9 @@ PROMPT, N = 24, 6
 ROWS = ["threads", "memory read bandwidth GB/s", "(before / after the engines)",
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
         "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
-        "gemma peak anonymous MB", "tokens: prompt, decoded"]
+        "gemma peak anonymous MB", "tokens: prompt, decoded", "gemma major page faults"]
 LLAMA_ROWS = ["llama.cpp prompt tokens/s", "llama.cpp decode tokens/s",
-              "llama.cpp decode efficiency", "llama.cpp peak RSS MB",
+              "llama.cpp decode efficiency", "llama.cpp peak RSS MB", "llama.cpp major page faults",
               "prompt ratio gemma/llama.cpp", "decode ratio gemma/llama.cpp"]
 
 
@@ -57,7 +57,8 @@ def parse_table(text: str) -> dict[str, list[str]]:
     rows = {}
     for line in text.splitlines():
         parts = re.split(r" {2,}", line.strip())
-        if len(parts) > 1 and not line.startswith(("machine:", "model:", "bytes", "prompt FLOPs")):
+        if len(parts) > 1 and not line.startswith(("machine:", "model:", "bytes", "prompt FLOPs",
+                                                    "load average")):
             rows[parts[0]] = parts[1:]
     return rows
 

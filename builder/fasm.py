@@ -190,10 +190,11 @@ class _Reader:
         self.including.pop()
 
     # -- names ---------------------------------------------------------------------------
-    def qualify(self, name: str) -> str:
+    def qualify(self, name: str, where: Where) -> str:
+        """A name as referenced on a line: `.x` means `<last global label>.x`."""
         if name.startswith(".") and not name.startswith(".."):
             if self.scope is None:
-                raise BuildError(f"local name '{name}' has no preceding global label", None)
+                raise BuildError(f"local name '{name}' has no preceding global label", where)
             return self.scope + name
         return name
 
@@ -228,7 +229,7 @@ class _Reader:
             raise BuildError("code or data before the first `segment` directive", where)
 
     # -- lines ---------------------------------------------------------------------------
-    def substitute(self, tokens: list[Token], where: Where) -> list[Token]:
+    def substitute(self, tokens: list[Token]) -> list[Token]:
         """Replace `equ` names by their tokens (like fasm's preprocessor)."""
         out: list[Token] = []
         for tok in tokens:
@@ -247,9 +248,9 @@ class _Reader:
                 raise BuildError(f"'{name}' is {what} and cannot be a constant name", where)
             if name in self.equs:
                 raise BuildError(f"symbol '{name}' is already defined", where)
-            self.equs[name] = self.substitute(tokens[2:], where)
+            self.equs[name] = self.substitute(tokens[2:])
             return
-        p = Parser(self.substitute(tokens, where), where, self.qualify_at(where))
+        p = Parser(self.substitute(tokens), where, lambda name: self.qualify(name, where))
         while p.peek() is not None and p.peek().kind == "id" and p.at(":", 1):
             self.add_label(p.take().text, None, where)
             p.take()
@@ -279,14 +280,6 @@ class _Reader:
             raise p.error(f"'{first.text}' is {reserved(first.text)} and cannot be a label")
         else:
             raise p.error(f"unknown instruction or directive '{first.text}'")
-
-    def qualify_at(self, where: Where):
-        def qualify(name: str) -> str:
-            try:
-                return self.qualify(name)
-            except BuildError as exc:
-                raise BuildError(exc.detail, where) from None
-        return qualify
 
     def constant(self, name: str, p: Parser, where: Where) -> None:
         full = self.define(name, where)

@@ -135,13 +135,16 @@ def build(root: Path = REPO_ROOT, out: Path | None = None, symbols: bool = False
                            f"size_budget)")
         error.report = report
         raise error
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(elf)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, out)
     map_path = out.with_name(out.name + ".map.json")
-    map_path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_bytes(elf)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, out)
+        map_path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise BuildError(f"cannot write {exc.filename or out}: {exc.strerror or exc}") from None
     try:
         linker.check(out, None if symbols else budget)
     except linker.ElfCheckError as exc:

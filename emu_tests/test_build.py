@@ -140,3 +140,14 @@ def test_help_and_bad_options():
     assert proc.returncode == 0 and "--symbols" in proc.stdout and "--output" in proc.stdout
     proc = builder_cli("--no-such-option")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--root", "/nonexistent"], "/nonexistent/pyproject.toml: cannot read [tool.gemma] "
+                                 "size_budget"),
+    (["-o", "/proc/no/such/dir/gemma"], "cannot write /proc/no"),
+])
+def test_command_line_errors_are_one_line(args, message):
+    proc = builder_cli(*args)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr

@@ -350,6 +350,10 @@ def _num(x: float, digits: int = 2) -> str:
     return f"{x:,.{digits}f}"
 
 
+def _mb(n: int) -> str:
+    return _num(n / 1e6, 1) if n else "n/a"  # 0: the run ended before the first sample
+
+
 def table(res: Result) -> str:
     """The report: a few header lines, then one row per figure and one column per thread count."""
     m = res.machine
@@ -374,8 +378,8 @@ def table(res: Result) -> str:
         ("gemma decode efficiency", [_num(res.efficiency(f), 3) for f in g.values()]),
         ("gemma prompt / decode", [_num(f.prompt_tps / f.decode_tps, 1) for f in g.values()]),
         ("gemma prompt / AVX2 FMA peak", [_num(res.fma_fraction(f), 3) for f in g.values()]),
-        ("gemma peak RSS MB", [_num(f.peak_rss / 1e6, 1) for f in g.values()]),
-        ("gemma peak anonymous MB", [_num(f.peak_anon / 1e6, 1) for f in g.values()]),
+        ("gemma peak RSS MB", [_mb(f.peak_rss) for f in g.values()]),
+        ("gemma peak anonymous MB", [_mb(f.peak_anon) for f in g.values()]),
         ("tokens: prompt, decoded", [f"{f.n_prompt}, {f.n_decode}" for f in g.values()]),
         ("gemma major page faults", [f"{f.major_faults:,}" for f in g.values()]),
     ]
@@ -384,7 +388,7 @@ def table(res: Result) -> str:
             ("llama.cpp prompt tokens/s", [_num(ll[t].prompt_tps) for t in g]),
             ("llama.cpp decode tokens/s", [_num(ll[t].decode_tps) for t in g]),
             ("llama.cpp decode efficiency", [_num(res.efficiency(ll[t]), 3) for t in g]),
-            ("llama.cpp peak RSS MB", [_num(ll[t].peak_rss / 1e6, 1) for t in g]),
+            ("llama.cpp peak RSS MB", [_mb(ll[t].peak_rss) for t in g]),
             ("llama.cpp major page faults", [f"{ll[t].major_faults:,}" for t in g]),
             ("prompt ratio gemma/llama.cpp", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
             ("decode ratio gemma/llama.cpp", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
@@ -411,7 +415,7 @@ def plot(res: Result, path: Path) -> None:
         if key == "decode_tps":
             ts = sorted(res.bandwidth)
             ax.plot(ts, [res.bandwidth[t] * 1e9 / res.bytes_per_token for t in ts], "k--",
-                    label="bandwidth / bytes per token")
+                    label="bandwidth / bytes per token (limit)")
         ax.set(title=f"{title} ({res.preset})", xlabel="threads", ylabel="tokens/s")
         ax.set_xticks(sorted(res.bandwidth))
         ax.set_ylim(bottom=0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import select
 import subprocess
 import tempfile
 import threading
@@ -67,34 +68,49 @@ def _memory(pid: int) -> tuple[int, int]:
 
 
 class _RowReader(threading.Thread):
-    """Reads a FIFO to its end, stamping each completed `row_bytes` record."""
+    """Reads a FIFO to its end, stamping each completed `row_bytes` record.
+
+    The read end is opened (non-blocking, so no writer is needed yet) and the pipe sized to
+    one row before the child starts, so the writer can never be more than one row ahead of
+    the stamps. poll() waits for the first writer: a FIFO that never had one does not report
+    end-of-file, so `release` connects and disconnects a writer if the child never did.
+    """
 
     def __init__(self, path: Path, row_bytes: int, t0: float):
         super().__init__(daemon=True)
         self.path, self.row_bytes, self.t0 = path, row_bytes, t0
         self.rows: list[float] = []
         self.total = 0
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            fcntl.fcntl(self.fd, F_SETPIPE_SZ, row_bytes)
+        except OSError:
+            pass  # larger than /proc/sys/fs/pipe-max-size: the default 64 KB pipe
 
     def run(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)  # blocks until a writer opens it
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
         try:
-            try:  # a pipe of one row: the writer can run at most one row ahead of the stamps
-                fcntl.fcntl(fd, F_SETPIPE_SZ, self.row_bytes)
-            except OSError:
-                pass  # larger than /proc/sys/fs/pipe-max-size: the default 64 KB pipe
-            while chunk := os.read(fd, 1 << 20):
+            while True:
+                poller.poll()
+                try:
+                    chunk = os.read(self.fd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    return
                 self.total += len(chunk)
                 now = time.perf_counter() - self.t0
                 self.rows += [now] * (self.total // self.row_bytes - len(self.rows))
         finally:
-            os.close(fd)
+            os.close(self.fd)
 
     def release(self) -> None:
-        """Unblock a reader still waiting in open() because no writer ever came."""
+        """After the child has exited: make sure the reader sees end-of-file."""
         try:
             os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
         except OSError as e:
-            if e.errno != errno.ENXIO:  # ENXIO: no reader left waiting
+            if e.errno != errno.ENXIO:  # ENXIO: the reader has already closed its end
                 raise
 
 
@@ -106,10 +122,10 @@ def run(argv: list[str], row_bytes: int | None = None, capture: bool = False) ->
         if row_bytes:
             os.mkfifo(fifo)
             argv = [str(fifo) if a == "{logits}" else a for a in argv]
-        t0 = time.perf_counter()
-        reader = _RowReader(fifo, row_bytes, t0) if row_bytes else None
+        reader = _RowReader(fifo, row_bytes, time.perf_counter()) if row_bytes else None
         if reader:
             reader.start()
+        t0 = reader.t0 if reader else time.perf_counter()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=err,
                                 stdout=out if capture else subprocess.DEVNULL)
         peak = [0, 0]

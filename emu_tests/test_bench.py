@@ -7,6 +7,7 @@ the verified bandwidth loop, llama-bench parsing, one-line errors) are checked o
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import math
@@ -20,6 +21,7 @@ from builder.bench_run import run
 from builder.synth import PRESETS
 
 PROMPT, N = 24, 6
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 ROWS = ["threads", "memory read bandwidth GB/s", "(before / after the engines)",
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
         "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
@@ -45,6 +47,8 @@ def report(gemma, tmp_path_factory):
     argv = ["--preset", "tiny", "--cache", str(tmp / "cache"), "--engine", str(gemma.binary),
             "--bw-size", "32M", "-t", ",".join(map(str, threads)), "-p", str(PROMPT),
             "-n", str(N), "--json", str(tmp / "out.json")]
+    if HAVE_MATPLOTLIB:
+        argv += ["--plot", str(tmp / "plot.png")]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         rc = bench.main(argv)
@@ -119,6 +123,15 @@ def test_model_pair_is_cached(report):
     cfg = bench.Config(preset="tiny", cache=cache)
     assert bench.model_paths(cfg) == (cache / files[0], cache / files[1])
     assert [(cache / f).stat().st_mtime_ns for f in files] == stamp, "the model was made again"
+
+
+def test_plot_is_drawn_or_refused_in_one_line(report, capsys, tmp_path):
+    tmp, *_ = report
+    if HAVE_MATPLOTLIB:
+        assert (tmp / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert bench.main(["--plot", str(tmp_path / "p.png")]) == 1
+        assert capsys.readouterr().err == "bench: error: --plot needs matplotlib: pip install matplotlib\n"
 
 
 def test_fifo_rows_are_stamped_in_order(tmp_path):

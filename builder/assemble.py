@@ -68,6 +68,7 @@ class Expected:
     mnemonic: str
     operands: list
     keystone: str             # the text keystone was given
+    note: str = ""            # where an operand size came from, for error messages
 
 
 @dataclass
@@ -210,7 +211,7 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
             op_size = op.size or next((label_sizes[s] for s in symbols_in(op.expr)
                                        if s in label_sizes), None)
             break
-    texts, expected = [], []
+    texts, expected, note = [], [], ""
     for position, op in enumerate(instr.operands):
         if isinstance(op, Reg):
             reg = REGISTERS[op.name]
@@ -233,8 +234,12 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
                 expected.append(("imm", value))
             texts.append(hexnum(value))
         else:
-            size = op.size or next((label_sizes[s] for s in symbols_in(op.expr)
-                                    if s in label_sizes), None)
+            sized = next((s for s in symbols_in(op.expr) if s in label_sizes), None)
+            size = op.size
+            if size is None and sized:
+                size = label_sizes[sized]
+                note = (f"'{sized}' is a {size}-byte data label; use `{sized}:` on its own "
+                        "line or a size operator")
             if mn == "lea":                            # an address, not an access
                 size = None
             size = size or DEFAULT_SIZE.get(mn)
@@ -267,7 +272,7 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
     else:
         body = " ".join(filter(None, (KEYSTONE_NAMES.get(mn, mn), ", ".join(texts))))
     text = " ".join(filter(None, (instr.prefix, body)))
-    return Expected(instr.prefix, canonical_mnemonic(mn), expected, text)
+    return Expected(instr.prefix, canonical_mnemonic(mn), expected, text, note)
 
 
 _FLOAT_FORMATS = {2: ("<e", "<H", 10, 0x1F), 4: ("<f", "<I", 23, 0xFF)}
@@ -404,7 +409,8 @@ def _place(stmts, plans, code, errors, env, lay, lengths):
             if isinstance(s, Instr) and i in plans:
                 result = code[i]
                 if isinstance(result, str):
-                    raise BuildError(f"keystone rejected '{plans[i].keystone}': {result}",
+                    note = f" ({plans[i].note})" if plans[i].note else ""
+                    raise BuildError(f"keystone rejected '{plans[i].keystone}': {result}{note}",
                                      s.where)
                 data, expected = result, plans[i]
                 size = new_lengths[i] = len(data)

@@ -338,7 +338,8 @@ ERRORS = [
      "asm/gemma.asm:5: '?' (uninitialised data) is not in the FASM subset; use rb/rw/rd/rq"),
     ("keystone refusal", PROLOGUE + "        movups xmm0, [value]\nvalue dd 1\n",
      "asm/gemma.asm:5: keystone rejected 'movups xmm0, dword ptr [rip + 0x0]': "
-     "Invalid operand (KS_ERR_ASM_INVALIDOPERAND)"),
+     "Invalid operand (KS_ERR_ASM_INVALIDOPERAND) ('value' is a 4-byte data label; use "
+     "`value:` on its own line or a size operator)"),
     ("jump out of range", PROLOGUE + "        jrcxz far_away\n        db 200 dup 0\nfar_away:\n",
      "asm/gemma.asm:5: relative jump out of range (short jumps, jrcxz and loop reach "
      "-128..127 bytes)"),

@@ -37,7 +37,7 @@ start:
 .next_arg:
         mov     rbx, [r14]
         test    rbx, rbx
-        jz      .args_done
+        jz      setup
         add     r14, 8
         lea     rdi, [opt_table]
 .find:
@@ -57,7 +57,7 @@ start:
         movsx   rcx, byte [rdi+1]       ; slot
         lea     r12, [rbp+rcx]
         test    eax, eax
-        jnz     .value
+        jnz     option_value
         inc     byte [r12]              ; K_FLAG
         jmp     .next_arg
 .other:
@@ -66,7 +66,15 @@ start:
         jne     .find
         call    fatal_arg_here
         db      'unknown option ', 0
-.value:
+err_missing_value:
+        call    fatal_arg_here
+        db      'no value for ', 0
+err_bad_value:
+        call    fatal_arg_here
+        db      'bad value for ', 0
+
+; option_value: the value of the option at opt_table entry rdi (kind eax, slot r12).
+option_value:
         mov     rsi, [r14]
         test    rsi, rsi
         jz      err_missing_value
@@ -92,8 +100,20 @@ start:
         xchg    rsi, rax
 .store:
         mov     [r12], rsi
-        jmp     .next_arg
-.args_done:
+        jmp     start.next_arg
+
+err_no_model:
+        call    fatal_here
+        db      'no model (-m)', 0
+err_bad_c:
+        lea     rbx, [opt_name_c]
+        jmp     err_bad_value
+err_bad_n:
+        lea     rbx, [opt_name_n]
+        jmp     err_bad_value
+
+; setup: the model, the context, the prompt's ids; then the generation loop.
+setup:
         mov     rbx, [rbp+V_MODEL]
         test    rbx, rbx
         jz      err_no_model
@@ -116,9 +136,7 @@ start:
         jnz     err_bad_n
 .n_ok:
         call    model_setup
-        call    tokenize                ; r12 -> ids, r13d = count
-        cmp     r13d, [rbp+V_CTX_LEN]
-        ja      err_long_prompt
+        call    tokenize                ; r12 -> ids, r13d = count (<= ctx_len)
         cmp     byte [rbp+V_TOKENS], 0
         jne     print_ids
         mov     rdi, [rbp+V_LOGITS]
@@ -174,33 +192,18 @@ exit_ok:
         xor     edi, edi
         jmp     sys_exit
 
-err_bad_c:
-        lea     rbx, [opt_name_c]
-        jmp     err_bad_value
-err_bad_n:
-        lea     rbx, [opt_name_n]
-        jmp     err_bad_value
 err_cannot_write:
         mov     rbx, rdi
         call    fatal_arg_here
         db      'cannot write ', 0
-err_no_model:
-        call    fatal_here
-        db      'no model file (-m)', 0
-err_missing_value:
-        call    fatal_arg_here
-        db      'missing value for ', 0
-err_bad_value:
-        call    fatal_arg_here
-        db      'bad value for ', 0
-
 ; parse_uint: a decimal u64.
 ;   in: rsi string   out: rax value, rsi -> the first byte after the digits
 ;   (err_bad_value when there is no digit or the value overflows)   clobbers: rcx rdx r10 r11
 parse_uint:
         xor     eax, eax
         call    parse_digits
-        jrcxz   err_bad_value
+        test    ecx, ecx
+        jz      err_bad_value
         ret
 
 ; parse_digits: more decimal digits appended to rax (rax = rax * 10 + digit for each).
@@ -227,9 +230,9 @@ parse_digits:
 
 ; parse_float: a decimal number: digits, optionally '.' and digits (at least one digit in
 ; all, at most 2^63 - 1 as an integer), optionally e or E, a sign and digits (<= 1000).
-; The digits are an exact integer, scaled by powers of ten in double, rounded to float32.
-;   in: rsi string   out: rax float32 bits (0x7F800000 when it overflows), rsi -> after it
-;   (err_bad_value when malformed)   clobbers: rcx rdx r8-r11 xmm0 xmm1
+; value = integer * 10^exponent in x87 extended precision, rounded to float32.
+;   in: rsi string   out: eax float32 bits (0x7F800000 when it overflows), rsi -> after it
+;   (err_bad_value when malformed)   clobbers: rcx rdx r8-r11 (x87 left empty)
 parse_float:
         xor     eax, eax
         call    parse_digits
@@ -245,9 +248,8 @@ parse_float:
         test    r9d, r9d
         jz      err_bad_value
         test    rax, rax
-        js      err_bad_value           ; cvtsi2sd reads it signed
-        cvtsi2sd xmm0, rax
-        movsd   xmm1, [float_ten]
+        js      err_bad_value           ; fild reads it signed
+        push    rax
         mov     al, [rsi]
         or      al, 0x20
         cmp     al, 'e'
@@ -270,23 +272,18 @@ parse_float:
 .exp_add:
         add     r8d, eax
 .scale:
-        test    r8d, r8d
-        jz      .round
-        js      .down
-        mulsd   xmm0, xmm1
-        dec     r8d
-        jmp     .scale
-.down:
-        divsd   xmm0, xmm1
-        inc     r8d
-        jmp     .scale
-.round:
-        cvtsd2ss xmm0, xmm0
-        movd    eax, xmm0
+        push    r8
+        fild    dword [rsp]
+        fldl2t
+        fmulp
+        call    exp2_x87                ; 10^exponent
+        fild    qword [rsp+8]
+        fmulp
+        fstp    dword [rsp]
+        pop     rax
+        pop     rcx
+        mov     eax, eax
         ret
-
-float_ten:
-        dq      10.0
 
 ; The options: name, 0, kind, slot (offset from front_base, vars.asm), maximum - minimum of
 ; the value as a dword (sign-extended: 0xFFFFFFFF allows any u64). Ends with a 0 byte.

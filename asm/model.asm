@@ -82,8 +82,18 @@ load_model:
         mov     eax, [rbx+HDR_BYTE_BASE]
         add     rax, 256
         cmp     rax, r9
-        ja      err_header
+        jbe     check_tables
 
+err_header:
+        call    fatal_here
+        db      'bad header', 0
+err_truncated:
+        call    fatal_here
+        db      'truncated model', 0
+
+; check_tables: load_model's second half: the sections and the tokenizer tables.
+;   in: rbx header, r9d vocab
+check_tables:
         mov     r8d, HEADER_SIZE        ; r8 = end of the previous section
         mov     eax, r9d
         shl     rax, 4                  ; vocab records of PIECE_REC bytes
@@ -147,13 +157,13 @@ check_ids:
         ret
 err_cannot_read:
         call    fatal_arg_here
-        db      'cannot read model ', 0
+        db      'cannot read ', 0
 err_bad_magic:
         call    fatal_here
-        db      'not a model file (bad magic)', 0
+        db      'bad magic', 0
 err_bad_version:
         call    fatal_here
-        db      'unsupported model file version', 0
+        db      'bad version', 0
 
 ; check_section: check one section against the end of the previous one.
 ;   in: rdx offset, rax size, r8 previous end, rbx header   out: r8 = this end,
@@ -178,13 +188,6 @@ piece:
         add     rdi, [rbp+V_BLOB]
         mov     ecx, [r11+PIECE_LEN]
         ret
-
-err_truncated:
-        call    fatal_here
-        db      'model file is truncated', 0
-err_header:
-        call    fatal_here
-        db      'inconsistent model header', 0
 
 ; field_limits: header fields vocab .. embed_scale, each checked as 1 <= v and v - 1 < limit.
 ; The dimension bounds keep every size the engine computes (weights, KV cache, scratch)

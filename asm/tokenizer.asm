@@ -8,8 +8,8 @@
 ; (leftmost on ties) until none is; each symbol -> its id, or one byte piece per byte.
 ;   in: rbx header, rbp front_base, opt_prompt   out: r12 -> ids (BOS first, room for
 ;   ctx_len), r13d = their count   clobbers: rax rcx rdx rsi rdi r8-r11 r14 r15 xmm0 xmm1
-;   (fatal "prompt longer than the context" when the text alone proves it: more bytes than
-;   ctx_len * max_piece_len)
+;   (fatal "prompt too long" for more ids than ctx_len, or early when the text alone proves
+;   it: more bytes than ctx_len * max_piece_len)
 tokenize:
         mov     rsi, [rbp+V_PROMPT]
         test    rsi, rsi
@@ -208,6 +208,8 @@ tokenize:
         sub     rdi, r12
         shr     edi, 2
         mov     r13d, edi
+        cmp     edi, [rbp+V_CTX_LEN]
+        ja      err_long_prompt
         ret
 
 ; lookup: the normal piece whose bytes equal [rsi, rsi + rdx), by binary search in the index
@@ -249,4 +251,4 @@ lookup:
 
 err_long_prompt:
         call    fatal_here
-        db      'prompt longer than the context', 0
+        db      'prompt too long', 0

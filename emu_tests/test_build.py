@@ -58,7 +58,8 @@ def test_over_budget_build_fails_and_writes_nothing(asm_tree):
 
 
 def test_budget_comes_from_pyproject_and_is_inclusive(asm_tree):
-    size = build(asm_tree(EXIT), asm_tree(EXIT) / "gemma").size
+    root = asm_tree(EXIT)
+    size = build(root, root / "gemma").size
     assert build(asm_tree(EXIT, budget=size), None).size == size
     with pytest.raises(BuildError, match=f"1 over the budget of {size - 1} bytes"):
         build(asm_tree(EXIT, budget=size - 1), None)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,7 +110,7 @@ class Figures:
     n_decode: int
     peak_rss: int = 0  # bytes; 0 = not measured
     peak_anon: int = 0
-    major_faults: int = 0  # of the decode run: >0 means it waited for the disk
+    major_faults: int = 0  # page faults served from disk (engine: prompt + decode runs)
 
 
 @dataclass

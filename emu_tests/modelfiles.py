@@ -31,11 +31,11 @@ def fixture_path(name: str) -> Path:
     return path
 
 
-def convert_fixture(name: str, source: str = "hf", out_dir: Path | None = None) -> Path:
+def convert_fixture(name: str, source: str, out_dir: Path) -> Path:
     """The engine model file of fixture model `name` converted from `source` ('hf' or 'gguf')."""
     if source not in ("hf", "gguf"):
         raise ValueError(f"source must be 'hf' or 'gguf', not {source!r}")
-    out_dir = Path(out_dir if out_dir is not None else Path.cwd()).resolve()
+    out_dir = Path(out_dir).resolve()
     key = (name, source, out_dir)
     if key not in _converted or not _converted[key].is_file():
         src = fixture_path(name)

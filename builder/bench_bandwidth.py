@@ -106,8 +106,7 @@ class Buffer:
         self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
 
     def close(self) -> None:
-        # The ctypes view still exports the buffer; munmap happens when the mmap is collected.
-        self.mem = None
+        self.mem.close()
 
 
 def measure(loop: ReadLoop, buf: Buffer, threads: int, passes: int = 2, trials: int = 3) -> float:

@@ -10,7 +10,8 @@ and keep the higher figure of the two for each thread count; print the table.
 
 How the engine is timed from outside (it prints no timings). The prompt is fixed text cut to P
 tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--temp 0).
-- start-up: the fastest of three `--tokens` runs (map the model, tokenize, print, exit);
+- start-up: the fastest of three `--tokens` runs with the same flags (map the model, set up,
+  tokenize, print the ids, exit);
 - prompt tokens/s = P / (wall time of a `-n 0` run - start-up): the prompt alone, exactly as
   the engine processes it when nothing asks for its logits;
 - decode tokens/s: a `-n N --logits FIFO` run; the engine writes one float32 row of vocab
@@ -216,9 +217,9 @@ def _checked(r: Run, what: str) -> Run:
     return r
 
 
-def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int], float]:
+def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int]]:
     """The longest prefix of PROMPT_TEXT repeated with at most n_tokens tokens (BOS
-    included): (text, token ids, fastest start-up time of three --tokens runs)."""
+    included) and its token ids."""
     base = [str(engine), "-m", str(model), "-c", str(read_header(model).max_ctx), "--tokens",
             "-p"]
 
@@ -233,18 +234,17 @@ def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if len(ids(text[:mid])) <= n_tokens else (lo, mid - 1)
-    text = text[:lo]
-    start = min(run(base + [text]).seconds for _ in range(3))
-    return text, ids(text), start
+    return text[:lo], ids(text[:lo])
 
 
-def time_engine(engine: Path, model: Path, text: str, n_prompt: int, start: float, n: int,
+def time_engine(engine: Path, model: Path, text: str, n_prompt: int, n: int,
                 threads: int) -> Figures:
     """Prompt and decode tokens/s of ./gemma (see the module docstring)."""
     h = read_header(model)
     ctx = min(h.max_ctx, n_prompt + n + 8)
     base = [str(engine), "-m", str(model), "-p", text, "--temp", "0", "-t", str(threads),
             "-c", str(ctx)]
+    start = min(_checked(run(base + ["--tokens"]), "--tokens").seconds for _ in range(3))
     prompt = _checked(run(base + ["-n", "0"]), "-n 0")
     decode = _checked(run(base + ["-n", str(n), "--logits", "{logits}"], row_bytes=h.vocab * 4),
                       f"-n {n}")
@@ -329,12 +329,12 @@ def bench(cfg: Config) -> Result:
     source = llama_source(cfg, gguf)
     for path in (model, gguf) if source else (model,):
         warm(path)
-    text, ids, start = make_prompt(engine, model, cfg.prompt_tokens)
+    text, ids = make_prompt(engine, model, cfg.prompt_tokens)
     before = bench_bandwidth.bandwidths(threads, cfg.bw_size)
     gemma, llama = [], []
     for t in tqdm(threads, desc="engines", unit="thread count", leave=False,
                   disable=len(threads) < 2):
-        gemma.append(time_engine(engine, model, text, len(ids), start, cfg.n, t))
+        gemma.append(time_engine(engine, model, text, len(ids), cfg.n, t))
         if source:
             llama.append(time_llama(cfg, gguf, ids, t))
     after = bench_bandwidth.bandwidths(threads, cfg.bw_size)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from builder.modelfile import ModelFile
+from builder.modelfile import LAYER_TENSORS, ModelFile
 
 F32 = np.float32
+WIDEN_LIMIT = 1 << 28  # bytes of FP16 weights up to which they are widened up front
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -26,6 +27,12 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def gelu_tanh(z: np.ndarray) -> np.ndarray:
     return F32(0.5) * z * (F32(1) + np.tanh(F32(np.sqrt(2 / np.pi)) * (z + F32(0.044715) * z * z * z)))
+
+
+def matvec(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """W (d,n) @ x (n,) -> (d,) in float32; an FP16 W is widened a block of rows at a time."""
+    step = max(1, (1 << 22) // w.shape[1])
+    return np.concatenate([np.asarray(w[i:i + step], F32) @ x for i in range(0, w.shape[0], step)])
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
@@ -45,11 +52,13 @@ class Reference:
     def __init__(self, model: ModelFile):
         self.model, d = model, model.dims
         self.dims, self.scale = d, F32(model.header.embed_scale)
-        self.embed = model.tensor("embed").astype(F32)
-        self.layers = [{name: model.tensor(f"layers.{i}.{name}").astype(F32)
-                        for name in ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "gate", "up", "down")}
-                       for i in range(d.layers)]
-        self.final_norm = model.tensor("final_norm").astype(F32)
+        # Small models are widened to float32 once; big ones (2b: 10 GB as float32) stay FP16
+        # views of the file, widened a block of rows at a time by matvec.
+        small = model.header.weights_size <= WIDEN_LIMIT
+        get = (lambda name: model.tensor(name).astype(F32)) if small else model.tensor
+        self.embed = get("embed")
+        self.layers = [{name: get(f"layers.{i}.{name}") for name in LAYER_TENSORS} for i in range(d.layers)]
+        self.final_norm = get("final_norm")
         self.inv_freq = rope_inv_freq(d.head_dim, d.rope_theta)
         self.reset()
 
@@ -65,12 +74,12 @@ class Reference:
         if pos != self.pos or not 0 <= pos < d.max_ctx or not 0 <= token < d.vocab:
             raise ValueError(f"forward(token={token}, pos={pos}): expected pos {self.pos}, token < {d.vocab}")
         group, hd = d.heads // d.kv_heads, d.head_dim
-        x = self.embed[token] * self.scale
+        x = self.embed[token].astype(F32) * self.scale
         for i, w in enumerate(self.layers):
             h = rmsnorm(x, w["attn_norm"], d.eps)
-            q = rope((w["wq"] @ h).reshape(d.heads, hd), pos, self.inv_freq)
-            self.k_cache[i, pos] = rope((w["wk"] @ h).reshape(d.kv_heads, hd), pos, self.inv_freq)
-            self.v_cache[i, pos] = (w["wv"] @ h).reshape(d.kv_heads, hd)
+            q = rope(matvec(w["wq"], h).reshape(d.heads, hd), pos, self.inv_freq)
+            self.k_cache[i, pos] = rope(matvec(w["wk"], h).reshape(d.kv_heads, hd), pos, self.inv_freq)
+            self.v_cache[i, pos] = matvec(w["wv"], h).reshape(d.kv_heads, hd)
             keys, values = self.k_cache[i, :pos + 1], self.v_cache[i, :pos + 1]  # [t, K, hd]
             out = np.empty((d.heads, hd), F32)
             for j in range(d.heads):
@@ -78,11 +87,11 @@ class Reference:
                 scores = (keys[:, kv] @ q[j]) / F32(np.sqrt(hd))
                 p = np.exp(scores - scores.max())
                 out[j] = (p / p.sum()) @ values[:, kv]
-            x = x + w["wo"] @ out.reshape(-1)
+            x = x + matvec(w["wo"], out.reshape(-1))
             h = rmsnorm(x, w["ffn_norm"], d.eps)
-            x = x + w["down"] @ (gelu_tanh(w["gate"] @ h) * (w["up"] @ h))
+            x = x + matvec(w["down"], gelu_tanh(matvec(w["gate"], h)) * matvec(w["up"], h))
         self.pos += 1
-        return self.embed @ rmsnorm(x, self.final_norm, d.eps)
+        return matvec(self.embed, rmsnorm(x, self.final_norm, d.eps))
 
     def generate(self, ids: list[int], steps: int, feed: list[int] | None = None):
         """Run the prompt, then `steps` greedy steps from the start of the cache.

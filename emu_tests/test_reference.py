@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from builder.modelfile import ModelFile
+from builder import reference
 from builder.reference import Reference
 from modelfiles import MODELS, convert_fixture, fixture_path
 
@@ -65,3 +66,15 @@ def test_forward_refuses_out_of_order(case):
     ref.forward(2, 0)
     with pytest.raises(ValueError):
         ref.forward(2, 2)
+
+
+def test_fp16_view_path_is_identical(case, monkeypatch):
+    # Big models (2b) are not widened up front; that path must compute the very same numbers.
+    name, ref, oracle, _ = case
+    monkeypatch.setattr(reference, "WIDEN_LIMIT", 0)
+    lazy = Reference(ref.model)
+    assert lazy.embed.dtype == np.float16
+    ids = oracle["prompts"][0]["ids"]
+    a, _, _ = ref.generate(ids, 2)
+    b, _, _ = lazy.generate(ids, 2)
+    assert np.array_equal(a, b), f"{name}: max |diff| {np.abs(a - b).max()}"

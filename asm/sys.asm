@@ -63,12 +63,14 @@ alloc:
 ;   in: edi fd, rsi string   out: rax bytes written or -errno   clobbers: rcx rdx r10 r11
 write_str:
         mov     cl, 1
-; write_until: the same, the string ending at its first byte below cl.
+; write_until: the same, the string ending at its first byte below cl, or after 256 bytes.
 write_until:
         xor     edx, edx
 .measure:
         cmp     byte [rsi+rdx], cl
         jb      sys_write
+        test    dh, dh
+        jnz     sys_write
         inc     edx
         jmp     .measure
 
@@ -89,7 +91,7 @@ fatal:
 fatal_arg_here:
         pop     rsi
 ; fatal_arg: the same with an argument appended, "gemma: MESSAGEARGUMENT\n", the argument
-; cut at its first control byte so that the message stays one line.
+; cut at its first control byte (so that the message stays one line) and at 256 bytes.
 ;   in: rsi message, rbx argument (zero-terminated) or 0   out: never returns
 fatal_arg:
         push    rsi

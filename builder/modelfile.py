@@ -30,6 +30,7 @@ HEADER_SIZE = 256
 PIECE_REC = 16
 TENSOR_ALIGN = 64
 WEIGHTS_ALIGN = 4096
+MAX_LAYERS = 1024  # sanity bound: a hostile header must not make readers build huge layouts
 
 # sentencepiece piece types
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -95,6 +96,8 @@ class Dims:
             v = getattr(self, f)
             if not 0 < v < 2**31:
                 raise ModelFormatError(f"{f} = {v} is out of range")
+        if self.layers > MAX_LAYERS:
+            raise ModelFormatError(f"layers = {self.layers} is implausible (more than {MAX_LAYERS})")
         if self.heads % self.kv_heads:
             raise ModelFormatError(f"heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})")
         if self.head_dim % 2:

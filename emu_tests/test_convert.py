@@ -321,3 +321,24 @@ def test_gguf_meta_rejects_truncation(tmp_path):
         (tmp_path / "t.gguf").write_bytes(data[:cut])
         with pytest.raises(GGUFError, match="truncated|bad magic|past the end"):
             read_gguf_meta(tmp_path / "t.gguf")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(hidden_size="64"), "hidden_size is not an integer"),
+    (lambda c: c.pop("intermediate_size"), "no intermediate_size"),
+    (lambda c: c.update(num_hidden_layers=10**6), "layers = 1000000 is implausible"),
+    (lambda c: c.update(num_key_value_heads=3), "heads (4) is not a multiple of kv_heads (3)"),
+    (lambda c: c.update(rms_norm_eps=None, head_dim=None), None),  # null means "default"
+])
+def test_hf_config_values(tmp_path, reference_files, edit, message):
+    src = hf_variant(tmp_path, config=edit)
+    if message is None:
+        assert converted(tmp_path, src) == reference_files["tiny_mqa", "hf"].read_bytes()
+    else:
+        fail(tmp_path, src, message)
+
+
+def test_gguf_metadata_types(tmp_path):
+    def edit(v):
+        v["tokenizer.ggml.scores"] = (["x"] * 2048, [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING])
+    fail(tmp_path, gguf_variant(tmp_path, kv=edit), "tokenizer.ggml.scores is not an array of numbers")

@@ -1,7 +1,14 @@
 ; tokenizer.asm: the prompt's token ids (CONTRACTS.md "Tokenizer rules", the twin of
-; builder/tokenizer.py step for step). A symbol is a run of the normalised text: a qword of
-; (u32 start, u32 tag), tag = the id of a matched user-defined piece (never merged) or -1.
-; Symbols are contiguous: symbol j ends where j+1 starts; a sentinel holds the text's end.
+; builder/tokenizer.py step for step). A symbol is a run of the normalised text, a record of
+; SYM bytes. Symbols are contiguous: symbol j ends where j+1 starts; a sentinel record holds
+; the text's end. Each record caches its pair with the next symbol, so that a merge pass is
+; a scan and only the two pairs around a merge are looked up again.
+
+SYM             = 16
+SYM_START       = 0             ; u32 offset in the text
+SYM_TAG         = 4             ; u32 id of a matched user-defined piece (never merged), or -1
+SYM_SCORE       = 8             ; f32 score of the pair's piece
+SYM_PAIR        = 12            ; u32 id of the normal piece of this and the next symbol, or -1
 
 ; tokenize: spaces -> U+2581; user-defined pieces (longest first) or one UTF-8 character per
 ; symbol; merge the adjacent free pair whose bytes are the best-scoring normal piece
@@ -25,9 +32,8 @@ tokenize:
         lea     r14, [rcx+rcx*2+4]
         mov     eax, [rbp+V_CTX_LEN]
         add     r14, rax                ; n3 >= 3 * length + 3 (text, 3 zero bytes) and ctx_len
-        mov     rdi, r14
-        shl     rdi, 4
-        call    alloc                   ; text [n3 bytes] | ids [4 * n3] | ... | symbols [8 * n3]
+        imul    rdi, r14, 24
+        call    alloc                   ; text [n3 bytes] | ids [4 * n3] | ... | symbols [16 * n3]
         pop     rsi
         mov     r15, rax                ; text
         lea     r12, [rax+r14]          ; ids
@@ -114,40 +120,35 @@ tokenize:
 .push:
         mov     ecx, esi
         sub     ecx, r15d
-        mov     [r10], ecx              ; start
-        mov     [r10+4], eax            ; tag
-        add     r10, 8
+        mov     [r10+SYM_START], ecx
+        mov     [r10+SYM_TAG], eax
+        add     r10, SYM
         add     rsi, rdx
         jmp     .symbol
 .symbols_done:
         mov     ecx, esi
         sub     ecx, r15d
         mov     [r10], ecx              ; the sentinel: start = text length
-        sub     r10, r14
-        shr     r10d, 3
-        mov     r13d, r10d              ; symbols
+        mov     r13, r10
+        mov     rdi, r14
+.score_all:
+        cmp     rdi, r13
+        jae     .pass
+        call    pair_score
+        add     rdi, SYM
+        jmp     .score_all
 
 ; A merge pass: rdi -> symbol j, [rsp] -> the best pair's left symbol (-1: none), xmm1 its
-; score.
+; score. Merging drops symbol best+1 and rescores the two pairs the merged symbol is in.
 .pass:
         push    -1
         mov     rdi, r14
 .pair:
-        lea     rax, [r14+r13*8-8]
-        cmp     rdi, rax
+        cmp     rdi, r13
         jae     .pass_done
-        mov     eax, [rdi+4]
-        and     eax, [rdi+12]
-        inc     eax                     ; both tags -1: both free
-        jnz     .next_pair
-        mov     esi, [rdi]
-        mov     edx, [rdi+16]           ; the pair ends where symbol j+2 starts
-        sub     edx, esi
-        add     rsi, r15
-        call    lookup
-        test    eax, eax
-        js      .next_pair
-        movss   xmm0, [r11+PIECE_SCORE]
+        cmp     dword [rdi+SYM_PAIR], -1
+        je      .next_pair
+        movss   xmm0, [rdi+SYM_SCORE]
         cmp     qword [rsp], -1
         je      .best
         ucomiss xmm0, xmm1
@@ -156,37 +157,41 @@ tokenize:
         mov     [rsp], rdi
         movaps  xmm1, xmm0
 .next_pair:
-        add     rdi, 8
+        add     rdi, SYM
         jmp     .pair
 .pass_done:
         pop     rdi
         cmp     rdi, -1
         je      .merged
-        lea     rcx, [r14+r13*8+8]      ; drop symbol best+1: move best+2 .. sentinel down
-        lea     rsi, [rdi+16]
-        add     rdi, 8
+        push    rdi
+        lea     rsi, [rdi+2*SYM]        ; move best+2 .. the sentinel down one
+        add     rdi, SYM
+        lea     rcx, [r13+SYM]
         sub     rcx, rsi
         shr     ecx, 3
-        dec     r13d
         rep     movsq
+        sub     r13, SYM
+        pop     rdi
+        call    pair_score
+        cmp     rdi, r14
+        je      .pass
+        sub     rdi, SYM
+        call    pair_score
         jmp     .pass
 
-; Emit: r13 -> symbol, r14 = the sentinel, rdi -> the next id.
+; Emit: r14 -> symbol, r13 = the sentinel, rdi -> the next id.
 .merged:
         mov     rdi, r12
         mov     eax, [rbx+HDR_BOS]
         stosd
-        lea     rax, [r14+r13*8]
-        mov     r13, r14
-        xchg    r14, rax
 .emit:
-        cmp     r13, r14
+        cmp     r14, r13
         jae     .emitted
-        mov     eax, [r13+4]
+        mov     eax, [r14+SYM_TAG]
         cmp     eax, -1
         jne     .store                  ; a user-defined piece
-        mov     esi, [r13]
-        mov     edx, [r13+8]
+        mov     esi, [r14+SYM_START]
+        mov     edx, [r14+SYM+SYM_START]
         sub     edx, esi
         add     rsi, r15
         call    lookup
@@ -202,7 +207,7 @@ tokenize:
         jmp     .byte
 .store:
         stosd
-        add     r13, 8
+        add     r14, SYM
         jmp     .emit
 .emitted:
         sub     rdi, r12
@@ -210,6 +215,32 @@ tokenize:
         mov     r13d, edi
         cmp     edi, [rbp+V_CTX_LEN]
         ja      err_long_prompt
+        ret
+
+; pair_score: cache the pair of symbol rdi and the next one: SYM_PAIR = the id of the
+; normal piece of their bytes and SYM_SCORE its score; SYM_PAIR = -1 when the next one is
+; the sentinel, either is a user-defined piece, or the bytes are no normal piece.
+;   in: rdi -> symbol, r13 -> sentinel, r15 text   out: -   clobbers: rax rcx rdx rsi r8-r11
+pair_score:
+        or      dword [rdi+SYM_PAIR], -1
+        lea     rax, [rdi+SYM]
+        cmp     rax, r13
+        jae     .none
+        mov     eax, [rdi+SYM_TAG]
+        and     eax, [rdi+SYM+SYM_TAG]
+        inc     eax                     ; both tags -1: both free
+        jnz     .none
+        mov     esi, [rdi+SYM_START]
+        mov     edx, [rdi+2*SYM+SYM_START]
+        sub     edx, esi
+        add     rsi, r15
+        call    lookup
+        test    eax, eax
+        js      .none
+        mov     [rdi+SYM_PAIR], eax
+        mov     eax, [r11+PIECE_SCORE]
+        mov     [rdi+SYM_SCORE], eax
+.none:
         ret
 
 ; lookup: the normal piece whose bytes equal [rsi, rsi + rdx), by binary search in the index

@@ -11,6 +11,10 @@ Layout is iterated: each pass encodes everything at the previous pass's addresse
 the results out again (segment addresses from `layout(text_size, data_size, bss_size)`),
 until no address changes. Errors found in a pass that is not final may be artefacts of
 provisional addresses, so the first error of the final (stable) pass is the one raised.
+A layout can oscillate (an `add eax, a - b` whose own length decides whether a - b fits a
+byte); after GROW_ONLY_AFTER passes an instruction that comes out shorter than before keeps
+its old size, the difference padded with nop bytes after it (`Placed.pad`), so the layout
+settles.
 
 Checks made before keystone sees an instruction (it silently truncates or aborts on these):
 immediates and displacements in range for their operand, address registers 64-bit with a
@@ -34,6 +38,7 @@ from .kstone import Keystone, KeystoneCrash
 from .x86 import BRANCHES, KEYSTONE_NAMES, KEYSTONE_SIZES, REGISTERS, canonical_mnemonic
 
 MAX_PASSES = 50
+GROW_ONLY_AFTER = 8           # passes after which an instruction never shrinks (see below)
 MAX_DATA = 1 << 24            # bytes one data statement may produce
 FILL = 0x90                   # what `align` puts in the file (fasm fills with nop)
 
@@ -80,6 +85,7 @@ class Placed:
     size: int
     data: bytes | None = None
     expected: Expected | None = None
+    pad: int = 0              # nop bytes after the instruction (see module docstring)
 
 
 @dataclass
@@ -337,10 +343,11 @@ def assemble(program: Program, layout: Callable = linker.layout) -> Image:
     stmts = program.statements
     label_sizes = {name: lab.size for name, lab in program.labels.items() if lab.size}
     addrs = [0] * len(stmts)
-    lengths = [0] * len(stmts)
+    lengths = [0] * len(stmts)        # statement sizes (instructions with their padding)
+    code_lens = [0] * len(stmts)      # instruction lengths, for RIP-relative displacements
     sizes = (0, 0, 0)
     with Keystone() as ks:
-        for _ in range(MAX_PASSES):
+        for npass in range(MAX_PASSES):
             lay = layout(*sizes)
             symbols = {s.name: addrs[i] for i, s in enumerate(stmts)
                        if isinstance(s, (Label, Const))}
@@ -350,7 +357,7 @@ def assemble(program: Program, layout: Callable = linker.layout) -> Image:
             for i, s in enumerate(stmts):
                 if isinstance(s, Instr):
                     try:
-                        plans[i] = plan(s, env, addrs[i], lengths[i], label_sizes)
+                        plans[i] = plan(s, env, addrs[i], code_lens[i], label_sizes)
                     except BuildError as exc:
                         errors[i] = exc
             order = list(plans)
@@ -360,10 +367,11 @@ def assemble(program: Program, layout: Callable = linker.layout) -> Image:
                 i = order[exc.index]
                 raise BuildError(f"{exc} (on '{plans[i].keystone}')", stmts[i].where) from None
             code = dict(zip(order, codes))
-            placed, new_addrs, new_lengths, sizes_now = _place(
-                stmts, plans, code, errors, env, lay, lengths)
-            stable = (new_addrs, new_lengths, sizes_now) == (addrs, lengths, sizes)
-            addrs, lengths, sizes = new_addrs, new_lengths, sizes_now
+            placed, new_addrs, new_lengths, new_code_lens, sizes_now = _place(
+                stmts, plans, code, errors, env, lay, lengths, npass >= GROW_ONLY_AFTER)
+            stable = (new_addrs, new_lengths, new_code_lens, sizes_now) == \
+                (addrs, lengths, code_lens, sizes)
+            addrs, lengths, code_lens, sizes = new_addrs, new_lengths, new_code_lens, sizes_now
             if stable:
                 break
         else:
@@ -388,11 +396,12 @@ def assemble(program: Program, layout: Callable = linker.layout) -> Image:
     return Image(lay, text, data, sizes[2], entry, placed, program, values)
 
 
-def _place(stmts, plans, code, errors, env, lay, lengths):
+def _place(stmts, plans, code, errors, env, lay, lengths, grow_only):
     """One sequential walk: sizes and bytes of every statement at this pass's addresses."""
     placed: list[Placed] = []
     addrs = [0] * len(stmts)
     new_lengths = list(lengths)
+    code_lens = [0] * len(stmts)
     cursor = {"text": lay.text_addr, "data": lay.data_addr}
     segment = None
     last_init = None          # end address of the last initialised byte in the data segment
@@ -404,7 +413,7 @@ def _place(stmts, plans, code, errors, env, lay, lengths):
             continue
         addr = cursor[segment]
         addrs[i] = addr
-        size, data, expected = 0, None, None
+        size, data, expected, pad = 0, None, None, 0
         try:
             if isinstance(s, Instr) and i in plans:
                 result = code[i]
@@ -412,7 +421,10 @@ def _place(stmts, plans, code, errors, env, lay, lengths):
                     note = f" ({plans[i].note})" if plans[i].note else ""
                     raise BuildError(f"keystone rejected '{plans[i].keystone}': {result}{note}",
                                      s.where)
-                data, expected = result, plans[i]
+                code_lens[i] = len(result)
+                if grow_only and len(result) < lengths[i]:
+                    pad = lengths[i] - len(result)
+                data, expected = result + bytes([FILL]) * pad, plans[i]
                 size = new_lengths[i] = len(data)
             elif isinstance(s, Instr):
                 size = lengths[i]
@@ -434,9 +446,9 @@ def _place(stmts, plans, code, errors, env, lay, lengths):
         cursor[segment] = addr + size
         if segment == "data" and isinstance(s, (Data, Instr)) and size:
             last_init = addr + size
-        placed.append(Placed(s, segment, addr, size, data, expected))
+        placed.append(Placed(s, segment, addr, size, data, expected, pad))
     text_size = cursor["text"] - lay.text_addr
     data_end = cursor["data"]
     init_end = last_init if last_init is not None else lay.data_addr
     sizes = (text_size, init_end - lay.data_addr, data_end - init_end)
-    return placed, addrs, new_lengths, sizes
+    return placed, addrs, new_lengths, code_lens, sizes

@@ -159,7 +159,8 @@ def verify(placed: list[Placed]) -> int:
     for p in placed:
         if p.expected is None:
             continue
-        insns = list(md.disasm(p.data, p.address))
+        code = p.data[:len(p.data) - p.pad]
+        insns = list(md.disasm(code, p.address))
         stmt: Instr = p.stmt
         shown = "; ".join(f"{i.mnemonic} {i.op_str}".strip() for i in insns) or "nothing"
         expected = p.expected
@@ -167,8 +168,10 @@ def verify(placed: list[Placed]) -> int:
             expected = Expected(expected.prefix, WAIT_FORMS[expected.mnemonic],
                                 expected.operands, expected.keystone)
             insns = insns[1:]
-        if len(insns) != 1 or insns[0].address + insns[0].size != p.address + len(p.data):
-            why = f"expected one instruction of {len(p.data)} bytes"
+        if len(insns) != 1 or insns[0].address + insns[0].size != p.address + len(code):
+            why = f"expected one instruction of {len(code)} bytes"
+        elif p.data[len(code):] != b"\x90" * p.pad:
+            why = "padding is not nop bytes"
         else:
             why = compare(expected, insns[0])
         if why:

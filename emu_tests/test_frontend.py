@@ -402,3 +402,20 @@ def test_fasm_conveniences(asm_tree):
     far = asm_tree("        jmp short away\n        db 130 dup 0\naway:\n" + EXIT)
     with pytest.raises(BuildError, match=r"^asm/gemma\.asm:5: relative jump out of range"):
         assemble_tree(far)
+
+
+def test_self_dependent_layout_settles_with_nop_padding(asm_tree):
+    # `add eax, c - b` at an address = 62 (mod 64): as imm8 (3 bytes) the align pads 63 and
+    # c - b = 128 needs an imm32; as imm32 (5 bytes) the align pads 61 and c - b = 126 fits a
+    # byte: it never settles (fasm says "code cannot be generated"). The builder keeps the
+    # 5-byte size: the 3-byte form plus two nops, with c - b computed for that layout.
+    from linker import layout
+    lead = (62 - layout(0, 0, 0).text_addr) % 64
+    root = asm_tree(f"        db {lead} dup 0x90\n        add eax, c - b\nb:      align 64\n"
+                    "        db 65 dup 0\nc:" + EXIT)
+    result = assemble_tree(root)
+    add = next(p for p in result.image.placed if p.expected)
+    syms = result.image.symbols
+    assert add.address % 64 == 62 and add.pad == 2
+    assert add.data == bytes([0x83, 0xC0, syms["c"] - syms["b"], 0x90, 0x90])
+    assert syms["c"] - syms["b"] == 126

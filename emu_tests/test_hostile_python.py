@@ -1,0 +1,380 @@
+"""Hostile input on the Python side (issue 7, point 4): `python -m builder` as a subprocess.
+
+- Malformed assembly: each case puts one bad line into a small valid program; the build must
+  exit non-zero with one line on stderr naming `asm/FILE.asm:LINE:` of that line.
+- `python -m builder convert` on malformed safetensors headers, malformed GGUF files and
+  inconsistent config.json (mutations of the tiny_mqa fixture): exit status 1 or 2, exactly one
+  line on stderr, no traceback, no output file left behind, well within the timeout.
+Each family runs its cases two at a time; a failure lists every case that misbehaved.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from gguf import GGUFReader
+
+from modelfiles import fixture_path
+
+TIMEOUT = 30        # a conversion of tiny_mqa takes 1-2 s; a hang is what this catches
+MEMORY = 3 << 30    # address-space limit of each run (prlimit): a runaway allocation fails
+
+
+def builder(*args: str | Path) -> subprocess.CompletedProcess:
+    """`python -m builder ARGS` under the memory limit; a timeout is reported, not raised."""
+    cmd = ["prlimit", f"--as={MEMORY}", sys.executable, "-m", "builder", *map(str, args)]
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, -9, b"", f"TIMEOUT after {TIMEOUT} s\n".encode())
+
+
+def one_line_error(p: subprocess.CompletedProcess, where: str | None = None) -> str | None:
+    """What is wrong with a refusal ("" -> None when it is a proper one-line error)."""
+    err = p.stderr.decode(errors="replace")
+    if "Traceback" in err:
+        return f"traceback: {err.strip().splitlines()[-1]!r}"
+    if p.returncode == -9:
+        return f"hang: no exit within {TIMEOUT} s"
+    if p.returncode not in (1, 2):
+        return f"exit status {p.returncode} (stderr {err[:200]!r})"
+    if err.count("\n") != 1 or not err.endswith("\n"):
+        return f"stderr is not one line: {err[:300]!r}"
+    if where and not re.match(where, err):
+        return f"expected {where!r}, got {err.strip()!r}"
+    return None
+
+
+def run_all(cases: dict[str, Callable[[], str | None]]) -> None:
+    """Run every case (two at a time); fail listing each one that returned a problem."""
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(cases, pool.map(lambda f: f(), cases.values())))
+    bad = [f"{name}: {problem}" for name, problem in results.items() if problem]
+    assert not bad, f"{len(bad)} of {len(cases)} cases failed:\n" + "\n".join(bad)
+
+
+# -- malformed assembly ------------------------------------------------------------------------
+GOOD_MAIN = """format ELF64 executable 3
+entry start
+
+segment readable executable
+
+include 'part.asm'
+
+segment readable writeable
+
+value:
+        rq      1
+"""
+GOOD_PART = """; part.asm: the code of the test program
+start:
+        xor     edi, edi
+        mov     eax, 231
+        syscall
+msg:
+        db      'hi', 10, 0
+"""
+BAD_LINES = {     # inserted as line 3 of asm/part.asm
+    "unknown mnemonic": "        movx    eax, 1",
+    "missing operand": "        mov     eax",
+    "operand sizes differ": "        mov     eax, rbx",
+    "scale 3": "        mov     eax, [rax+rbx*3]",
+    "undefined label": "        jmp     nowhere",
+    "duplicate label": "start:",
+    "unterminated string": "        db      'unterminated",
+    "bad hex number": "        dd      0xZZ",
+    "unbalanced parenthesis": "        mov     eax, (1 + 2",
+    "unbalanced bracket": "        mov     eax, [rax",
+    "division by zero": "        mov     eax, 1/0",
+    "number too big": "        mov     eax, 99999999999999999999999",
+    "byte out of range": "        db      256",
+    "missing include": "        include 'missing.asm'",
+    "include of itself": "include 'part.asm'",
+    "macro": "macro foo {}",
+    "times": "        times 4 nop",
+    "if": "if 1",
+    "align 3": "        align 3",
+    "char constant too long": "        mov     eax, 'abcdefghi'",
+    "label named like a register": "rax:",
+    "bad dup": "        db      1 dup",
+    "segment override": "        mov     eax, [fs:rax]",
+    "invalid utf-8": "        nop \udcff\udcfe",
+    "zmm register": "        vaddps  zmm0, zmm1, zmm2",
+    "constant defined twice": "k = 1\nk = 2",
+}
+
+
+def _asm_case(tmp: Path, name: str, bad: str) -> Callable[[], str | None]:
+    def case() -> str | None:
+        root = tmp / re.sub(r"\W+", "_", name)
+        (root / "asm").mkdir(parents=True)
+        (root / "pyproject.toml").write_text("[tool.gemma]\nsize_budget = 6144\n")
+        (root / "asm" / "gemma.asm").write_text(GOOD_MAIN)
+        lines = GOOD_PART.splitlines()
+        lines[2:2] = [bad]
+        (root / "asm" / "part.asm").write_bytes(
+            ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+        p = builder("--root", root, "-o", root / "out")
+        # an undecodable byte is reported at the include that reads the file
+        line = {"constant defined twice": r"asm/part\.asm:(3|4): ",
+                "invalid utf-8": r"asm/(part\.asm:3|gemma\.asm:6): "}.get(name, r"asm/part\.asm:3: ")
+        return "built without an error" if p.returncode == 0 else one_line_error(p, line)
+    return case
+
+
+def test_good_program_builds(tmp_path):
+    """The base of the malformed cases builds (so each error is the bad line's)."""
+    (tmp_path / "asm").mkdir()
+    (tmp_path / "pyproject.toml").write_text("[tool.gemma]\nsize_budget = 6144\n")
+    (tmp_path / "asm" / "gemma.asm").write_text(GOOD_MAIN)
+    (tmp_path / "asm" / "part.asm").write_text(GOOD_PART)
+    p = builder("--root", tmp_path, "-o", tmp_path / "out")
+    assert p.returncode == 0, p.stderr.decode()
+    assert subprocess.run([tmp_path / "out"]).returncode == 0
+
+
+def test_malformed_asm_gives_file_line_errors(tmp_path):
+    run_all({name: _asm_case(tmp_path, name, bad) for name, bad in BAD_LINES.items()})
+
+
+def test_asm_without_line_numbers_still_one_line(tmp_path):
+    """Whole-program errors (no entry, empty file, symbols nested too deeply): one line."""
+    programs = {
+        "empty gemma.asm": ("", GOOD_PART),
+        "entry undefined": (GOOD_MAIN.replace("entry start", "entry nowhere"), GOOD_PART),
+        "deep constant chain": (GOOD_MAIN, GOOD_PART + "".join(
+            f"c{i} = c{i + 1} + 1\n" for i in range(20000)) + "c20000 = 1\n        dd c0\n"),
+        "nul bytes": (GOOD_MAIN, GOOD_PART + "\0\0\0\n"),
+        "writable code segment": (GOOD_MAIN.replace("segment readable executable",
+                                                    "segment readable writeable executable"),
+                                  GOOD_PART),
+    }
+
+    def case(name: str, main: str, part: str) -> Callable[[], str | None]:
+        def run() -> str | None:
+            root = tmp_path / re.sub(r"\W+", "_", name)
+            (root / "asm").mkdir(parents=True)
+            (root / "pyproject.toml").write_text("[tool.gemma]\nsize_budget = 6144\n")
+            (root / "asm" / "gemma.asm").write_text(main)
+            (root / "asm" / "part.asm").write_text(part)
+            p = builder("--root", root, "-o", root / "out")
+            return "built without an error" if p.returncode == 0 else one_line_error(p)
+        return run
+    run_all({name: case(name, *prog) for name, prog in programs.items()})
+
+
+# -- the converter -------------------------------------------------------------------------------
+def _convert_case(tmp: Path, name: str, make: Callable[[Path], Path]) -> Callable[[], str | None]:
+    """make(dir) builds the hostile source inside dir and returns what to convert."""
+    def case() -> str | None:
+        work = tmp / re.sub(r"\W+", "_", name)
+        work.mkdir()
+        src, out = make(work), work / "out.bin"
+        p = builder("convert", src, "-o", out, "-q")
+        if p.returncode == 0:
+            return "converted without an error"
+        if out.exists():
+            return f"left {out.name} behind"
+        return one_line_error(p, r"convert: ")
+    return case
+
+
+def _hf_copy(work: Path) -> Path:
+    src = work / "hf"
+    src.mkdir()
+    for f in ("config.json", "tokenizer.model", "model.safetensors"):
+        shutil.copyfile(fixture_path("tiny_mqa") / f, src / f)
+    return src
+
+
+def _safetensors(edit: Callable[[bytes, dict, bytes], bytes]) -> Callable[[Path], Path]:
+    """A source whose model.safetensors is edit(raw file, header dict, data bytes)."""
+    def make(work: Path) -> Path:
+        src = _hf_copy(work)
+        raw = (src / "model.safetensors").read_bytes()
+        n = struct.unpack_from("<Q", raw)[0]
+        (src / "model.safetensors").write_bytes(edit(raw, json.loads(raw[8:8 + n]), raw[8 + n:]))
+        return src
+    return make
+
+
+def _st(header: dict | bytes, data: bytes) -> bytes:
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+def _with_tensor(key: str, **change) -> Callable[[bytes, dict, bytes], bytes]:
+    def edit(raw: bytes, h: dict, data: bytes) -> bytes:
+        h[key] = dict(h[key], **change) if change else 5
+        return _st(h, data)
+    return edit
+
+
+EMBED = "model.embed_tokens.weight"
+NORM = "model.norm.weight"
+SAFETENSORS = {
+    "header length 2^63": lambda raw, h, d: struct.pack("<Q", 1 << 63) + raw[8:],
+    "header length 0": lambda raw, h, d: struct.pack("<Q", 0) + raw[8:],
+    "header length past the end": lambda raw, h, d: struct.pack("<Q", len(raw)) + raw[8:],
+    "header length 2^64-1": lambda raw, h, d: b"\xff" * 8 + raw[8:],
+    "file of 4 bytes": lambda raw, h, d: raw[:4],
+    "file of 0 bytes": lambda raw, h, d: b"",
+    "header cut in half": lambda raw, h, d: raw[:8 + len(json.dumps(h)) // 2],
+    "data cut short": lambda raw, h, d: raw[:-1000],
+    "header not JSON": lambda raw, h, d: _st(b"{not json" + b" " * 100, d),
+    "header a JSON list": lambda raw, h, d: _st(b"[1, 2, 3]", d),
+    "header invalid UTF-8": lambda raw, h, d: _st(b'{"\xff\xfe": 1}', d),
+    "header NUL bytes": lambda raw, h, d: _st(b"\0" * 64, d),
+    "tensor entry not an object": _with_tensor(NORM),
+    "dtype Q4": _with_tensor(NORM, dtype="Q4"),
+    "dtype a number": _with_tensor(NORM, dtype=7),
+    "shape negative": _with_tensor(NORM, shape=[-64]),
+    "shape strings": _with_tensor(NORM, shape=["64"]),
+    "shape 2^62": _with_tensor(EMBED, shape=[1 << 62, 64]),
+    "offsets reversed": _with_tensor(NORM, data_offsets=[10, 0]),
+    "offsets past the end": _with_tensor(NORM, data_offsets=[0, 1 << 40]),
+    "offsets negative": _with_tensor(NORM, data_offsets=[-128, 0]),
+    "offsets missing": _with_tensor(NORM, data_offsets=None),
+    "offsets too short for shape": _with_tensor(EMBED, data_offsets=[0, 64]),
+    "tensor missing": lambda raw, h, d: _st({k: v for k, v in h.items() if k != NORM}, d),
+}
+
+CONFIGS = {
+    "not JSON": b"{hidden_size: 64",
+    "a JSON list": b"[1, 2]",
+    "empty": b"",
+    "invalid UTF-8": b'{"hidden_size": "\xff"}',
+    "hidden_size missing": {"hidden_size": None},
+    "hidden_size a string": {"hidden_size": "64"},
+    "hidden_size 0": {"hidden_size": 0},
+    "hidden_size -64": {"hidden_size": -64},
+    "hidden_size 1e30": {"hidden_size": 1e30},
+    "hidden_size 65": {"hidden_size": 65},
+    "kv heads not a divisor": {"num_key_value_heads": 3},
+    "kv heads 0": {"num_key_value_heads": 0},
+    "head_dim odd": {"head_dim": 15},
+    "vocab_size differs from the tokenizer": {"vocab_size": 3000},
+    "intermediate_size differs from the weights": {"intermediate_size": 257},
+    "layers 3 (tensors missing)": {"num_hidden_layers": 3},
+    "layers 1 (tensors left over)": {"num_hidden_layers": 1},
+    "layers 2^31-1": {"num_hidden_layers": 2**31 - 1},
+    "model_type llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
+    "rms_norm_eps a string": {"rms_norm_eps": "x"},
+    "rms_norm_eps negative": {"rms_norm_eps": -1.0},
+    "rope_theta NaN": {"rope_parameters": {"rope_theta": float("nan"), "rope_type": "default"}},
+    "rope_theta a string": {"rope_parameters": {"rope_theta": "x", "rope_type": "default"}},
+    "max_position_embeddings 0": {"max_position_embeddings": 0},
+    "vocab_size a list": {"vocab_size": [2048]},
+}
+
+
+def _config(change: bytes | dict) -> Callable[[Path], Path]:
+    def make(work: Path) -> Path:
+        src = _hf_copy(work)
+        if isinstance(change, bytes):
+            (src / "config.json").write_bytes(change)
+        else:
+            cfg = json.loads((src / "config.json").read_text())
+            cfg.update(change)
+            cfg = {k: v for k, v in cfg.items() if v is not None}
+            (src / "config.json").write_text(json.dumps(cfg))
+        return src
+    return make
+
+
+def _gguf_edits() -> dict[str, Callable[[bytes], bytes]]:
+    """Mutations of the fixture GGUF, located through gguf.GGUFReader's parsed fields."""
+    path = fixture_path("tiny_mqa") / "model-f16.gguf"
+    r = GGUFReader(path)
+
+    def at(field, k: int) -> int:          # byte offset of part k of a field
+        return field.offset + sum(p.nbytes for p in field.parts[:k])
+
+    def put(off: int, fmt: str, v) -> Callable[[bytes], bytes]:
+        return lambda raw: raw[:off] + struct.pack("<" + fmt, v) + raw[off + struct.calcsize(fmt):]
+
+    f = r.fields
+    emb, blocks, heads = (f[k] for k in ("gemma.embedding_length", "gemma.block_count",
+                                         "gemma.attention.head_count"))
+    toks, t0 = f["tokenizer.ggml.tokens"], r.tensors[0].field
+    kv0 = next(v for k, v in f.items() if not k.startswith("GGUF."))
+    size = path.stat().st_size
+    out = {
+        "bad magic": put(0, "4s", b"GGUX"),
+        "version 0": put(4, "I", 0), "version 99": put(4, "I", 99),
+        "tensor count 2^63": put(8, "Q", 1 << 63), "tensor count 0": put(8, "Q", 0),
+        "kv count 2^63": put(16, "Q", 1 << 63), "kv count 0": put(16, "Q", 0),
+        "first key length 2^40": put(at(kv0, 0), "Q", 1 << 40),
+        "first key length 0": put(at(kv0, 0), "Q", 0),
+        "first value type 99": put(at(kv0, 2), "I", 99),
+        "embedding_length typed as string": put(at(emb, 2), "I", 8),
+        "embedding_length 0": put(at(emb, 3), "I", 0),
+        "embedding_length 2^31": put(at(emb, 3), "I", 1 << 31),
+        "block_count 2^31-1": put(at(blocks, 3), "I", 2**31 - 1),
+        "block_count 0": put(at(blocks, 3), "I", 0),
+        "head_count 0": put(at(heads, 3), "I", 0),
+        "head_count 3": put(at(heads, 3), "I", 3),
+        "embedding_length key renamed": put(at(emb, 1) + 20, "1s", b"X"),
+        "tokens array length 2^60": put(at(toks, 4), "Q", 1 << 60),
+        "tokens array element type 99": put(at(toks, 3), "I", 99),
+        "first token length 2^40": put(at(toks, 5), "Q", 1 << 40),
+        "tensor n_dims 100": put(at(t0, 2), "I", 100),
+        "tensor dim 2^62": put(at(t0, 3), "Q", 1 << 62),
+        "tensor type 99": put(at(t0, 4), "I", 99),          # parts: len name n_dims dims
+        "tensor offset 2^60": put(at(t0, 5), "Q", 1 << 60),  # type offset
+        "empty file": lambda raw: b"",
+    }
+    for cut in (3, 12, 23, at(kv0, 1) + 3, at(toks, 5) + 4, at(t0, 1) + 2, (size + at(t0, 0)) // 2,
+                size - 1):
+        out[f"truncated to {cut}"] = lambda raw, cut=cut: raw[:cut]
+    return out
+
+
+def _gguf(edit: Callable[[bytes], bytes]) -> Callable[[Path], Path]:
+    def make(work: Path) -> Path:
+        out = work / "model.gguf"
+        out.write_bytes(edit((fixture_path("tiny_mqa") / "model-f16.gguf").read_bytes()))
+        return out
+    return make
+
+
+def test_converter_refuses_malformed_safetensors(tmp_path):
+    run_all({n: _convert_case(tmp_path, n, _safetensors(e)) for n, e in SAFETENSORS.items()})
+
+
+def test_converter_refuses_inconsistent_config(tmp_path):
+    run_all({n: _convert_case(tmp_path, n, _config(c)) for n, c in CONFIGS.items()})
+
+
+def test_converter_refuses_malformed_gguf(tmp_path):
+    run_all({n: _convert_case(tmp_path, n, _gguf(e)) for n, e in _gguf_edits().items()})
+
+
+def test_converter_refuses_a_garbage_tokenizer(tmp_path):
+    def tok(data: Callable[[bytes], bytes]) -> Callable[[Path], Path]:
+        def make(work: Path) -> Path:
+            src = _hf_copy(work)
+            (src / "tokenizer.model").write_bytes(data((src / "tokenizer.model").read_bytes()))
+            return src
+        return make
+    run_all({n: _convert_case(tmp_path, n, tok(d)) for n, d in {
+        "tokenizer truncated": lambda raw: raw[:len(raw) // 2],
+        "tokenizer empty": lambda raw: b"",
+        "tokenizer random": lambda raw: bytes(range(256)) * 10,
+    }.items()})
+
+
+@pytest.mark.parametrize("what", ["missing", "a directory"])
+def test_converter_source_paths(tmp_path, what):
+    src = tmp_path / "src"
+    if what == "a directory":
+        src.mkdir()
+    assert one_line_error(builder("convert", src, "-o", tmp_path / "o.bin")) is None

@@ -1,9 +1,10 @@
 ; text.asm: read-only strings (zero-terminated), kept in the code segment. Error messages
 ; live next to the code that raises them (`call fatal_here` / `db 'text', 0`).
+; Usage: defaults after '='; -n: until EOS, <end_of_turn> or a full context.
 
 msg_usage:
-        db      'usage: gemma -m MODEL [-p PROMPT] [-n N=until EOS] [--temp T=0] [--top-p P=1]', 10
-        db      '       [-s SEED=0] [-t THREADS=1] [-c CTX=min(4096,model)] [--tokens] [--logits FILE]'
+        db      'usage: gemma -m MODEL [-p PROMPT] [-n N=EOS] [--temp T=0] [--top-p P=1] [-s SEED=0]', 10
+        db      '  [-t THREADS=1] [-c CTX=min(4096,model)] [--tokens] [--logits FILE]'
 msg_newline:
         db      10, 0
 msg_prefix:

@@ -287,6 +287,11 @@ def test_no_arguments_prints_usage(engine):
     (["--top-p", "1e-50"], "bad value for --top-p"),
     (["-s", "18446744073709551616"], "bad value for -s"),
     (["-s", "-1"], "bad value for -s"),
+    (["-s", "abc"], "bad value for -s"),
+    (["-t", "x"], "bad value for -t"),
+    (["-c", "1.5"], "bad value for -c"),
+    (["--top-p", "abc"], "bad value for --top-p"),
+    (["--temp", "abc"], "bad value for --temp"),
     (["-p", "x"], "no model (-m)"),
 ])
 def test_command_line_errors(engine, args, message):

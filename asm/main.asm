@@ -1,7 +1,7 @@
 ; main.asm: process start-up, the command line and the generation loop.
 
 ; Option kinds (opt_table): a flag takes no value; the others take the next argument.
-K_FLAG  = 0                     ; sets the slot's low byte to 1
+K_FLAG  = 0                     ; sets bit 0 of the slot
 K_STR   = 1                     ; stores the argument's address
 K_INT   = 2                     ; decimal integer (u64), stored as a qword
 K_FLOAT = 3                     ; decimal float, stored as float32 bits
@@ -58,7 +58,7 @@ start:
         lea     r12, [rbp+rcx]
         test    eax, eax
         jnz     option_value
-        inc     byte [r12]              ; K_FLAG
+        or      byte [r12], 1           ; K_FLAG
         jmp     .next_arg
 .other:
         add     rdi, 6
@@ -196,6 +196,7 @@ err_cannot_write:
         mov     rbx, rdi
         call    fatal_arg_here
         db      'cannot write ', 0
+
 ; parse_uint: a decimal u64.
 ;   in: rsi string   out: rax value, rsi -> the first byte after the digits
 ;   (err_bad_value when there is no digit or the value overflows)   clobbers: rcx rdx r10 r11

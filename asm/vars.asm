@@ -9,7 +9,7 @@ front_vars:
 opt_model:      rq 1            ; -m path
 opt_prompt:     rq 1            ; -p text (0: empty prompt)
 opt_logits:     rq 1            ; --logits path (0: none)
-rng_state:      rq 1            ; -s, then the generator's state (main.asm: sample)
+rng_state:      rq 1            ; -s, then the generator's state (sample.asm)
 opt_n:          rq 1            ; -n, low dword (0xFFFFFFFF: until EOS or a full context)
 opt_temp:       rq 1            ; --temp, float32 bits in the low dword
 opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword

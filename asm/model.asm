@@ -40,8 +40,8 @@ load_model:
         pop     rcx
         xor     r9d, r9d
         call    sys_mmap
-        cmp     rax, -4095
-        jae     err_cannot_read
+        test    rax, rax                ; -errno; addresses are below 2^47
+        js      err_cannot_read
         mov     [rbp+V_BASE], rax
         xchg    rbx, rax
 

@@ -55,8 +55,8 @@ alloc:
         or      r8, -1                  ; no file
         xor     r9d, r9d
         call    sys_mmap
-        cmp     rax, -4095              ; -4095..-1 are errors
-        jae     err_oom
+        test    rax, rax                ; -errno; addresses are below 2^47
+        js      err_oom
         ret
 
 ; write_str: write a zero-terminated string to a file descriptor.

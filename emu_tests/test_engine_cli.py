@@ -323,6 +323,13 @@ def test_prompt_longer_than_context(engine, mqa):
     assert_error(run(engine, "-m", mqa, "-p", "x" * 100000), "prompt too long")
 
 
+def test_error_argument_stays_one_line(engine, tmp_path):
+    """The echoed argument ends at its first control byte and after 256 bytes."""
+    assert_error(run(engine, "-m", "x", "-p", "y", "-q\nsecond line"), "unknown option -q")
+    long = "-" + "z" * 1000
+    assert_error(run(engine, long), f"unknown option {long[:256]}")
+
+
 def test_missing_and_unreadable_model(engine, tmp_path):
     missing = tmp_path / "none.bin"
     assert_error(run(engine, "-m", missing), f"cannot read {missing}")

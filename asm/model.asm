@@ -6,7 +6,7 @@ O_NONBLOCK = 0x800              ; O_RDONLY | O_NONBLOCK: a FIFO named by -m cann
 ; load_model: map the file named by -m and validate it; sets model_base, model_size and
 ; pieces_ptr, index_ptr, user_ptr, blob_ptr.
 ; Checks, in order: size >= the header (else truncated), magic, version, header_size,
-; file_size == the real size (larger: truncated), dims nonzero and bounded (field_limits:
+; file_size == the real size (larger: truncated), dims nonzero and bounded (dim_bits:
 ; every product the engine forms fits in 64 bits), eps/theta/scale finite and > 0,
 ; heads % kv_heads == 0, head_dim even, bos/eos/eot < vocab, byte_base + 256 <= vocab,
 ; sections in order and non-overlapping (pieces, index, user, blob, weights) ending at
@@ -56,15 +56,24 @@ load_model:
         ja      err_truncated
         jne     err_header
 
-        xor     ecx, ecx                ; vocab .. embed_scale: 1 <= field <= limit
-.field:
-        mov     eax, [rbx+HDR_VOCAB+rcx*4]
+        xor     edx, edx                ; vocab .. max_ctx: 1 <= field <= 2^bits
+.dim:
+        mov     eax, [rbx+HDR_VOCAB+rdx*4]
         dec     eax
-        cmp     eax, [field_limits+rcx*4]
+        mov     cl, [dim_bits+rdx]
+        shr     eax, cl
+        jnz     err_header
+        inc     edx
+        cmp     edx, 8
+        jb      .dim
+.float:                                 ; eps, rope_theta, embed_scale: 0 < bits <= FLT_MAX
+        mov     eax, [rbx+HDR_VOCAB+rdx*4]
+        dec     eax
+        cmp     eax, 0x7F7FFFFF
         jae     err_header
-        inc     ecx
-        cmp     ecx, 11
-        jb      .field
+        inc     edx
+        cmp     edx, 11
+        jb      .float
         mov     eax, [rbx+HDR_HEADS]
         xor     edx, edx
         div     dword [rbx+HDR_KV_HEADS]
@@ -189,18 +198,7 @@ piece:
         mov     ecx, [r11+PIECE_LEN]
         ret
 
-; field_limits: header fields vocab .. embed_scale, each checked as 1 <= v and v - 1 < limit.
-; The dimension bounds keep every size the engine computes (weights, KV cache, scratch)
-; far below 2^64; for the floats the bits test means positive, finite and not NaN.
-field_limits:
-        dd      (1 shl 24) - 1          ; vocab < 2^24
-        dd      (1 shl 16) - 1          ; dim < 2^16
-        dd      (1 shl 16) - 1          ; ffn
-        dd      (1 shl 10) - 1          ; layers < 2^10
-        dd      (1 shl 10) - 1          ; heads
-        dd      (1 shl 10) - 1          ; kv_heads
-        dd      (1 shl 16) - 1          ; head_dim
-        dd      (1 shl 16) - 1          ; max_ctx
-        dd      0x7F7FFFFF              ; eps: 0 < bits <= FLT_MAX
-        dd      0x7F7FFFFF              ; rope_theta
-        dd      0x7F7FFFFF              ; embed_scale
+; dim_bits: vocab .. max_ctx may be at most 2^bits. These bounds keep every size the engine
+; computes (weights, KV cache, scratch) far below 2^64.
+dim_bits:
+        db      24, 16, 16, 10, 10, 10, 16, 16  ; vocab dim ffn layers heads kv_heads head_dim max_ctx

@@ -363,10 +363,11 @@ def test_bad_magic_version_truncated(engine, mqa, tmp_path):
 def inconsistent_headers(h) -> list[dict]:
     """Header edits that must be rejected (h: the valid header)."""
     return [
-        dict(header_size=255), dict(vocab=0), dict(vocab=1 << 24), dict(dim=0), dict(dim=1 << 16),
-        dict(ffn=0), dict(layers=0), dict(layers=1024), dict(heads=0), dict(kv_heads=0),
+        dict(header_size=255), dict(vocab=0), dict(vocab=(1 << 24) + 1), dict(dim=0),
+        dict(dim=(1 << 16) + 1), dict(ffn=0), dict(ffn=1 << 31), dict(layers=0),
+        dict(layers=1025), dict(heads=0), dict(heads=0xFFFFFFFF), dict(kv_heads=0),
         dict(kv_heads=3), dict(head_dim=15), dict(head_dim=0), dict(max_ctx=0),
-        dict(max_ctx=1 << 16), dict(eps=0.0), dict(eps=-1e-6), dict(eps=float("nan")),
+        dict(max_ctx=(1 << 16) + 1), dict(eps=0.0), dict(eps=-1e-6), dict(eps=float("nan")),
         dict(rope_theta=float("inf")), dict(embed_scale=-8.0), dict(bos=h.vocab),
         dict(eos=0xFFFFFFFF), dict(eot=h.vocab), dict(byte_base=h.vocab - 255),
         dict(byte_base=0xFFFFFFFF), dict(pieces_off=255), dict(pieces_off=1 << 63),

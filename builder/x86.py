@@ -16,12 +16,15 @@ import capstone.x86_const as _cs
 @dataclass(frozen=True)
 class Reg:
     """A register: `name` as fasm spells it, `kind` (gpr, xmm, ymm, zmm, st, mm, k), `size` in
-    bytes, `rex` (encoding it needs a REX/VEX extension), `high` (ah bh ch dh)."""
+    bytes, `rex` (encoding it needs a REX/VEX extension), `high` (ah bh ch dh), `evex` (only
+    AVX-512 can encode it: zmm, k, xmm16-31, ymm16-31; known here so that capstone's names
+    can be read, refused in sources)."""
     name: str
     kind: str
     size: int
     rex: bool = False
     high: bool = False
+    evex: bool = False
 
 
 def _gprs() -> dict[str, Reg]:
@@ -46,11 +49,12 @@ def _vectors() -> dict[str, Reg]:
     regs: dict[str, Reg] = {}
     for kind, size in (("xmm", 16), ("ymm", 32), ("zmm", 64)):
         for n in range(32):
-            regs[f"{kind}{n}"] = Reg(f"{kind}{n}", kind, size, rex=n >= 8)
+            regs[f"{kind}{n}"] = Reg(f"{kind}{n}", kind, size, rex=n >= 8,
+                                     evex=kind == "zmm" or n >= 16)
     for n in range(8):
         regs[f"st{n}"] = Reg(f"st{n}", "st", 10)
         regs[f"mm{n}"] = Reg(f"mm{n}", "mm", 8)
-        regs[f"k{n}"] = Reg(f"k{n}", "k", 8)
+        regs[f"k{n}"] = Reg(f"k{n}", "k", 8, evex=True)
     return regs
 
 

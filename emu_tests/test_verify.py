@@ -24,21 +24,28 @@ def check(mnemonic: str, operands: list, code: str, prefix: str | None = None) -
                    Expected(prefix, mnemonic, operands, ""))])
 
 
-@pytest.mark.parametrize("source,message", [
-    ("vmovaps [rdi+256], zmm3",
-     "asm/gemma.asm:5: keystone encoded 'vmovaps [rdi+256], zmm3' as 'vmovaps zmmword ptr "
-     "[rdi], zmm3' (62f17c48295f00): operand 1: expected displacement 0x100, got 0x0"),
-    ("vcvtph2ps zmm1, [rsi+rax*2+32]",
-     "asm/gemma.asm:5: keystone encoded 'vcvtph2ps zmm1, [rsi+rax*2+32]' as 'vcvtph2ps zmm1, "
+@pytest.mark.parametrize("keystone_text,expected,message", [
+    ("vmovaps zmmword ptr [rdi + 0x100], zmm3",
+     Expected(None, "vmovaps", [("mem", 64, {"rdi": 1}, 256), ("reg", "zmm3")], ""),
+     "asm/t.asm:7: keystone encoded 'vmovaps [rdi+256], zmm3' as 'vmovaps zmmword ptr [rdi], "
+     "zmm3' (62f17c48295f00): operand 1: expected displacement 0x100, got 0x0"),
+    ("vcvtph2ps zmm1, ymmword ptr [rsi + rax*0x2 + 0x20]",
+     Expected(None, "vcvtph2ps", [("reg", "zmm1"), ("mem", 32, {"rsi": 1, "rax": 2}, 32)], ""),
+     "asm/t.asm:7: keystone encoded 'vcvtph2ps zmm1, [rsi+rax*2+32]' as 'vcvtph2ps zmm1, "
      "ymmword ptr [rsi + rax*2 + 0x400]' (62f27d48134c4620): operand 2: expected displacement "
      "0x20, got 0x400"),
 ])
-def test_keystone_evex_displacement_bug_is_caught(asm_tree, source, message):
-    root = asm_tree(f"        {source}\n" + EXIT)
+def test_keystone_evex_displacement_bug_is_caught(keystone_text, expected, message):
+    # AVX-512 is outside the sources' subset (the front end refuses zmm registers, see
+    # test_frontend), so the verifier is driven directly with keystone's real output.
+    from builder.kstone import Keystone
+    with Keystone() as ks:
+        [code] = ks.assemble([(keystone_text, ADDR)])
+    source = message.split("'")[1]
+    stmt = Instr(Where("asm/t.asm", 7), None, expected.mnemonic, [], source)
     with pytest.raises(BuildError) as err:
-        build(root, root / "gemma")
+        verify([Placed(stmt, "text", ADDR, len(code), code, expected)])
     assert str(err.value) == message
-    assert not (root / "gemma").exists()
 
 
 def test_keystone_silently_wrapped_short_branch_is_caught():

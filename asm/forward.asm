@@ -5,10 +5,10 @@
 ; r14 = this layer's K block, r15 = byte offset of this position's row in a K or V block.
 
 ; model_setup: derived dimensions, the weights size check, weight and buffer pointers.
-; Relies on W-front's header validation (dims >= 1, < 2^16; vocab < 2^24; layers, heads
-; < 2^10; heads % kv_heads == 0; ctx_len <= max_ctx), so no product below overflows.
-;   in: model_base, ctx_len   out: fwd_vars set; fatal if weights_size is not the layout's
-;   size, or "out of memory"   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0 (preserves the rest)
+; Relies on the header validation in model.asm (dims >= 1, <= 2^16; vocab <= 2^24; layers,
+; heads <= 2^10; heads % kv_heads == 0; ctx_len <= max_ctx), so no product below overflows.
+;   in: model_base, ctx_len   out: fwd_vars set; fatal "bad header" if weights_size is not
+;   the layout's size, "out of memory"   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0 (preserves the rest)
 model_setup:
         push    rbx
         push    rbp
@@ -56,7 +56,7 @@ model_setup:
         call    tensor_bytes            ; embed
         add     rdi, rax
         cmp     rdi, [rbx+HDR_WEIGHTS_SIZE]
-        jne     err_weights
+        jne     err_header
         mov     rdx, [rbx+HDR_WEIGHTS_OFF]
         add     rdx, rbx
         mov     [rbp+FV_EMBED], rdx
@@ -92,10 +92,6 @@ model_setup:
         pop     rbp
         pop     rbx
         ret
-
-err_weights:
-        lea     rsi, [msg_weights]
-        jmp     fatal
 
 ; forward: one token through the model; positions must come 0, 1, 2, ... (KV cache).
 ;   in: eax token (< vocab), ecx pos (< ctx_len)   out: rax logits (vocab,) float32
@@ -269,6 +265,3 @@ tensor_bytes:
         lea     rax, [rax*2+TENSOR_ALIGN-1]
         and     rax, -TENSOR_ALIGN
         ret
-
-msg_weights:
-        db      'weights size does not match the header', 0

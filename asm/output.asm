@@ -101,20 +101,24 @@ flush:
         ret
 
 ; write_all: write rdx bytes from rsi to fd edi, resuming short writes. A reader that went
-; away (EPIPE) ends the program quietly with status 1; any other failure is fatal.
+; away (EPIPE) after something was written (`gemma ... | head -c1`) ends the program quietly
+; with status 1; EPIPE before anything got through, and any other failure, is fatal.
 ;   in: edi fd, rsi buffer, rdx length   out: -   clobbers: rax rcx rdx rsi r10 r11
 write_all:
         test    rdx, rdx
         jz      flush.done
         call    sys_write
         cmp     rax, -EPIPE
-        je      .quiet
+        je      .gone
         test    rax, rax
         jle     .failed                 ; an error, or no progress
+        mov     [rbp+V_WROTE], al
         add     rsi, rax
         sub     rdx, rax
         jmp     write_all
-.quiet:
+.gone:
+        cmp     byte [rbp+V_WROTE], 0
+        je      .failed
         push    EXIT_ERROR
         pop     rdi
         jmp     sys_exit

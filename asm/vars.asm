@@ -26,6 +26,7 @@ front_base:
 ctx_len:        rd 1            ; context length (from -c or the header)
 logits_fd:      rd 1            ; --logits file descriptor (0: none)
 out_len:        rd 1            ; bytes waiting in out_buf
+wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -47,6 +48,7 @@ V_BLOB          = blob_ptr - front_base
 V_CTX_LEN       = ctx_len - front_base
 V_LOGITS_FD     = logits_fd - front_base
 V_OUT_LEN       = out_len - front_base
+V_WROTE         = wrote - front_base
 V_OUT_BUF       = out_buf - front_base
 
 ; ---- forward ----------------------------------------------------------------------------

@@ -276,8 +276,6 @@ class _Reader:
             raise p.error(f"'{first.text}' is not in the FASM subset")
         elif word in PREFIXES or word in MNEMONICS:
             self.instruction(word, p, where)
-        elif second is not None and second.kind == "op" and second.text == ":":
-            raise p.error(f"'{first.text}' is {reserved(first.text)} and cannot be a label")
         else:
             raise p.error(f"unknown instruction or directive '{first.text}'")
 
@@ -291,8 +289,8 @@ class _Reader:
     def directive(self, word: str, p: Parser, where: Where) -> None:
         prog = self.program
         if word == "format":
-            words = [t.text for t in p.tokens[p.pos:]]
-            if words != ["ELF64", "executable", "3"] or self.format_seen:
+            words = [t.text.lower() for t in p.tokens[p.pos:]]
+            if words != ["elf64", "executable", "3"] or self.format_seen:
                 raise p.error("only one `format ELF64 executable 3` is supported")
             self.format_seen = True
         elif word == "entry":

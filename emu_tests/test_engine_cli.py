@@ -146,6 +146,21 @@ def test_n_zero_and_context_full(engine, mqa):
     assert full.returncode == 0 and full.stdout == two.stdout
 
 
+def test_stops_at_eos_and_end_of_turn(engine, mqa, tmp_path):
+    """Generation stops at the header's eos and eot ids (nothing printed, nothing fed): the
+    fixture's greedy ids made the stop ids by editing the header."""
+    p = json.loads(fixture_path("tiny_mqa/reference.json").read_text())["prompts"][0]
+    g = p["greedy"]
+    assert len({g[0], g[1], g[2]}) == 3
+    r = run(engine, "-m", mutated(mqa, tmp_path, eos=g[0]), "-p", p["text"], "-n", 10)
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")
+    model = mutated(mqa, tmp_path, eot=g[2])
+    out = tmp_path / "l.bin"
+    r = run(engine, "-m", model, "-p", p["text"], "-n", 10, "--logits", out)
+    assert r.returncode == 0 and r.stdout == Tokenizer(ModelFile(mqa)).decode(g[:2])
+    assert out.stat().st_size == (len(p["ids"]) + 2) * 2048 * 4      # g[0], g[1] fed back
+
+
 def test_logits_rows(engine, mqa, tmp_path):
     """--logits: one float32 row of vocab per evaluated position (prompt + n - 1), in order,
     equal to the reference's prompt rows (tolerance 1e-4: the engine is within ~2e-5)."""

@@ -26,7 +26,9 @@ sample:
         cmp     ecx, r8d
         jb      .argmax
         cmp     dword [rbp+V_TEMP], 0
-        je      .done
+        jne     .temperature
+        ret
+.temperature:
         push    rax                     ; the argmax, kept for logits without a nucleus (NaN)
         fld     dword [rbp+V_TEMP]
         fld     dword [rdi+rax*4]       ; st0 = max, st1 = T

@@ -104,25 +104,25 @@ err_truncated:
 ;   in: rbx header, r9d vocab
 check_tables:
         mov     r8d, HEADER_SIZE        ; r8 = end of the previous section
-        mov     eax, r9d
-        shl     rax, 4                  ; vocab records of PIECE_REC bytes
-        mov     rdx, [rbx+HDR_PIECES_OFF]
-        call    check_section
-        mov     [rbp+V_PIECES], rdx
-        mov     eax, [rbx+HDR_N_INDEX]
-        shl     rax, 2
-        mov     rdx, [rbx+HDR_INDEX_OFF]
-        call    check_section
-        mov     [rbp+V_INDEX], rdx
+        push    qword [rbx+HDR_BLOB_SIZE]
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2
-        mov     rdx, [rbx+HDR_USER_OFF]
+        push    rax
+        mov     eax, [rbx+HDR_N_INDEX]
+        shl     rax, 2
+        push    rax
+        mov     eax, r9d
+        shl     rax, 4                  ; vocab records of PIECE_REC bytes
+        push    rax
+        xor     ecx, ecx                ; pieces, index, user, blob: offsets and pointers in
+.section:                               ; the same order in the header and in vars.asm
+        pop     rax
+        mov     rdx, [rbx+HDR_PIECES_OFF+rcx*8]
         call    check_section
-        mov     [rbp+V_USER], rdx
-        mov     rax, [rbx+HDR_BLOB_SIZE]
-        mov     rdx, [rbx+HDR_BLOB_OFF]
-        call    check_section
-        mov     [rbp+V_BLOB], rdx
+        mov     [rbp+V_PIECES+rcx*8], rdx
+        inc     ecx
+        cmp     ecx, 4
+        jb      .section
         mov     rax, [rbx+HDR_WEIGHTS_SIZE]
         mov     rdx, [rbx+HDR_WEIGHTS_OFF]
         test    dx, WEIGHTS_ALIGN - 1

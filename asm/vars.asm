@@ -18,7 +18,8 @@ n_threads:      rq 1            ; -t, low dword (the dword of CONTRACTS.md)
 opt_tokens:     rq 1            ; --tokens, low byte
 model_base:     rq 1            ; address of the read-only mapping of the model file
 model_size:     rq 1            ; its length in bytes
-pieces_ptr:     rq 1            ; model_base + pieces_off (PIECE_REC records)
+pieces_ptr:     rq 1            ; model_base + pieces_off (PIECE_REC records); these four in
+                                ; the header's order of their offsets (model.asm loops)
 index_ptr:      rq 1            ; model_base + index_off (u32 normal ids, sorted by bytes)
 user_ptr:       rq 1            ; model_base + user_off (u32 user-defined ids, longest first)
 blob_ptr:       rq 1            ; model_base + blob_off (piece bytes)

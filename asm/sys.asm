@@ -113,13 +113,15 @@ fatal_arg:
 .put:
         mov     cl, 1
 .put_until:
-        mov     edi, STDERR
+        push    STDERR
+        pop     rdi
         jmp     write_until
 
 ; usage: print the usage text on stderr and exit with EXIT_USAGE.
 usage:
         lea     rsi, [msg_usage]
-        mov     edi, STDERR
+        push    STDERR
+        pop     rdi
         call    write_str
         push    EXIT_USAGE
         pop     rdi

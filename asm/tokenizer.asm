@@ -102,7 +102,8 @@ tokenize:
         cmp     al, 0xF8
         jae     .single
 .continuation:
-        mov     ecx, 1
+        push    1
+        pop     rcx
 .next_byte:
         mov     al, [rsi+rcx]
         and     al, 0xC0

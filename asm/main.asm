@@ -204,7 +204,7 @@ parse_uint:
         xor     eax, eax
         call    parse_digits
         test    ecx, ecx
-        jz      err_bad_value
+        jz      err_bad_number
         ret
 
 ; parse_digits: more decimal digits appended to rax (rax = rax * 10 + digit for each).
@@ -220,14 +220,17 @@ parse_digits:
         cmp     r10d, 9
         ja      .end
         mul     r11
-        jc      err_bad_value
+        jc      err_bad_number
         add     rax, r10
-        jc      err_bad_value
+        jc      err_bad_number
         inc     ecx
         jmp     .digit
 .end:
         add     rsi, rcx
         ret
+
+err_bad_number:                         ; within short-jump reach of the parsers
+        jmp     err_bad_value
 
 ; parse_float: a decimal number: digits, optionally '.' and digits (at least one digit in
 ; all, at most 2^63 - 1 as an integer), optionally e or E, a sign and digits (<= 1000).
@@ -247,9 +250,9 @@ parse_float:
         sub     r8d, ecx
 .mantissa_done:
         test    r9d, r9d
-        jz      err_bad_value
+        jz      err_bad_number
         test    rax, rax
-        js      err_bad_value           ; fild reads it signed
+        js      err_bad_number          ; fild reads it signed
         push    rax
         mov     al, [rsi]
         or      al, 0x20
@@ -266,7 +269,7 @@ parse_float:
 .exp_digits:
         call    parse_uint
         cmp     rax, 1000               ; beyond float32 either way
-        ja      err_bad_value
+        ja      err_bad_number
         cmp     r9b, '-'
         jne     .exp_add
         neg     eax

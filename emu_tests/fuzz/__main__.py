@@ -1,9 +1,10 @@
-"""`python -m emu_tests.fuzz`: run a fuzz campaign, or replay and explain single cases.
+"""`python -m emu_tests.fuzz`: run the fuzz suite (or more of it), or replay single cases.
 
-  python -m emu_tests.fuzz --binary ./gemma --seconds 600 --cases 100000 --seed 5
-  python -m emu_tests.fuzz --binary ./gemma --seed 1 --case 1234 --write /tmp/case.bin
-The base model is the engine file given by --model, or the tiny_mqa fixture converted into
-a temporary directory.
+  python -m emu_tests.fuzz --binary ./gemma                      # what test_fuzz runs
+  python -m emu_tests.fuzz --binary ./gemma --seed 5 --cases 100000 --seconds 900
+  python -m emu_tests.fuzz --binary ./gemma --case 1234 --write /tmp/case.bin
+A replayed case prints its recipe (model, edits, argv) and its outcome; --write saves its
+model file. Case numbers are those of test_fuzz's report for the same seed and count.
 """
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .model import Base
-from .mutate import make_cases
+from . import suite
 from .runner import materialize, run
 
 
@@ -21,45 +21,36 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m emu_tests.fuzz", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", type=Path, default=Path("gemma"), help="engine to run")
-    ap.add_argument("--model", type=Path, help="valid engine model file to mutate")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--cases", type=int, default=4000, help="number of cases")
-    ap.add_argument("--seconds", type=float, help="stop starting cases after this long")
+    ap.add_argument("--seed", type=int, default=suite.SEED)
+    ap.add_argument("--cases", type=int, default=suite.CASES, help="number of cases")
+    ap.add_argument("--seconds", type=float, help="start no case after this long")
     ap.add_argument("--timeout", type=float, default=10.0, help="per-case limit (s)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--case", type=int, action="append", help="run only this case (repeatable)")
-    ap.add_argument("--write", type=Path, help="with one --case: write its model file here")
+    ap.add_argument("--write", type=Path, help="with --case: write its model file here")
     args = ap.parse_args(argv)
     if not args.binary.is_file():
         print(f"fuzz: no binary at {args.binary}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="gemma-fuzz-") as tmp:
-        model = args.model or base_model(Path(tmp))
-        base = Base.load(model)
-        count = max([args.cases] + [c + 1 for c in args.case or []])
-        cases = make_cases(base, args.seed, count)
-        chosen = [cases[i] for i in args.case] if args.case else cases
-        if args.case:
-            for i in args.case:
-                print(f"case {i}: {cases[i].recipe()}")
-            if args.write:
-                args.write.write_bytes(materialize(base.data, cases[args.case[0]]))
-        report = run(args.binary.resolve(), model, chosen, Path(tmp), args.workers,
-                     args.timeout, args.seconds)
-        index = args.case or range(len(cases))
+        models = suite.models(Path(tmp))
+        cases = suite.cases(models, args.seed, max([args.cases] + [c + 1 for c in args.case or []]))
+        index = args.case or list(range(len(cases)))
+        for i in args.case or []:
+            print(f"case {i}: {cases[i].recipe()}")
+        if args.write and args.case:
+            case = cases[args.case[0]]
+            args.write.write_bytes(materialize(models[case.model].read_bytes(), case))
+        report = run(args.binary.resolve(), models, [cases[i] for i in index], Path(tmp),
+                     args.workers, args.timeout, args.seconds, keep=bool(args.case))
+        for k, o in report.outcomes.items():
+            print(f"case {index[k]}: status {o.status}, {o.seconds:.3f} s, stderr {o.stderr!r}, "
+                  f"stdout {o.stdout[:100]!r}")
         for f in report.failures:
             f.index = index[f.index]
             print(f)
         print(report.summary())
         return 1 if report.failures else 0
-
-
-def base_model(tmp: Path) -> Path:
-    """The tiny_mqa fixture converted (from its Hugging Face files) into `tmp`."""
-    from builder.convert import convert
-    out = tmp / "tiny_mqa-hf.bin"
-    convert(Path(__file__).parents[1] / "fixtures" / "tiny_mqa", out, progress=False)
-    return out
 
 
 if __name__ == "__main__":

@@ -7,15 +7,16 @@ tensor boundary; corrupted piece records, index, user list and blob; NaN and inf
 fields and weights; hostile command lines), then seeded random mutations up to `count`. The
 same (base, seed, count) always gives the same cases, so a failure is reproduced by its number.
 
-A Case is data only: (offset, bytes) edits on the base file, an optional new length, an argv
-whose placeholders (MODEL, LOGITS, ...) the runner fills in, where stdout goes, and `reject`:
-True when the input breaks the contract and the engine must refuse it (exit status non-zero).
+A Case is data only: which model file it starts from (`model`, a name the runner maps to a
+path), (offset, bytes) edits on it, an optional new length, an argv whose placeholders (MODEL,
+LOGITS, ...) the runner fills in, where stdout goes, and `reject`: True when the input breaks
+the contract and the engine must refuse it (exit status non-zero).
 """
 from __future__ import annotations
 
 import random
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from builder.modelfile import BYTE, HEADER_FIELDS, HEADER_SIZE, PIECE_REC
 
@@ -26,7 +27,8 @@ LOGITS = b"@LOGITS@"    # a writable path in the runner's directory
 NOFILE = b"@NOFILE@"    # a path that does not exist
 EMPTY = b"@EMPTY@"      # an empty file
 DIR = b"@DIR@"          # a directory
-PLACEHOLDERS = (MODEL, LOGITS, NOFILE, EMPTY, DIR)
+LINK = b"@LINK@"        # a symbolic link to the case's model file
+HARDLINK = b"@HARDLINK@"    # a hard link to it (the runner makes both per case)
 
 PROMPTS = [b"Hello world", b"<start_of_turn>user\n\tHi  there</h1><b>x</b>\n\n<end_of_turn>",
            "日本語 🙂 ünïcödé".encode(), b"\x01\x02 \x7f", b"a", b"1234 5678 the cat"]
@@ -55,12 +57,14 @@ class Case:
     edits: tuple[tuple[int, bytes], ...] = ()
     size: int | None = None
     argv: tuple[bytes, ...] = ()
-    stdout: str = "pipe"        # "pipe", "full" (/dev/full) or "closed"
+    stdout: str = "pipe"        # "pipe", "full" (/dev/full), "closed" (fd 1 closed)
     reject: bool = False
+    model: str = "main"
+    private: bool = False       # run on a private copy of the model even without edits
 
     def recipe(self) -> str:
         """The case in words: what was done to the file and the command line."""
-        parts = [self.label]
+        parts = [f"model {self.model}: {self.label}"]
         parts += [f"bytes at {off} (0x{off:x}) := {data[:16].hex()}{'...' if len(data) > 16 else ''}"
                   f" ({len(data)} bytes)" for off, data in self.edits[:6]]
         if len(self.edits) > 6:
@@ -336,6 +340,10 @@ class _Maker:
         for dest, reject in ((DIR, True), (NOFILE + b"/x", True), (b"/dev/full", True),
                              (b"/dev/null", False), (b"", True), (MODEL + b".missing/x", True)):
             out.append(Case(f"--logits {dest!r}", argv=ok + (b"--logits", dest), reject=reject))
+        for dest in (MODEL, LINK, HARDLINK, b"/proc/self/fd/3"):
+            for tail in ((b"-n", b"2"), (b"--tokens",)):
+                out.append(Case(f"--logits is the model ({dest!r}) {tail!r}", argv=(
+                    b"-m", MODEL, b"-p", b"hi", b"--logits", dest) + tail, private=True))
         out.append(Case("stdout /dev/full, --tokens", argv=(b"-m", MODEL, b"-p", b"hi", b"--tokens"),
                         stdout="full", reject=True))
         out.append(Case("stdout /dev/full, -n 4", argv=ok, stdout="full"))
@@ -411,17 +419,25 @@ class _Maker:
             + PROMPTS + [MODEL, NOFILE, EMPTY, LOGITS]
         argv = [b"-m", MODEL] if r.random() < 0.7 else []
         argv += [r.choice(pool) for _ in range(r.randint(1, 6))]
-        return Case(f"random #{k}: command line", argv=tuple(argv))
+        return Case(f"random #{k}: command line", argv=tuple(argv), private=True)
 
 
-def make_cases(base: Base, seed: int, count: int) -> list[Case]:
-    """The systematic cases, then seeded random ones, `count` in all (the systematic list is
+def make_cases(bases: dict[str, Base], seed: int, count: int,
+               extra: list[Case] = ()) -> list[Case]:
+    """The systematic cases of every base (each case's `model` is its base's name), then
+    `extra`, then seeded random ones drawn from the bases in turn: `count` in all (the list is
     cut when `count` is smaller)."""
-    m = _Maker(base, random.Random(seed))
-    cases = (m.header_fields() + m.wraps() + m.truncations() + m.tokenizer_tables()
-             + m.float_weights() + m.command_lines())
-    k = 0
+    rng = random.Random(seed)
+    makers = {name: _Maker(base, rng) for name, base in bases.items()}
+    cases = []
+    for name, m in makers.items():
+        cases += [replace(c, model=name) for c in m.header_fields() + m.wraps()
+                  + m.truncations() + m.tokenizer_tables() + m.float_weights()
+                  + m.command_lines()]
+    cases += extra
+    k, order = 0, list(makers.items())
     while len(cases) < count:
-        cases.append(m.random_case(k))
+        name, m = order[k % len(order)]
+        cases.append(replace(m.random_case(k), model=name))
         k += 1
     return cases[:count]

@@ -1,13 +1,15 @@
 """Runs fuzz Cases against the real binary, a few at a time, and judges every run.
 
-`run(binary, model, cases, workdir, ...)` feeds the cases to a pool of `workers` processes;
-each writes its case's model file (the base file with the case's edits), starts the binary
+`run(binary, models, cases, workdir, ...)` feeds the cases to a pool of `workers` processes;
+`models` maps each case's `model` name to a file. A worker writes the case's model file (that
+file with the case's edits) when it has edits, starts the binary
 with the case's argv (placeholders filled in) under an address-space limit, with a per-case
 timeout, and returns an Outcome. `judge(case, outcome)` lists what is wrong with it:
   - a hang (no exit within the timeout) or death by any signal;
   - an exit status other than 0, 1 or 2;
   - a refusal whose stderr is not exactly one line "gemma: ...\\n", or that wrote to stdout;
-  - a success with anything on stderr, or of an input the contract says is invalid.
+  - a success with anything on stderr, or of an input the contract says is invalid;
+  - a change to the model file (checked when the case ran on its own copy).
 Past `budget` seconds no new case is started; the Report says how many ran.
 """
 from __future__ import annotations
@@ -22,9 +24,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .mutate import DIR, EMPTY, LOGITS, MODEL, NOFILE, Case
+from .mutate import DIR, EMPTY, HARDLINK, LINK, LOGITS, MODEL, NOFILE, Case
 
-ADDRESS_SPACE = 4 << 30     # per run: a runaway allocation fails (ENOMEM) instead of the box
+ADDRESS_SPACE = 8 << 30     # per run: room for the 5 GB sparse model's mapping; a runaway
+                            # allocation fails (ENOMEM) instead of taking the box down
 KEEP = 600                  # bytes of stdout/stderr kept for reports
 
 
@@ -34,6 +37,7 @@ class Outcome:
     stdout: bytes
     stderr: bytes
     seconds: float
+    model_changed: bool = False
 
 
 @dataclass
@@ -56,6 +60,7 @@ class Report:
     accepted: int = 0
     seconds: float = 0.0
     failures: list[Failure] = field(default_factory=list)
+    outcomes: dict[int, Outcome] = field(default_factory=dict)   # all of them, when kept
 
     def summary(self) -> str:
         rate = self.ran / self.seconds if self.seconds else 0.0
@@ -69,7 +74,7 @@ def judge(case: Case, o: Outcome, timeout: float) -> list[str]:
         return [f"hang: no exit within {timeout:g} s"]
     if o.status < 0:
         return [f"killed by {signal.Signals(-o.status).name}"]
-    out = []
+    out = ["the model file changed"] if o.model_changed else []
     if o.status not in (0, 1, 2):
         out.append(f"exit status {o.status}")
     if o.status == 0:
@@ -91,13 +96,14 @@ def judge(case: Case, o: Outcome, timeout: float) -> list[str]:
 _W: dict = {}
 
 
-def _init(binary: str, model: str, root: str) -> None:
+def _init(binary: str, models: dict[str, str], root: str) -> None:
     wdir = Path(root) / f"w{os.getpid()}"
     (wdir / "dir").mkdir(parents=True, exist_ok=True)
     (wdir / "empty").write_bytes(b"")
-    _W.update(binary=binary, model=model, base=Path(model).read_bytes(), wdir=wdir, subs={
-        MODEL: b"", LOGITS: bytes(wdir / "logits.bin"), NOFILE: bytes(wdir / "nofile"),
-        EMPTY: bytes(wdir / "empty"), DIR: bytes(wdir / "dir")})
+    _W.update(binary=binary, models=models, bases={}, wdir=wdir, subs={
+        LOGITS: bytes(wdir / "logits.bin"), NOFILE: bytes(wdir / "nofile"),
+        EMPTY: bytes(wdir / "empty"), DIR: bytes(wdir / "dir"), LINK: bytes(wdir / "link.bin"),
+        HARDLINK: bytes(wdir / "hard.bin")})
 
 
 def materialize(base: bytes, case: Case) -> bytes:
@@ -121,12 +127,20 @@ def _limits(close_stdout: bool):
 
 def run_one(case: Case, timeout: float) -> Outcome:
     """Run one case in this (worker) process."""
-    model = _W["model"]
-    if case.edits or case.size is not None:
-        path = _W["wdir"] / "case.bin"
-        path.write_bytes(materialize(_W["base"], case))
+    model, wdir, data = _W["models"][case.model], _W["wdir"], None
+    if case.edits or case.size is not None or case.private:
+        if case.model not in _W["bases"]:
+            _W["bases"][case.model] = Path(model).read_bytes()
+        path = wdir / "case.bin"
+        data = materialize(_W["bases"][case.model], case)
+        path.unlink(missing_ok=True)            # a fresh inode: no run sees another's file
+        path.write_bytes(data)
         model = str(path)
-    subs = {**_W["subs"], MODEL: os.fsencode(model)}
+    for link in (wdir / "link.bin", wdir / "hard.bin"):
+        link.unlink(missing_ok=True)
+    (wdir / "link.bin").symlink_to(model)
+    os.link(model, wdir / "hard.bin")
+    subs = {MODEL: os.fsencode(model), **_W["subs"]}
     argv = [os.fsencode(_W["binary"])]
     for a in case.argv:
         for k, v in subs.items():
@@ -144,17 +158,20 @@ def run_one(case: Case, timeout: float) -> Outcome:
         if stdout is not subprocess.PIPE:
             stdout.close()
     o.seconds = time.monotonic() - t
+    o.model_changed = data is not None and Path(model).read_bytes() != data
     return o
 
 
 # -- driver --------------------------------------------------------------------------------
-def run(binary: Path, model: Path, cases: list[Case], workdir: Path, workers: int = 2,
-        timeout: float = 10.0, budget: float | None = None, progress=None) -> Report:
-    """Run `cases` (in order, `workers` at a time) until done or `budget` seconds passed."""
+def run(binary: Path, models: dict[str, Path], cases: list[Case], workdir: Path, workers: int = 2,
+        timeout: float = 10.0, budget: float | None = None, keep: bool = False) -> Report:
+    """Run `cases` (in order, `workers` at a time) until done or `budget` seconds passed;
+    `keep`: the report keeps every outcome, not only the failures'."""
     report, start = Report(), time.monotonic()
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
-                                initargs=(str(binary), str(model), str(workdir))) as pool:
+                                initargs=(str(binary), {k: str(v) for k, v in models.items()},
+                                          str(workdir))) as pool:
         pending: dict[cf.Future, int] = {}
         todo = iter(range(len(cases)))
         while True:
@@ -175,8 +192,8 @@ def run(binary: Path, model: Path, cases: list[Case], workdir: Path, workers: in
                 problems = judge(cases[i], o, timeout)
                 if problems:
                     report.failures.append(Failure(i, cases[i], o, problems))
-                if progress:
-                    progress(1)
+                if keep:
+                    report.outcomes[i] = o
     report.seconds = time.monotonic() - start
     report.failures.sort(key=lambda f: f.index)
     return report

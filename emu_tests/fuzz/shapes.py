@@ -1,0 +1,93 @@
+"""Valid model files of unusual shapes: the engine must run them or refuse them cleanly.
+
+`SHAPES` are legal by the format (heads % kv_heads == 0, head_dim even) but far from the
+fixtures: dimensions of 1, 3, 5, 7 (no multiple of a vector width), head_dim larger than dim,
+many heads over one kv head, ffn smaller than dim, contexts of 1..7 positions. They are where
+a kernel that assumes a multiple of 4 or 8, or a loop that assumes at least one row, reads
+past a tensor. `write_shape` writes one (builder.synth's vocabulary and seeded weights);
+`shape_cases` runs each with short and context-filling prompts, sampling and --logits.
+
+`write_sparse_2b` writes Gemma-2B's header and tokenizer tables at their real offsets and
+leaves the 5 GB of weights as a hole (a sparse file: no disk, no reads), for the 64-bit
+offset arithmetic of validation and the tokenizer (`--tokens` never touches the weights).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from builder.modelfile import Dims, make_header, write_model
+from builder.synth import PRESETS, synth_source, synth_vocab
+
+from .mutate import LOGITS, MODEL, Case
+
+SHAPES: dict[str, Dims] = {   # vocab dim ffn layers heads kv_heads head_dim max_ctx
+    "d1": Dims(400, 1, 1, 1, 1, 1, 2, 4),
+    "d2_ctx1": Dims(400, 2, 3, 1, 1, 1, 2, 1),
+    "d3_gqa": Dims(400, 3, 5, 2, 3, 1, 2, 8),
+    "d5_hd6": Dims(401, 5, 7, 1, 2, 2, 6, 16),
+    "d7_h6k3": Dims(403, 7, 9, 3, 6, 3, 10, 5),
+    "d9_ffn1": Dims(400, 9, 1, 1, 1, 1, 18, 33),
+    "d17_hd2": Dims(512, 17, 33, 1, 4, 2, 2, 3),
+    "d33_mha5": Dims(513, 33, 65, 2, 5, 5, 4, 64),
+    "d12_h16k1": Dims(600, 12, 40, 1, 16, 1, 64, 7),
+}
+
+
+def write_shape(name: str, out: Path) -> Path:
+    dims = SHAPES[name]
+    write_model(out, dims, synth_vocab(dims.vocab, 0), synth_source(0), progress=False)
+    return out
+
+
+def write_sparse_2b(out: Path) -> Path:
+    dims = PRESETS["2b"]
+    header, t = make_header(dims, synth_vocab(dims.vocab, 0))
+    with open(out, "wb") as f:
+        f.write(header.pack() + t.pieces + t.index + t.user + t.blob)
+        f.truncate(header.file_size)
+    return out
+
+
+def shape_cases(names: list[str]) -> list[Case]:
+    """Runs of each valid odd-shaped model (case.model = its name): prompts from empty to the
+    whole context, -n up to the context's end, greedy, sampled, --logits, -c 1 and 2."""
+    out = []
+    for name in names:
+        ctx = min(SHAPES[name].max_ctx, 4096)
+        fill = b"\x01" * (ctx - 1)                  # BOS + ctx-1 byte pieces: the context
+
+        def n(tokens: int, c: int = ctx) -> bytes:  # -n reaching the context's end
+            return str(max(1, c - tokens)).encode()
+        for label, argv in (
+                ("empty prompt", (b"-p", b"", b"-n", n(1))),
+                ("one byte piece", (b"-p", b"\x01", b"-n", n(2))),
+                ("context full, tokens", (b"-p", fill, b"--tokens")),
+                ("context full, -n 1", (b"-p", fill, b"-n", b"1")),
+                ("one past the context", (b"-p", fill + b"\x01", b"--tokens")),
+                ("sampled", (b"-p", b"", b"-n", n(1), b"--temp", b"1", b"-s", b"3",
+                             b"--top-p", b"0.8")),
+                ("logits", (b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS)),
+                ("-c 1", (b"-c", b"1", b"-p", b"", b"-n", b"1")),
+                ("-c 2", (b"-c", b"2", b"-p", b"", b"-n", b"1", b"--temp", b"0.7"))):
+            out.append(Case(f"{name}: {label}", argv=(b"-m", MODEL) + argv, model=name,
+                            reject=label == "one past the context"))
+    return out
+
+
+def sparse_cases() -> list[Case]:
+    """Gemma-2B's header and tables, weights a hole: tokenize and refuse, never read weights."""
+    name, out = "sparse_2b", []
+    for label, argv in (("tokens", (b"-p", b"Hello world, the cat sat", b"--tokens")),
+                        ("tokens, user pieces", (b"-p", b"<start_of_turn>user\n\n\tx", b"--tokens")),
+                        ("tokens, bytes", (b"-p", "日本 \x01\xff".encode(), b"--tokens"))):
+        out.append(Case(f"{name}: {label}", argv=(b"-m", MODEL) + argv, model=name))
+    return out
+
+
+def write_bases(tmp: Path) -> dict[str, Path]:
+    """Every odd-shaped model and the sparse 2B model, by name, written into tmp."""
+    out = {name: write_shape(name, tmp / f"{name}.bin") for name in SHAPES}
+    out["sparse_2b"] = write_sparse_2b(tmp / "sparse_2b.bin")
+    assert os.stat(out["sparse_2b"]).st_blocks * 512 < 64 << 20, "sparse file is not sparse"
+    return out

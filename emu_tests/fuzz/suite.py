@@ -1,0 +1,36 @@
+"""The fuzz suite the test runs (and `python -m emu_tests.fuzz` replays): its models and cases.
+
+Models: the fixtures converted to engine files (tiny_mqa and tiny_wide from Hugging Face,
+tiny_mqa from GGUF, whose tables have no user-defined pieces), the odd-shaped valid models and
+the sparse 2B file of shapes.py. Cases: make_cases over the three fixture files, the shape and
+sparse runs, then seeded random mutations up to the count.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from builder.convert import convert
+
+from .model import Base
+from .mutate import Case, make_cases
+from .shapes import SHAPES, shape_cases, sparse_cases, write_bases
+
+SEED = 20261130
+CASES = 6000
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+MUTATED = {"tiny_mqa": ("tiny_mqa", "."), "tiny_wide": ("tiny_wide", "."),
+           "tiny_mqa_gguf": ("tiny_mqa", "model-f16.gguf")}
+
+
+def models(tmp: Path) -> dict[str, Path]:
+    """Every model file of the suite, written into tmp, by name."""
+    out = {}
+    for name, (fixture, src) in MUTATED.items():
+        out[name] = tmp / f"{name}.bin"
+        convert((FIXTURES / fixture / src).resolve(), out[name], progress=False)
+    return out | write_bases(tmp)
+
+
+def cases(models: dict[str, Path], seed: int = SEED, count: int = CASES) -> list[Case]:
+    bases = {name: Base.load(models[name]) for name in MUTATED}
+    return make_cases(bases, seed, count, shape_cases(list(SHAPES)) + sparse_cases())

@@ -64,15 +64,15 @@ model_setup:
         mov     [rbp+FV_LAYER0], rdx
         ; one mapping: 7 scratch vectors of S bytes each (x xb q att hb hb2 logits), then the
         ; KV cache: per layer a K and a V block of ctx_len rows of kv_dim float32
+        mov     ecx, [ctx_len]
         mov     eax, [rbx+HDR_DIM]
         add     eax, [rbp+FV_Q_DIM]
         add     eax, [rbx+HDR_FFN]
-        add     eax, [ctx_len]
+        add     eax, ecx
         add     eax, [rbx+HDR_VOCAB]
         add     eax, 15
         and     eax, -16
         shl     eax, 2                  ; S: holds any vector, a multiple of 64
-        mov     ecx, [ctx_len]
         imul    rcx, [rbp+FV_KV_ROW]
         mov     [rbp+FV_KV_BLOCK], rcx
         mov     edx, [rbx+HDR_LAYERS]

@@ -36,9 +36,9 @@ from builder.modelfile import Dims, ModelFile, ModelFormatError
 from builder.modelfile import weights_size as modelfile_weights_size
 from builder.reference import Reference
 from fuzz import suite
-from fuzz.model import Base, header_problems, weights_size
+from fuzz.model import Base, header_problems, read_prefix, weights_size, write_case
 from fuzz.mutate import Case, MODEL
-from fuzz.runner import judge, materialize, run
+from fuzz.runner import judge, run
 from fuzz.shapes import SHAPES
 
 MIN_CASES = 2000    # issue 7: at least this many in CI
@@ -184,7 +184,7 @@ def test_truncations_cover_every_boundary(models):
         base = Base.load(models[model])
         sizes = {c.size for c in cases if c.size is not None and c.model == model}
         for name, off in base.boundaries().items():
-            missing = {off - 1, off, off + 1} - sizes - {len(base.data)} - {-1}
+            missing = {off - 1, off, off + 1} - sizes - {base.length} - {-1}
             assert not missing, f"{model}: no truncation to {sorted(missing)} around {name} ({off})"
 
 
@@ -206,11 +206,11 @@ def _python_refusals(models: dict[str, Path], tmp: str) -> tuple[int, list[str]]
     def too_slow(*_):
         raise TimeoutError("more than 3 s")
     signal.signal(signal.SIGALRM, too_slow)
-    bases, path = {n: models[n].read_bytes() for n in suite.MUTATED}, Path(tmp) / "m.bin"
+    bases, path = {n: read_prefix(models[n]) for n in suite.MUTATED}, Path(tmp) / "m.bin"
     checked, wrong = 0, []
     for i, case in enumerate(suite.cases(models)):
-        if case.reject and (case.edits or case.size is not None):
-            path.write_bytes(materialize(bases[case.model], case))
+        if case.reject and (case.edits or case.size is not None) and case.model in bases:
+            write_case(path, *bases[case.model], case.edits, case.size)
             checked += 1
             signal.alarm(3)
             try:
@@ -230,7 +230,7 @@ def test_files_to_refuse_are_refused_by_the_python_reader(models, tmp_path):
     with reject=True), builder.modelfile.ModelFile refuses too, promptly and cleanly."""
     for name in suite.MUTATED:
         base = Base.load(models[name])
-        assert header_problems(base.header, len(base.data)) == [], name
+        assert header_problems(base.header, base.length) == [], name
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         checked, wrong = pool.apply(_python_refusals, (models, str(tmp_path)))
     assert checked > 2000
@@ -247,6 +247,10 @@ def test_judge_names_each_kind_of_failure():
         "refusal is not exactly one 'gemma: ...' line on stderr", "refusal wrote to stdout"]
     assert judge(bad, Outcome(0, b"x", b"", 0), 10) == [
         "accepted an input the contract says is invalid"]
+    good = Case("c", accept=True)
+    assert judge(good, Outcome(1, b"", b"gemma: no\n", 0), 10) == ["refused a valid input"]
+    assert judge(case, Outcome(0, b"", b"", 0, model_changed=True), 10) == [
+        "the model file changed"]
 
 
 # -- regressions: each finding of coord/fuzz_findings.md, by number ----------------------------
@@ -259,3 +263,23 @@ def test_regression_F1_python_reader_huge_layers(base_model, tmp_path):
     with pytest.raises(ModelFormatError, match="layers"):
         ModelFile(tmp_path / "m.bin")
     assert time.monotonic() - t < 2
+
+
+@pytest.mark.parametrize("how", ["path", "symlink", "hard link", "/proc/self/fd/3"])
+def test_regression_F3_logits_is_the_model(engine, base_model, tmp_path, how):
+    """F3: --logits naming the model file truncated the mapped model: SIGBUS, model destroyed.
+    Now a one-line refusal, and the model keeps its bytes."""
+    model = tmp_path / "m.bin"
+    shutil.copyfile(base_model, model)
+    dest = {"path": model, "symlink": tmp_path / "s.bin", "hard link": tmp_path / "h.bin",
+            "/proc/self/fd/3": Path("/proc/self/fd/3")}[how]
+    if how == "symlink":
+        dest.symlink_to(model)
+    elif how == "hard link":
+        os.link(model, dest)
+    before = sha256(model)
+    p = subprocess.run([engine, "-m", model, "-p", "hello", "-n", "3", "--logits", dest],
+                       capture_output=True, timeout=TIMEOUT)
+    assert p.returncode == 1 and p.stderr.startswith(b"gemma: ") and p.stderr.count(b"\n") == 1, \
+        f"status {p.returncode}, stderr {p.stderr!r}"
+    assert p.stdout == b"" and sha256(model) == before

@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 
 from . import suite
-from .runner import materialize, run
+from .model import read_prefix, write_case
+from .runner import run
 
 
 def main(argv: list[str]) -> int:
@@ -27,7 +28,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=10.0, help="per-case limit (s)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--case", type=int, action="append", help="run only this case (repeatable)")
-    ap.add_argument("--write", type=Path, help="with --case: write its model file here")
+    ap.add_argument("--write", type=Path, help="with --case: write its model file here "
+                    "(sparse where the weights are a hole)")
     args = ap.parse_args(argv)
     if not args.binary.is_file():
         print(f"fuzz: no binary at {args.binary}", file=sys.stderr)
@@ -40,7 +42,7 @@ def main(argv: list[str]) -> int:
             print(f"case {i}: {cases[i].recipe()}")
         if args.write and args.case:
             case = cases[args.case[0]]
-            args.write.write_bytes(materialize(models[case.model].read_bytes(), case))
+            write_case(args.write, *read_prefix(models[case.model]), case.edits, case.size)
         report = run(args.binary.resolve(), models, [cases[i] for i in index], Path(tmp),
                      args.workers, args.timeout, args.seconds, keep=bool(args.case))
         for k, o in report.outcomes.items():

@@ -2,8 +2,10 @@
 
 The format is defined once, in builder/modelfile.py; this module only parses a valid file
 (`Base`) into the numbers the mutators aim at (field offsets, section and tensor boundaries,
-piece records, index, user list) and states which headers the engine must refuse
-(`header_problems`, exact integer arithmetic).
+piece records, index, user list), states which headers the engine must refuse
+(`header_problems`, exact integer arithmetic) and writes a mutated copy (`write_case`).
+A Base holds the file's bytes up to weights_off (`data`) and its length: the weights of a
+sparse 5 GB file are a hole that is never read.
 """
 from __future__ import annotations
 
@@ -59,11 +61,37 @@ def header_problems(h: dict, file_len: int) -> list[str]:
     return out
 
 
+def read_prefix(path: Path) -> tuple[bytes, int]:
+    """A model file's bytes up to weights_off (all of them if the header is unreadable) and
+    its length."""
+    with open(path, "rb") as f:
+        length = f.seek(0, 2)
+        f.seek(0)
+        head = f.read(HEADER_SIZE)
+        end = struct.unpack_from("<Q", head, 128)[0] if len(head) == HEADER_SIZE else length
+        return head + f.read(min(end, length) - len(head)), length
+
+
+def write_case(path: Path, prefix: bytes, length: int, edits, size: int | None) -> None:
+    """The model file a case runs on: `prefix`, zeros (a hole) up to `length`, the (offset,
+    bytes) `edits`, then cut or zero-extended to `size` if it is given."""
+    with open(path, "wb") as f:
+        f.write(prefix)
+        f.truncate(length)
+        for off, raw in edits:
+            f.seek(off)
+            f.write(raw)
+        if size is not None:
+            f.truncate(size)
+
+
 @dataclass
 class Base:
-    """A valid engine file, parsed for the mutators."""
+    """A valid engine file, parsed for the mutators: `data` is its prefix up to weights_off
+    (tables included), `length` the file's length."""
 
     data: bytes
+    length: int
 
     def __post_init__(self) -> None:
         h = self.header = parse_header(self.data)
@@ -75,7 +103,7 @@ class Base:
 
     @classmethod
     def load(cls, path: Path) -> "Base":
-        return cls(Path(path).read_bytes())
+        return cls(*read_prefix(path))
 
     def boundaries(self) -> dict[str, int]:
         """Where every header field, section and tensor starts (and the file ends)."""

@@ -9,8 +9,9 @@ same (base, seed, count) always gives the same cases, so a failure is reproduced
 
 A Case is data only: which model file it starts from (`model`, a name the runner maps to a
 path), (offset, bytes) edits on it, an optional new length, an argv whose placeholders (MODEL,
-LOGITS, ...) the runner fills in, where stdout goes, and `reject`: True when the input breaks
-the contract and the engine must refuse it (exit status non-zero).
+LOGITS, ...) the runner fills in, where stdout goes, and what must happen: `reject` when the
+input breaks the contract (the engine must refuse it), `accept` when it is valid (the engine
+must run it), neither when either is fine.
 """
 from __future__ import annotations
 
@@ -57,10 +58,12 @@ class Case:
     edits: tuple[tuple[int, bytes], ...] = ()
     size: int | None = None
     argv: tuple[bytes, ...] = ()
-    stdout: str = "pipe"        # "pipe", "full" (/dev/full), "closed" (fd 1 closed)
+    stdout: str = "pipe"        # "pipe" or "full" (/dev/full)
+    closed: tuple[int, ...] = ()    # descriptors closed when the engine starts (0, 1, 2)
     reject: bool = False
     model: str = "main"
     private: bool = False       # run on a private copy of the model even without edits
+    accept: bool = False        # the input is valid: the engine must run it (exit status 0)
 
     def recipe(self) -> str:
         """The case in words: what was done to the file and the command line."""
@@ -79,16 +82,19 @@ class Case:
 
 
 class _Maker:
-    """Builds cases on one base file; `rng` picks the command line of each file mutation."""
+    """Builds cases on one base file; `rng` picks the command line of each file mutation;
+    `tokens_only`: every run is --tokens (the weights are a hole never to be read)."""
 
-    def __init__(self, base: Base, rng: random.Random):
-        self.base, self.rng = base, rng
+    def __init__(self, base: Base, rng: random.Random, tokens_only: bool = False):
+        self.base, self.rng, self.tokens_only = base, rng, tokens_only
         self.h = base.header
-        self.len = len(base.data)
+        self.len = base.length
 
     # -- helpers ---------------------------------------------------------------------------
     def argv(self, prompt: bytes | None = None) -> tuple[bytes, ...]:
         p = prompt if prompt is not None else self.rng.choice(PROMPTS)
+        if self.tokens_only:
+            return (b"-m", MODEL, b"-p", p, b"--tokens")
         return self.rng.choice([
             (b"-m", MODEL, b"-p", p, b"-n", b"2"),
             (b"-m", MODEL, b"-p", p, b"--tokens"),
@@ -202,12 +208,12 @@ class _Maker:
                                      "weights_size": (self.h["weights_size"] - (1 << 32)) % M}))
         return out
 
-    def truncations(self) -> list[Case]:
-        """Lengths at and around every boundary: header left alone, file_size patched, and
-        file_size and weights_size both patched (only the tensors are then missing)."""
+    def truncations(self, above: int = -1, around=(-1, 0, 1)) -> list[Case]:
+        """Lengths at and `around` every boundary past `above`: header left alone, file_size
+        patched, and file_size and weights_size both patched (only tensors are missing)."""
         out = []
-        points = sorted({b + d for b in self.base.boundaries().values() for d in (-1, 0, 1)}
-                        | {self.len + 1, self.len + 4096, 1, 7, 64})
+        points = sorted({b + d for b in self.base.boundaries().values() if b > above
+                         for d in around} | {self.len + 1, self.len + 4096, 1, 7, 64})
         for n in points:
             if n < 0 or n == self.len:
                 continue
@@ -347,9 +353,14 @@ class _Maker:
         out.append(Case("stdout /dev/full, --tokens", argv=(b"-m", MODEL, b"-p", b"hi", b"--tokens"),
                         stdout="full", reject=True))
         out.append(Case("stdout /dev/full, -n 4", argv=ok, stdout="full"))
-        out.append(Case("stdout closed, --tokens", argv=(b"-m", MODEL, b"-p", b"hi", b"--tokens"),
-                        stdout="closed", reject=True))
-        out.append(Case("stdout closed, bad flag", argv=ok + (b"-x",), stdout="closed", reject=True))
+        for closed in ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2)):
+            for label, argv, reject in (
+                    ("--tokens", (b"-m", MODEL, b"-p", b"hi", b"--tokens"), 1 in closed),
+                    ("-n 2 --logits", ok + (b"--logits", LOGITS), None),
+                    ("bad flag", ok + (b"-x",), True), ("missing model", (b"-m", NOFILE), True),
+                    ("truncated model", (b"-m", EMPTY, b"-p", b"x"), True)):
+                out.append(Case(f"fds {closed} closed, {label}", argv=argv, closed=closed,
+                                reject=bool(reject), private=True))
         for argv in ((b"-n", b"2", b"-n", b"3"), (b"-m", NOFILE), (b"-m", EMPTY), (b"-p", b"x"),
                      (b"--tokens", b"--tokens"), (b"-p", b"-n"), (b"-t", b"64"), (b"-t", b"1000"),
                      (b"-s", b"0"), (b"-c", b"100000"), (b"-c", b"4294967295")):
@@ -422,20 +433,24 @@ class _Maker:
         return Case(f"random #{k}: command line", argv=tuple(argv), private=True)
 
 
-def make_cases(bases: dict[str, Base], seed: int, count: int,
-               extra: list[Case] = ()) -> list[Case]:
+def make_cases(bases: dict[str, Base], seed: int, count: int, extra: list[Case] = (),
+               tokens_only: frozenset[str] = frozenset()) -> list[Case]:
     """The systematic cases of every base (each case's `model` is its base's name), then
     `extra`, then seeded random ones drawn from the bases in turn: `count` in all (the list is
-    cut when `count` is smaller)."""
+    cut when `count` is smaller). Bases named in `tokens_only` are only tokenized (no forward
+    pass), with header fields, wraps and truncations past 4 GiB (64-bit offsets) only, and
+    they take no random case."""
     rng = random.Random(seed)
-    makers = {name: _Maker(base, rng) for name, base in bases.items()}
+    makers = {name: _Maker(base, rng, name in tokens_only) for name, base in bases.items()}
     cases = []
     for name, m in makers.items():
-        cases += [replace(c, model=name) for c in m.header_fields() + m.wraps()
-                  + m.truncations() + m.tokenizer_tables() + m.float_weights()
-                  + m.command_lines()]
+        families = [m.header_fields, m.wraps, m.truncations, m.tokenizer_tables,
+                    m.float_weights, m.command_lines]
+        if m.tokens_only:
+            families = [m.header_fields, m.wraps, lambda m=m: m.truncations(1 << 32, (-1,))]
+        cases += [replace(c, model=name) for family in families for c in family()]
     cases += extra
-    k, order = 0, list(makers.items())
+    k, order = 0, [(name, m) for name, m in makers.items() if not m.tokens_only]
     while len(cases) < count:
         name, m = order[k % len(order)]
         cases.append(replace(m.random_case(k), model=name))

@@ -9,6 +9,7 @@ timeout, and returns an Outcome. `judge(case, outcome)` lists what is wrong with
   - an exit status other than 0, 1 or 2;
   - a refusal whose stderr is not exactly one line "gemma: ...\\n", or that wrote to stdout;
   - a success with anything on stderr, or of an input the contract says is invalid;
+  - a refusal of an input the case marks valid;
   - a change to the model file (checked when the case ran on its own copy).
 Past `budget` seconds no new case is started; the Report says how many ran.
 """
@@ -24,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .model import read_prefix, write_case
 from .mutate import DIR, EMPTY, HARDLINK, LINK, LOGITS, MODEL, NOFILE, Case
 
 ADDRESS_SPACE = 8 << 30     # per run: room for the 5 GB sparse model's mapping; a runaway
@@ -83,11 +85,13 @@ def judge(case: Case, o: Outcome, timeout: float) -> list[str]:
         if o.stderr:
             out.append("exit 0 with output on stderr")
     else:
-        if case.stdout != "closed" and not (o.stderr.startswith(b"gemma: ")
-                                            and o.stderr.endswith(b"\n")
-                                            and o.stderr.count(b"\n") == 1):
+        if case.accept:
+            out.append("refused a valid input")
+        if 2 not in case.closed and not (o.stderr.startswith(b"gemma: ")
+                                         and o.stderr.endswith(b"\n")
+                                         and o.stderr.count(b"\n") == 1):
             out.append("refusal is not exactly one 'gemma: ...' line on stderr")
-        if case.stdout == "pipe" and o.stdout:
+        if case.stdout == "pipe" and 1 not in case.closed and o.stdout:
             out.append("refusal wrote to stdout")
     return out
 
@@ -106,35 +110,26 @@ def _init(binary: str, models: dict[str, str], root: str) -> None:
         HARDLINK: bytes(wdir / "hard.bin")})
 
 
-def materialize(base: bytes, case: Case) -> bytes:
-    """The case's model file: the base bytes with its edits, cut or zero-extended to its size."""
-    data = bytearray(base)
-    for off, raw in case.edits:
-        data[off:off + len(raw)] = raw
-    if case.size is not None:
-        data = data[:case.size] + bytes(max(0, case.size - len(data)))
-    return bytes(data)
-
-
-def _limits(close_stdout: bool):
+def _limits(closed: tuple[int, ...]):
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if close_stdout:
-            os.close(1)
+        for fd in closed:
+            os.close(fd)
     return apply
 
 
 def run_one(case: Case, timeout: float) -> Outcome:
     """Run one case in this (worker) process."""
-    model, wdir, data = _W["models"][case.model], _W["wdir"], None
+    model, wdir, written = _W["models"][case.model], _W["wdir"], None
     if case.edits or case.size is not None or case.private:
         if case.model not in _W["bases"]:
-            _W["bases"][case.model] = Path(model).read_bytes()
+            _W["bases"][case.model] = read_prefix(Path(model))
+        prefix, length = _W["bases"][case.model]
         path = wdir / "case.bin"
-        data = materialize(_W["bases"][case.model], case)
         path.unlink(missing_ok=True)            # a fresh inode: no run sees another's file
-        path.write_bytes(data)
+        write_case(path, prefix, length, case.edits, case.size)
+        written = _fingerprint(path, len(prefix))
         model = str(path)
     for link in (wdir / "link.bin", wdir / "hard.bin"):
         link.unlink(missing_ok=True)
@@ -150,7 +145,7 @@ def run_one(case: Case, timeout: float) -> Outcome:
     t = time.monotonic()
     try:
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
-                           timeout=timeout, preexec_fn=_limits(case.stdout == "closed"))
+                           timeout=timeout, preexec_fn=_limits(case.closed))
         o = Outcome(p.returncode, (p.stdout or b"")[:KEEP], p.stderr[:KEEP], 0.0)
     except subprocess.TimeoutExpired as e:
         o = Outcome(None, (e.stdout or b"")[:KEEP], (e.stderr or b"")[:KEEP], 0.0)
@@ -158,8 +153,15 @@ def run_one(case: Case, timeout: float) -> Outcome:
         if stdout is not subprocess.PIPE:
             stdout.close()
     o.seconds = time.monotonic() - t
-    o.model_changed = data is not None and Path(model).read_bytes() != data
+    o.model_changed = written is not None and _fingerprint(Path(model), len(prefix)) != written
     return o
+
+
+def _fingerprint(path: Path, n: int) -> tuple:
+    """What a write to a model file changes: size, mtime, its first n bytes (header, tables)."""
+    st = path.stat()
+    with open(path, "rb") as f:
+        return st.st_size, st.st_mtime_ns, f.read(n)
 
 
 # -- driver --------------------------------------------------------------------------------

@@ -51,27 +51,30 @@ def write_sparse_2b(out: Path) -> Path:
 
 def shape_cases(names: list[str]) -> list[Case]:
     """Runs of each valid odd-shaped model (case.model = its name): prompts from empty to the
-    whole context, -n up to the context's end, greedy, sampled, --logits, -c 1 and 2."""
+    whole context, -n up to the context's end, greedy, sampled, --logits, -c 1 and 2. A run
+    whose prompt fits the context and whose -n reaches at most its end must succeed."""
     out = []
     for name in names:
         ctx = min(SHAPES[name].max_ctx, 4096)
         fill = b"\x01" * (ctx - 1)                  # BOS + ctx-1 byte pieces: the context
 
-        def n(tokens: int, c: int = ctx) -> bytes:  # -n reaching the context's end
-            return str(max(1, c - tokens)).encode()
-        for label, argv in (
-                ("empty prompt", (b"-p", b"", b"-n", n(1))),
-                ("one byte piece", (b"-p", b"\x01", b"-n", n(2))),
-                ("context full, tokens", (b"-p", fill, b"--tokens")),
-                ("context full, -n 1", (b"-p", fill, b"-n", b"1")),
-                ("one past the context", (b"-p", fill + b"\x01", b"--tokens")),
-                ("sampled", (b"-p", b"", b"-n", n(1), b"--temp", b"1", b"-s", b"3",
-                             b"--top-p", b"0.8")),
-                ("logits", (b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS)),
-                ("-c 1", (b"-c", b"1", b"-p", b"", b"-n", b"1")),
-                ("-c 2", (b"-c", b"2", b"-p", b"", b"-n", b"1", b"--temp", b"0.7"))):
+        def n(tokens: int) -> bytes:                # -n reaching the context's end
+            return str(max(1, ctx - tokens)).encode()
+        for label, tokens, argv in (              # tokens: BOS + the prompt's pieces
+                ("empty prompt", 1, (b"-p", b"", b"-n", n(1))),
+                ("one byte piece", 2, (b"-p", b"\x01", b"-n", n(2))),
+                ("context full, tokens", ctx, (b"-p", fill, b"--tokens")),
+                ("context full, -n 1", ctx, (b"-p", fill, b"-n", b"1")),
+                ("one past the context", ctx + 1, (b"-p", fill + b"\x01", b"--tokens")),
+                ("sampled", 1, (b"-p", b"", b"-n", n(1), b"--temp", b"1", b"-s", b"3",
+                                b"--top-p", b"0.8")),
+                ("logits", 2, (b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS)),
+                ("-c 1", 1, (b"-c", b"1", b"-p", b"", b"-n", b"1")),
+                ("-c 2", 1, (b"-c", b"2", b"-p", b"", b"-n", b"1", b"--temp", b"0.7"))):
+            fits = tokens <= ctx and (b"--tokens" in argv or tokens < ctx)
             out.append(Case(f"{name}: {label}", argv=(b"-m", MODEL) + argv, model=name,
-                            reject=label == "one past the context"))
+                            reject=tokens > ctx, accept=fits and not label.startswith("-c")
+                            and label != "context full, -n 1"))
     return out
 
 
@@ -81,7 +84,8 @@ def sparse_cases() -> list[Case]:
     for label, argv in (("tokens", (b"-p", b"Hello world, the cat sat", b"--tokens")),
                         ("tokens, user pieces", (b"-p", b"<start_of_turn>user\n\n\tx", b"--tokens")),
                         ("tokens, bytes", (b"-p", "日本 \x01\xff".encode(), b"--tokens"))):
-        out.append(Case(f"{name}: {label}", argv=(b"-m", MODEL) + argv, model=name))
+        out.append(Case(f"{name}: {label}", argv=(b"-m", MODEL) + argv, model=name,
+                        accept=True))
     return out
 
 

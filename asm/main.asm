@@ -8,6 +8,8 @@ K_FLOAT = 3                     ; decimal float, stored as float32 bits
 K_MIN1  = 4                     ; added to K_INT/K_FLOAT: the value (or its bits) must be >= 1
 
 SIGPIPE_BIT = 1 shl 12          ; signal 13 in a sigset
+LOGITS_STAT = 256 - 144         ; out_buf offset of the --logits file's struct stat (144 bytes),
+                                ; after the model's first 16 (load_model)
 DEFAULT_CTX = 4096
 
 ; start: the ELF entry point. The kernel leaves argc at [rsp], argv after it.
@@ -142,8 +144,24 @@ setup:
         mov     rdi, [rbp+V_LOGITS]
         test    rdi, rdi
         jz      .no_logits
-        mov     esi, 0x241              ; O_WRONLY | O_CREAT | O_TRUNC
+        push    0x41                    ; O_WRONLY | O_CREAT: nothing truncated yet
+        pop     rsi
         mov     edx, 420                ; 0644
+        call    sys_open
+        test    eax, eax
+        js      err_cannot_write
+        xchg    edi, eax
+        lea     rsi, [rbp+V_OUT_BUF+LOGITS_STAT]
+        call    sys_fstat               ; the model file itself (a link, /proc/self/fd/N)?
+        mov     rax, [rsi+ST_DEV]       ; then truncating it would change the model and
+        cmp     rax, [rbp+V_OUT_BUF+ST_DEV]     ; fault its mapping: refuse
+        jne     .other_file
+        mov     rax, [rsi+ST_INO]
+        cmp     rax, [rbp+V_OUT_BUF+ST_INO]
+        je      err_cannot_write
+.other_file:
+        mov     rdi, [rbp+V_LOGITS]
+        mov     esi, 0x201              ; O_WRONLY | O_TRUNC, the same file again
         call    sys_open
         test    eax, eax
         js      err_cannot_write
@@ -193,7 +211,7 @@ exit_ok:
         jmp     sys_exit
 
 err_cannot_write:
-        mov     rbx, rdi
+        mov     rbx, [rbp+V_LOGITS]
         call    fatal_arg_here
         db      'cannot write ', 0
 

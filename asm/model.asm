@@ -2,6 +2,12 @@
 ; tables against the real file size before anything else reads them (format.asm).
 
 O_NONBLOCK = 0x800              ; O_RDONLY | O_NONBLOCK: a FIFO named by -m cannot block us
+ST_DEV  = 0                     ; struct stat (x86-64): u64 st_dev
+ST_INO  = 8                     ; u64 st_ino
+ST_MODE = 24                    ; u32 st_mode
+ST_SIZE = 48                    ; s64 st_size
+S_IFMT  = 0xF000
+S_IFREG = 0x8000
 
 ; load_model: map the file named by -m and validate it; sets model_base, model_size and
 ; pieces_ptr, index_ptr, user_ptr, blob_ptr.
@@ -12,7 +18,8 @@ O_NONBLOCK = 0x800              ; O_RDONLY | O_NONBLOCK: a FIFO named by -m cann
 ; sections in order and non-overlapping (pieces, index, user, blob, weights) ending at
 ; file_size, weights_off % 4096 == 0, every piece's bytes inside the blob and no longer
 ; than max_piece_len, every index and user id < vocab, user pieces not empty.
-;   in: rbx path, rbp front_base   out: rbx = model_base (the header)
+;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
+;   file's struct stat (main.asm compares st_dev, st_ino with the --logits file's)
 ;   clobbers: rax rcx rdx rsi rdi r8-r11
 load_model:
         mov     rdi, rbx
@@ -20,15 +27,15 @@ load_model:
         call    sys_open
         test    eax, eax
         js      err_cannot_read
-        push    rax
+        mov     r8d, eax                ; fd
         xchg    edi, eax
-        xor     esi, esi
-        push    2                       ; SEEK_END: the file's size
-        pop     rdx
-        call    sys_lseek
-        pop     r8                      ; fd
-        test    rax, rax
-        js      err_cannot_read
+        lea     rsi, [rbp+V_OUT_BUF]    ; kept there for the --logits check (main.asm)
+        call    sys_fstat               ; (if it fails, the zeroed mode is no regular file)
+        mov     eax, [rsi+ST_MODE]
+        and     eax, S_IFMT
+        cmp     eax, S_IFREG
+        jne     err_cannot_read         ; directory, FIFO, device
+        mov     rax, [rsi+ST_SIZE]
         cmp     rax, HEADER_SIZE
         jb      err_truncated
         mov     [rbp+V_SIZE], rax

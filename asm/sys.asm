@@ -4,7 +4,7 @@
 
 SYS_write       = 1
 SYS_open        = 2
-SYS_lseek       = 8
+SYS_fstat       = 5
 SYS_mmap        = 9
 SYS_rt_sigprocmask = 14
 SYS_exit_group  = 231
@@ -20,13 +20,14 @@ EPIPE = 32                      ; write to a pipe nobody reads
 ; Each wrapper pushes its syscall number and joins sys_call.
 ;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno
 ;   clobbers: rcx r10 r11
-; sys_open(path, flags, mode); sys_lseek(fd, offset, whence); sys_write(fd, buf, len);
-; sys_sigprocmask(how, set, oldset, setsize); sys_mmap(addr, len, prot, flags, fd, off).
+; sys_open(path, flags, mode); sys_fstat(fd, statbuf);
+; sys_write(fd, buf, len); sys_sigprocmask(how, set, oldset, setsize);
+; sys_mmap(addr, len, prot, flags, fd, off).
 sys_open:
         push    SYS_open
         jmp     sys_call
-sys_lseek:
-        push    SYS_lseek
+sys_fstat:
+        push    SYS_fstat
         jmp     sys_call
 sys_write:
         push    SYS_write

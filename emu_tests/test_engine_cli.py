@@ -352,6 +352,7 @@ def test_missing_and_unreadable_model(engine, tmp_path):
     assert_error(run(engine, "-m", tmp_path), f"cannot read {tmp_path}")   # a directory
     os.mkfifo(tmp_path / "fifo")                                                  # never blocks
     assert_error(run(engine, "-m", tmp_path / "fifo"), f"cannot read {tmp_path / 'fifo'}")
+    assert_error(run(engine, "-m", "/dev/zero"), "cannot read /dev/zero")         # not a file
 
 
 def mutated(mqa: Path, tmp_path: Path, **fields) -> Path:
@@ -437,6 +438,20 @@ def test_failed_writes(engine, mqa, tmp_path):
     with open("/dev/full", "wb") as full:
         r = run(engine, "-m", mqa, "-p", "a", "--tokens", stdout=full)
     assert r.returncode == 1 and r.stderr == b"gemma: write failed\n"
+
+
+def test_logits_file_may_not_be_the_model(engine, mqa, tmp_path):
+    """--logits naming the model (itself, a symlink, a hard link) is refused before anything
+    is truncated: the model stays intact (and its mapping cannot fault)."""
+    model = tmp_path / "model.bin"
+    model.write_bytes(mqa.read_bytes())
+    (tmp_path / "sym").symlink_to(model)
+    os.link(model, tmp_path / "hard")
+    for dest in (model, tmp_path / "sym", tmp_path / "hard"):
+        assert_error(run(engine, "-m", model, "-p", "hi", "-n", 2, "--logits", dest),
+                     f"cannot write {dest}")
+        assert model.read_bytes() == mqa.read_bytes()
+    assert run(engine, "-m", model, "-p", "hi", "-n", 2, "--logits", "/dev/null").returncode == 0
 
 
 def test_model_file_is_only_read(engine, mqa):

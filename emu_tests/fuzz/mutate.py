@@ -30,6 +30,8 @@ EMPTY = b"@EMPTY@"      # an empty file
 DIR = b"@DIR@"          # a directory
 LINK = b"@LINK@"        # a symbolic link to the case's model file
 HARDLINK = b"@HARDLINK@"    # a hard link to it (the runner makes both per case)
+FIFO = b"@FIFO@"        # a named pipe nobody writes to
+LOOP = b"@LOOP@"        # a symbolic link to itself
 
 PROMPTS = [b"Hello world", b"<start_of_turn>user\n\tHi  there</h1><b>x</b>\n\n<end_of_turn>",
            "日本語 🙂 ünïcödé".encode(), b"\x01\x02 \x7f", b"a", b"1234 5678 the cat"]
@@ -319,7 +321,8 @@ class _Maker:
                                 reject=v.startswith(b"-") and f in (b"-n", b"-t", b"-c")
                                 and v.strip(b"-0") != b""))
         for path in (NOFILE, EMPTY, DIR, b"/dev/null", b"/dev/zero", b"", b"/", b"/proc/self/maps",
-                     b"/etc/passwd", b"/" + b"a" * 5000):
+                     b"/etc/passwd", b"/" + b"a" * 5000, FIFO, LOOP, b"/dev/stdin",
+                     b"/proc/self/fd/0", b"/proc/self/exe", (b"x/" * 3000) + b"m.bin"):
             out.append(Case(f"model path {path!r}", argv=(b"-m", path, b"-p", b"hi"), reject=True))
         out.append(Case("no -m", argv=(b"-p", b"hi", b"-n", b"2"), reject=True))
         out.append(Case("only --tokens", argv=(b"--tokens",), reject=True))

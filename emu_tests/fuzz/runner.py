@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .model import read_prefix, write_case
-from .mutate import DIR, EMPTY, HARDLINK, LINK, LOGITS, MODEL, NOFILE, Case
+from .mutate import DIR, EMPTY, FIFO, HARDLINK, LINK, LOGITS, LOOP, MODEL, NOFILE, Case
 
 ADDRESS_SPACE = 8 << 30     # per run: room for the 5 GB sparse model's mapping; a runaway
                             # allocation fails (ENOMEM) instead of taking the box down
@@ -104,10 +104,12 @@ def _init(binary: str, models: dict[str, str], root: str) -> None:
     wdir = Path(root) / f"w{os.getpid()}"
     (wdir / "dir").mkdir(parents=True, exist_ok=True)
     (wdir / "empty").write_bytes(b"")
+    os.mkfifo(wdir / "fifo")
+    (wdir / "loop").symlink_to(wdir / "loop")
     _W.update(binary=binary, models=models, bases={}, wdir=wdir, subs={
         LOGITS: bytes(wdir / "logits.bin"), NOFILE: bytes(wdir / "nofile"),
         EMPTY: bytes(wdir / "empty"), DIR: bytes(wdir / "dir"), LINK: bytes(wdir / "link.bin"),
-        HARDLINK: bytes(wdir / "hard.bin")})
+        HARDLINK: bytes(wdir / "hard.bin"), FIFO: bytes(wdir / "fifo"), LOOP: bytes(wdir / "loop")})
 
 
 def _limits(closed: tuple[int, ...]):

@@ -3,10 +3,12 @@ against this machine's memory bandwidth and against llama.cpp on the same weight
 
 Steps: make (once, cached outside the repo: ~/.cache/gemma-bench/, or --cache) the synthetic
 model of --preset and its F16 GGUF twin with `python -m builder synth`; read both files once so
-they sit in the page cache (neither engine then waits for the disk); measure memory read
-bandwidth for each thread count (builder.bench_bandwidth, a native AVX2 streaming read of
---bw-size bytes); run the engine and llama.cpp for each thread count; measure bandwidth again
-and keep the higher figure of the two for each thread count; print the table.
+they sit in the page cache (neither engine then waits for the disk: the table shows major page
+faults, which count the times it did); then --repeat rounds of: memory read bandwidth for each
+thread count (builder.bench_bandwidth, a native AVX2 streaming read of --bw-size bytes), then
+for each thread count the engine and llama.cpp, one after the other; bandwidth once more at the
+end. Each figure is the best over the rounds (the machine is shared: other work only ever
+slows a run down), and the table shows the 1-minute load average before and after.
 
 How the engine is timed from outside (it prints no timings). The prompt is fixed text cut to P
 tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--temp 0).
@@ -38,7 +40,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -70,6 +72,7 @@ class Config:
     prompt_tokens: int = 64
     n: int = 16
     bw_size: int = 2 << 30
+    repeat: int = 1
     llama: bool = True
     llama_bench: Path | None = None
     model: Path | None = None  # given files instead of the cached synthetic pair
@@ -122,12 +125,13 @@ class Result:
     gguf: str
     bytes_per_token: int
     flops_per_prompt_token: float
-    bandwidth: dict[int, float]  # GB/s per thread count (the higher of before and after)
-    bandwidth_runs: dict[int, list[float]]  # GB/s per thread count, before and after
+    bandwidth: dict[int, float]  # GB/s per thread count (the highest of bandwidth_runs)
+    bandwidth_runs: dict[int, list[float]]  # GB/s per thread count, before each round and after
     gemma: list[Figures]
     llama: list[Figures]
     llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
     load: list[float]  # 1-minute load average before and after: other work on the machine
+    repeat: int  # rounds; each figure is the best of them
 
     def efficiency(self, f: Figures) -> float:
         return f.decode_tps * self.bytes_per_token / (self.bandwidth[f.threads] * 1e9)
@@ -199,7 +203,7 @@ def engine_path(cfg: Config) -> Path:
     if cfg.engine:
         if not cfg.engine.is_file():
             raise BenchError(f"no engine binary at {cfg.engine}")
-        return cfg.engine
+        return cfg.engine.resolve()  # exec would search PATH for a bare name
     binary = ROOT / "gemma"
     if not binary.is_file():
         from builder.build import build
@@ -293,8 +297,9 @@ def time_llama(cfg: Config, gguf: Path, ids: list[int], threads: int) -> Figures
     if cfg.llama_bench:
         if not cfg.llama_bench.is_file():
             raise BenchError(f"no llama-bench binary at {cfg.llama_bench}")
-        r = _checked(run(bench_llama.llama_bench_argv(cfg.llama_bench, gguf, threads, len(ids),
-                                                      cfg.n), capture=True), "")
+        argv = bench_llama.llama_bench_argv(cfg.llama_bench.resolve(), gguf, threads, len(ids),
+                                            cfg.n)
+        r = _checked(run(argv, capture=True), "")
         try:
             out = bench_llama.parse_llama_bench(r.stdout.decode())
         except (ValueError, KeyError) as e:
@@ -330,19 +335,35 @@ def bench(cfg: Config) -> Result:
     for path in (model, gguf) if source else (model,):
         warm(path)
     text, ids = make_prompt(engine, model, cfg.prompt_tokens)
-    before = bench_bandwidth.bandwidths(threads, cfg.bw_size)
-    gemma, llama = [], []
-    for t in tqdm(threads, desc="engines", unit="thread count", leave=False,
-                  disable=len(threads) < 2):
-        gemma.append(time_engine(engine, model, text, len(ids), cfg.n, t))
-        if source:
-            llama.append(time_llama(cfg, gguf, ids, t))
-    after = bench_bandwidth.bandwidths(threads, cfg.bw_size)
+    bw_runs: dict[int, list[float]] = {t: [] for t in threads}
+    gemma: dict[int, list[Figures]] = {t: [] for t in threads}
+    llama: dict[int, list[Figures]] = {t: [] for t in threads}
+
+    def bandwidth() -> None:
+        for t, gbs in bench_bandwidth.bandwidths(threads, cfg.bw_size).items():
+            bw_runs[t].append(gbs)
+
+    # rounds interleave the engines, so a burst of other work on the machine hits both
+    for _ in tqdm(range(cfg.repeat), desc="rounds", leave=False, disable=cfg.repeat < 2):
+        bandwidth()
+        for t in threads:
+            gemma[t].append(time_engine(engine, model, text, len(ids), cfg.n, t))
+            if source:
+                llama[t].append(time_llama(cfg, gguf, ids, t))
+    bandwidth()
     return Result(machine, cfg.preset if not cfg.model else "given", str(model), str(gguf or ""),
                   bytes_per_token(model), flops_per_prompt_token(model, len(ids)),
-                  {t: max(before[t], after[t]) for t in threads},
-                  {t: [before[t], after[t]] for t in threads}, gemma, llama,
-                  source or llama_missing(cfg, gguf), [load, load_average()])
+                  {t: max(bw_runs[t]) for t in threads}, bw_runs,
+                  [best(gemma[t]) for t in threads], [best(llama[t]) for t in threads if llama[t]],
+                  source or llama_missing(cfg, gguf), [load, load_average()], cfg.repeat)
+
+
+def best(runs: list[Figures]) -> Figures:
+    """The best of repeated measurements: the highest rates and memory peaks, all faults."""
+    return replace(runs[0], prompt_tps=max(f.prompt_tps for f in runs),
+                   decode_tps=max(f.decode_tps for f in runs),
+                   peak_rss=max(f.peak_rss for f in runs), peak_anon=max(f.peak_anon for f in runs),
+                   major_faults=sum(f.major_faults for f in runs))
 
 
 def _num(x: float, digits: int = 2) -> str:
@@ -363,14 +384,14 @@ def table(res: Result) -> str:
              f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "
              f"{m.fma_peak(1) / 1e9:,.1f} GFLOP/s per core",
              f"load average (1 min) before / after: {res.load[0]:.2f} / {res.load[1]:.2f} "
-             f"(other work on the {m.cpus} CPUs)",
+             f"(other work on the {m.cpus} CPUs); best of {res.repeat} round(s)",
              f"llama.cpp: {res.llama_source}" if res.llama else res.llama_source]
     g = {f.threads: f for f in res.gemma}
     ll = {f.threads: f for f in res.llama}
     rows: list[tuple[str, list[str]]] = [
         ("threads", [str(t) for t in g]),
         ("memory read bandwidth GB/s", [_num(res.bandwidth[t]) for t in g]),
-        ("  (before / after the engines)",
+        ("  (before each round / after)",
          [" / ".join(_num(b, 1) for b in res.bandwidth_runs[t]) for t in g]),
         ("gemma prompt tokens/s", [_num(f.prompt_tps) for f in g.values()]),
         ("gemma decode tokens/s", [_num(f.decode_tps) for f in g.values()]),
@@ -462,6 +483,8 @@ def main(argv: list[str]) -> int:
                    help="prompt length in tokens, BOS included (default 64)")
     p.add_argument("-n", type=int, default=16, help="tokens to generate (default 16)")
     p.add_argument("--bw-size", default="2G", help="bandwidth test buffer (default 2G)")
+    p.add_argument("-r", "--repeat", type=int, default=1,
+                   help="rounds of every measurement; the best of them is shown (default 1)")
     p.add_argument("--llama-bench", type=Path, help="a llama-bench binary to compare with")
     p.add_argument("--no-llama", action="store_true", help="do not run llama.cpp")
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
@@ -470,15 +493,15 @@ def main(argv: list[str]) -> int:
     try:
         if a.gguf and not a.model:
             raise BenchError("--gguf goes with --model")
-        if a.prompt_tokens < 2 or a.n < 2:
-            raise BenchError("--prompt-tokens and -n must be at least 2")
+        if a.prompt_tokens < 2 or a.n < 2 or a.repeat < 1:
+            raise BenchError("--prompt-tokens and -n must be at least 2, --repeat at least 1")
         if a.plot:
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
                 raise BenchError("--plot needs matplotlib: pip install matplotlib") from None
         cfg = Config(a.preset, a.seed, a.cache, a.engine, _threads(a.threads) if a.threads else [],
-                     a.prompt_tokens, a.n, _size(a.bw_size), not a.no_llama, a.llama_bench,
+                     a.prompt_tokens, a.n, _size(a.bw_size), a.repeat, not a.no_llama, a.llama_bench,
                      a.model, a.gguf)
         res = bench(cfg)
         print(table(res))

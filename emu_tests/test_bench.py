@@ -22,7 +22,7 @@ from builder.synth import PRESETS
 
 PROMPT, N = 24, 6
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-ROWS = ["threads", "memory read bandwidth GB/s", "(before / after the engines)",
+ROWS = ["threads", "memory read bandwidth GB/s", "(before each round / after)",
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
         "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
         "gemma peak anonymous MB", "tokens: prompt, decoded", "gemma major page faults"]
@@ -45,7 +45,7 @@ def report(gemma, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     threads = [1, 2] if len(os.sched_getaffinity(0)) >= 2 else [1]
     argv = ["--preset", "tiny", "--cache", str(tmp / "cache"), "--engine", str(gemma.binary),
-            "--bw-size", "32M", "-t", ",".join(map(str, threads)), "-p", str(PROMPT),
+            "--bw-size", "32M", "--repeat", "2", "-t", ",".join(map(str, threads)), "-p", str(PROMPT),
             "-n", str(N), "--json", str(tmp / "out.json")]
     if HAVE_MATPLOTLIB:
         argv += ["--plot", str(tmp / "plot.png")]
@@ -96,6 +96,7 @@ def test_figures_are_positive_and_consistent(report):
             t = f["threads"]
             bw = res["bandwidth"][str(t)]
             assert bw == max(res["bandwidth_runs"][str(t)]) > 0
+            assert len(res["bandwidth_runs"][str(t)]) == 3  # before each of 2 rounds, after
             assert f["prompt_tps"] > 0 and f["decode_tps"] > 0, f"{engine} t={t}: {f}"
             assert f["n_prompt"] == res["gemma"][0]["n_prompt"], f"{engine}: other prompt length"
             eff = f["decode_tps"] * res["bytes_per_token"] / (bw * 1e9)

@@ -384,7 +384,8 @@ def table(res: Result) -> str:
              f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "
              f"{m.fma_peak(1) / 1e9:,.1f} GFLOP/s per core",
              f"load average (1 min) before / after: {res.load[0]:.2f} / {res.load[1]:.2f} "
-             f"(other work on the {m.cpus} CPUs); best of {res.repeat} round(s)",
+             f"(other work on the {m.cpus} CPUs); best of {res.repeat} round(s)"
+             + ("; BUSY: every figure is a lower bound" if max(res.load) >= m.cpus else ""),
              f"llama.cpp: {res.llama_source}" if res.llama else res.llama_source]
     g = {f.threads: f for f in res.gemma}
     ll = {f.threads: f for f in res.llama}

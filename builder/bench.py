@@ -217,7 +217,7 @@ def engine_path(cfg: Config) -> Path:
 
 def _checked(r: Run, what: str) -> Run:
     if r.returncode != 0:
-        raise BenchError(f"{Path(r.argv[0]).name} {what} failed: {r.error_line()}")
+        raise BenchError(f"{what} failed: {r.error_line()}")
     return r
 
 
@@ -228,7 +228,7 @@ def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int
             "-p"]
 
     def ids(text: str) -> list[int]:
-        r = _checked(run(base + [text], capture=True), "--tokens")
+        r = _checked(run(base + [text], capture=True), "the engine's --tokens")
         return [int(t) for t in r.stdout.split()]
 
     text = PROMPT_TEXT
@@ -248,10 +248,11 @@ def time_engine(engine: Path, model: Path, text: str, n_prompt: int, n: int,
     ctx = min(h.max_ctx, n_prompt + n + 8)
     base = [str(engine), "-m", str(model), "-p", text, "--temp", "0", "-t", str(threads),
             "-c", str(ctx)]
-    start = min(_checked(run(base + ["--tokens"]), "--tokens").seconds for _ in range(3))
-    prompt = _checked(run(base + ["-n", "0"]), "-n 0")
+    start = min(_checked(run(base + ["--tokens"]), "the engine's --tokens").seconds
+                for _ in range(3))
+    prompt = _checked(run(base + ["-n", "0"]), "the engine's -n 0 run")
     decode = _checked(run(base + ["-n", str(n), "--logits", "{logits}"], row_bytes=h.vocab * 4),
-                      f"-n {n}")
+                      f"the engine's -n {n} run")
     rows = decode.rows
     if len(rows) < n_prompt:
         raise BenchError(f"the engine wrote {len(rows)} logits rows for a {n_prompt}-token prompt")
@@ -299,7 +300,7 @@ def time_llama(cfg: Config, gguf: Path, ids: list[int], threads: int) -> Figures
             raise BenchError(f"no llama-bench binary at {cfg.llama_bench}")
         argv = bench_llama.llama_bench_argv(cfg.llama_bench.resolve(), gguf, threads, len(ids),
                                             cfg.n)
-        r = _checked(run(argv, capture=True), "")
+        r = _checked(run(argv, capture=True), "llama-bench")
         try:
             out = bench_llama.parse_llama_bench(r.stdout.decode())
         except (ValueError, KeyError) as e:
@@ -309,7 +310,8 @@ def time_llama(cfg: Config, gguf: Path, ids: list[int], threads: int) -> Figures
             path = Path(tmp) / "llama.json"
             r = _checked(run([sys.executable, "-m", "builder.bench_llama", str(gguf),
                               "--threads", str(threads), "--ids", ",".join(map(str, ids)),
-                              "-n", str(cfg.n), "--out", str(path)]), "")
+                              "-n", str(cfg.n), "--out", str(path)]),
+                         "llama.cpp (llama-cpp-python)")
             out = json.loads(path.read_text())
     return Figures(threads, out["prompt_tps"], out["decode_tps"], out["n_prompt"],
                    out["n_decode"], r.peak_rss, r.peak_anon, r.major_faults)

@@ -167,6 +167,7 @@ def test_llama_bench_output_is_parsed():
     (["--bw-size", "12"], "--bw-size wants at least 1M"),
     (["--gguf", "x.gguf"], "--gguf goes with --model"),
     (["--model", "/nonexistent/m.bin", "--engine", "/bin/true"], "no such file: /nonexistent/m.bin"),
+    (["--preset", "tiny", "--engine", "/bin/false"], "the engine's --tokens failed: exit status 1"),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--cache", str(tmp_path)]) == 1

@@ -294,16 +294,15 @@ parse_float:
 .exp_add:
         add     r8d, eax
 .scale:
-        push    r8
+        fild    qword [rsp]             ; the integer
+        mov     [rsp], r8d
         fild    dword [rsp]
         fldl2t
         fmulp
-        call    exp2_x87                ; 10^exponent
-        fild    qword [rsp+8]
+        call    exp2_x87                ; 10^exponent (rsp 16-aligned here)
         fmulp
         fstp    dword [rsp]
         pop     rax
-        pop     rcx
         mov     eax, eax
         ret
 

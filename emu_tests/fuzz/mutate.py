@@ -19,7 +19,7 @@ import random
 import struct
 from dataclasses import dataclass, replace
 
-from builder.modelfile import BYTE, HEADER_FIELDS, HEADER_SIZE, PIECE_REC
+from builder.modelfile import BYTE, HEADER_FIELDS, HEADER_SIZE, PIECE, PIECE_REC
 
 from .model import PIECE_FIELDS, Base, header_problems, parse_header, weights_size
 
@@ -378,9 +378,47 @@ class _Maker:
         return out
 
     # -- random fill -----------------------------------------------------------------------
+    def random_tables(self, k: int) -> Case:
+        """New tokenizer tables of the same sizes that pass every check the contract makes
+        the engine do (ids < vocab, pieces inside the blob and <= max_piece_len, user pieces
+        not empty) but are otherwise random: random bytes (U+2581 and UTF-8 fragments
+        likely), empty pieces, NaN and infinite scores, any type, duplicate and unsorted
+        index entries, user pieces in any order. The prompt is made of their pieces."""
+        r, h = self.rng, self.h
+        vocab, bs, mpl = h["vocab"], h["blob_size"], h["max_piece_len"]
+        alphabet = [b"a", b"b", b"c", b" ", "\u2581".encode(), b"\xe2", b"\x96", b"\x81",
+                    "\u65e5".encode(), b"\xff", b"<", b">", b"0", b"\n", b"\t"]
+        blob = b"".join(r.choice(alphabet) for _ in range(bs))[:bs].ljust(bs, b"a")
+        recs = []
+        for i in range(vocab):
+            n = min(mpl, bs, r.choice([0, 1, 1, 2, 2, 3, 4, r.randint(0, mpl)]))
+            score = r.choice([-float(r.randint(0, 5000)), 0.0, float("nan"), float("inf"),
+                              -float("inf"), r.uniform(-1e30, 1e30)])
+            kind = r.choice([1] * 8 + [2, 3, 4, 5, 6, 0, 7, 0xFFFFFFFF])
+            recs.append((r.randint(0, bs - n), n, score, kind))
+        pieces = [blob[o:o + n] for o, n, _, _ in recs]
+        index = [r.randrange(vocab) for _ in range(h["n_index"])]
+        if r.random() < 0.9:
+            index.sort(key=lambda i: pieces[i])
+        user = [r.choice([i for i in range(vocab) if recs[i][1]] or [0])
+                for _ in range(h["n_user"])]
+        if user and not recs[user[0]][1]:
+            recs[user[0]] = (0, 1, 0.0, 4)
+        if r.random() < 0.5:
+            user.sort(key=lambda i: (-recs[i][1], i))
+        edits = ((h["pieces_off"], b"".join(PIECE.pack(*rec) for rec in recs)),
+                 (h["index_off"], struct.pack(f"<{len(index)}I", *index)),
+                 (h["user_off"], struct.pack(f"<{len(user)}I", *user)), (h["blob_off"], blob))
+        text = b"".join(r.choice(pieces) for _ in range(r.randint(0, 12))) + r.choice(PROMPTS)
+        return Case(f"random #{k}: random valid tokenizer tables",
+                    edits, argv=self.argv(text.replace(b"\0", b"\1")))
+
+
     def random_case(self, k: int) -> Case:
         r, h = self.rng, self.h
-        kind = r.randrange(8)
+        kind = r.randrange(9)
+        if kind == 8:
+            return self.random_tables(k)
         if kind == 0:
             fields = r.sample(HEADER_FIELDS[1:], r.randint(1, 3))
             values = {}

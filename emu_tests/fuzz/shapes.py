@@ -83,7 +83,7 @@ def sparse_cases() -> list[Case]:
     name, out = "sparse_2b", []
     for label, argv in (("tokens", (b"-p", b"Hello world, the cat sat", b"--tokens")),
                         ("tokens, user pieces", (b"-p", b"<start_of_turn>user\n\n\tx", b"--tokens")),
-                        ("tokens, bytes", (b"-p", "日本 \x01\xff".encode(), b"--tokens"))):
+                        ("tokens, bytes", (b"-p", "日本 ".encode() + b"\x01\xff", b"--tokens"))):
         out.append(Case(f"{name}: {label}", argv=(b"-m", MODEL) + argv, model=name,
                         accept=True))
     return out

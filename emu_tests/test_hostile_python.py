@@ -5,13 +5,24 @@
 - `python -m builder convert` on malformed safetensors headers, malformed GGUF files and
   inconsistent config.json (mutations of the tiny_mqa fixture): exit status 1 or 2, exactly one
   line on stderr, no traceback, no output file left behind, well within the timeout.
+- RANDOM_CASES seeded random mutations of the same three inputs (bytes flipped in the GGUF
+  metadata and tensor table, in the safetensors JSON, values of config.json replaced by other
+  types), through `builder.convert.main` in one memory-limited child process (a subprocess
+  each would take minutes): each ends in 0, or 1/2 with one line on stderr, never an
+  exception.
 Each family runs its cases two at a time; a failure lists every case that misbehaved.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import multiprocessing
+import random
 import re
+import resource
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -398,3 +409,85 @@ def test_regression_F1_convert_huge_layers(tmp_path):
         return raw[:value_at] + struct.pack("<I", 2**31 - 1) + raw[value_at + 4:]
     run_all({"config.json": _convert_case(tmp_path, "config", _config({"num_hidden_layers": 2**31 - 1})),
              "gguf": _convert_case(tmp_path, "gguf", _gguf(gguf_edit))})
+
+
+RANDOM_CASES = 300
+RANDOM_SEED = 20261130
+ODD_VALUES = [None, 0, -1, 1, 2**31, 2**63, 2**64, 1e300, -0.5, float("nan"), "", "x", "64",
+              [], [1, 2], {}, {"a": 1}, True]
+
+
+def _mutated_source(r: random.Random, work: Path) -> tuple[str, Path]:
+    """One random hostile source in `work`: its label and what to convert."""
+    kind = r.choice(["gguf", "safetensors bytes", "safetensors value", "config"])
+    if kind == "gguf":
+        raw = bytearray((fixture_path("tiny_mqa") / "model-f16.gguf").read_bytes())
+        end = GGUFReader(fixture_path("tiny_mqa") / "model-f16.gguf").tensors[0].data_offset
+        flips = [(r.randrange(end), r.randrange(256)) for _ in range(r.randint(1, 4))]
+        for at, v in flips:
+            raw[at] = v
+        (work / "m.gguf").write_bytes(bytes(raw))
+        return f"gguf bytes {flips}", work / "m.gguf"
+    src = _hf_copy(work)
+    if kind == "config":
+        cfg = json.loads((src / "config.json").read_text())
+        key = r.choice(sorted(cfg))
+        cfg[key] = r.choice(ODD_VALUES)
+        (src / "config.json").write_text(json.dumps(cfg))
+        return f"config {key} = {cfg[key]!r}", src
+    raw = bytearray((src / "model.safetensors").read_bytes())
+    n = struct.unpack_from("<Q", raw)[0]
+    if kind == "safetensors bytes":
+        flips = [(r.randrange(8 + n), r.randrange(256)) for _ in range(r.randint(1, 4))]
+        for at, v in flips:
+            raw[at] = v
+        label = f"safetensors bytes {flips}"
+    else:
+        head = json.loads(raw[8:8 + n])
+        name = r.choice(sorted(head))
+        field = r.choice(["dtype", "shape", "data_offsets"])
+        if isinstance(head[name], dict) and field in head[name]:
+            head[name][field] = r.choice(ODD_VALUES + [[r.randint(-5, 1 << 40)] * r.randint(1, 3)])
+        label = f"safetensors {name}.{field} = {head[name].get(field)!r}"[:200]
+        raw = bytearray(_st(head, bytes(raw[8 + n:])))
+    (src / "model.safetensors").write_bytes(bytes(raw))
+    return label, src
+
+
+def _random_conversions(tmp: str, seed: int = RANDOM_SEED, count: int = RANDOM_CASES) -> list[str]:
+    """In a child (3 GB address space, 20 s per case): `count` random cases through
+    builder.convert.main; what went wrong."""
+    from builder.convert import main as convert_main
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+    def too_slow(*_):
+        raise TimeoutError("more than 20 s")
+    signal.signal(signal.SIGALRM, too_slow)
+    r, wrong = random.Random(seed), []
+    for i in range(count):
+        work = Path(tmp) / f"c{i}"
+        work.mkdir()
+        label, src = _mutated_source(r, work)
+        err = io.StringIO()
+        signal.alarm(20)
+        try:
+            with contextlib.redirect_stderr(err):
+                status = convert_main([str(src), "-o", str(work / "out.bin"), "-q"])
+        except SystemExit as e:
+            status = e.code
+        except BaseException as e:  # noqa: BLE001 - the finding
+            wrong.append(f"case {i} ({label}): {type(e).__name__}: {str(e)[:120]}")
+            continue
+        finally:
+            signal.alarm(0)
+        text = err.getvalue()
+        if status not in (0, 1, 2) or (status and (text.count("\n") != 1 or "Traceback" in text)):
+            wrong.append(f"case {i} ({label}): status {status}, stderr {text[:200]!r}")
+        shutil.rmtree(work)
+    return wrong
+
+
+def test_converter_random_mutations(tmp_path):
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        wrong = pool.apply(_random_conversions, (str(tmp_path),))
+    assert not wrong, f"{len(wrong)} of {RANDOM_CASES} (seed {RANDOM_SEED}):\n" + "\n".join(wrong[:20])

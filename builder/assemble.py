@@ -197,6 +197,15 @@ def imm_range(mnemonic: str, first: Reg | Mem | None, size: int | None,
     return -(1 << (8 * size - 1)), (1 << (8 * size)) - 1
 
 
+def vex_scalar_size(mnemonic: str) -> int | None:
+    """Memory size of a VEX scalar instruction (vaddss: 4, vfmadd231sd: 8, vcvtsd2ss: 8):
+    keystone wants it spelled out, fasm infers it."""
+    source = mnemonic.split("2")[0] if mnemonic.startswith("vcvt") else mnemonic
+    if mnemonic.startswith("v") and source[-2:] in ("ss", "sd"):
+        return 4 if source.endswith("ss") else 8
+    return None
+
+
 def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
          label_sizes: dict[str, int]) -> Expected:
     """The keystone text and expectations of one instruction assembled at `address`, taking
@@ -248,7 +257,7 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
                         "line or a size operator")
             if mn == "lea":                            # an address, not an access
                 size = None
-            size = size or DEFAULT_SIZE.get(mn)
+            size = size or DEFAULT_SIZE.get(mn) or vex_scalar_size(mn)
             if size is None and mn not in IMPLIED_SIZE and (not regs or mn in NEEDS_SIZE):
                 raise BuildError("operand size not specified", where)
             if size is not None and size not in KEYSTONE_SIZES:

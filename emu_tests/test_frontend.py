@@ -422,3 +422,13 @@ def test_self_dependent_layout_settles_with_nop_padding(asm_tree):
     assert add.address % 64 == 62 and add.pad == 2
     assert add.data == bytes([0x83, 0xC0, syms["c"] - syms["b"], 0x90, 0x90])
     assert syms["c"] - syms["b"] == 126
+
+
+def test_vex_scalar_memory_operands_get_their_size(asm_tree):
+    # fasm infers these sizes; keystone refuses the operand unless told.
+    root = asm_tree("        vaddss xmm0, xmm0, [rsi]\n        vfmadd231sd xmm0, xmm1, [rsi]\n"
+                    "        vcvtsd2ss xmm0, xmm0, [rsi]\n        vcvtss2sd xmm0, xmm0, [rsi]\n"
+                    + EXIT)
+    assert disasm(assemble_tree(root))[:4] == [
+        "vaddss xmm0, xmm0, dword ptr [rsi]", "vfmadd231sd xmm0, xmm1, qword ptr [rsi]",
+        "vcvtsd2ss xmm0, xmm0, qword ptr [rsi]", "vcvtss2sd xmm0, xmm0, dword ptr [rsi]"]

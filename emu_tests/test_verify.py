@@ -131,7 +131,10 @@ def test_a_whole_program_passes_and_every_instruction_is_checked(asm_tree):
              "fistp qword [rsp]", "fldcw [rsp]", "vfmadd231ps ymm0, ymm1, [rdi + rcx*4]",
              "vcvtph2ps ymm2, [rsi + rax*2 + 32]", "vbroadcastss ymm3, [value]",
              "vextractf128 xmm0, ymm1, 1", "vcmpps ymm0, ymm1, ymm2, 30", "vzeroupper",
-             "call qword [rax + 8]"]
+             "call qword [rax + 8]", "vfmadd213ss xmm0, xmm1, [rsi]",
+             "vcvtps2ph [rdi], ymm1, 4", "vperm2f128 ymm0, ymm1, ymm2, 0x21",
+             "vpslld ymm0, ymm0, 23", "vblendvps ymm0, ymm1, ymm2, ymm3", "vptest ymm0, ymm0",
+             "lock cmpxchg [rdi], ecx", "xgetbv", "cpuid", "pause"]
     root = asm_tree("".join(f"        {line}\n" for line in lines) + EXIT + "value dd 0, 0\n")
     result = build(root, root / "gemma")
     assert verify(result.image.placed) == len(lines) + 2

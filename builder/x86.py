@@ -78,7 +78,8 @@ _CC_ALIASES = {"z": "e", "nz": "ne", "c": "b", "nae": "b", "nc": "ae", "nb": "ae
 _CC = ["o", "no", "b", "ae", "e", "ne", "be", "a", "s", "ns", "p", "np", "l", "ge", "le", "g"]
 _ALIASES = {"sal": "shl", "retn": "ret", "retq": "ret", "fwait": "wait", "xlat": "xlatb",
             "loopz": "loope", "loopnz": "loopne", "movabs": "mov", "movsxd": "movsx",
-            "pushf": "pushfq", "popf": "popfq", "iret": "iretq"}
+            "pushf": "pushfq", "popf": "popfq", "iret": "iretq", "fcomip": "fcompi",
+            "fucomip": "fucompi"}
 for _cc, _canon in _CC_ALIASES.items():
     for _head in ("j", "set", "cmov"):
         _ALIASES[_head + _cc] = _head + _canon
@@ -95,7 +96,7 @@ _PSEUDO_CMP = re.compile(r"^(v?)cmp([a-z_]+?)(ps|pd|ss|sd)$")
 _CAPSTONE = {n[len("X86_INS_"):].lower() for n in dir(_cs)
              if n.startswith("X86_INS_") and n not in ("X86_INS_INVALID", "X86_INS_ENDING")}
 _CAPSTONE -= {"rep", "repne", "lock"}
-_CAPSTONE |= {"faddp", "fcomip", "fucomip"}          # printed by capstone, missing in its enum
+_CAPSTONE |= {"faddp"}                     # printed by capstone, missing from its enum
 # x87 mnemonics that are `wait` followed by the no-wait form: two instructions in the bytes.
 WAIT_FORMS = {"fstcw": "fnstcw", "fstsw": "fnstsw", "fsave": "fnsave", "fclex": "fnclex",
               "finit": "fninit", "fstenv": "fnstenv"}

@@ -104,6 +104,7 @@ def test_differences_are_reported(mnemonic, operands, code, why):
     ("fxch", [], "d9c9", None),
     ("fld", [("reg", "st0")], "d9c0", None),
     ("fstcw", [("mem", None, {"rsp": 1}, 0)], "9bd93c24", None),
+    ("fcomip", [("reg", "st0"), ("reg", "st1")], "dff1", None),
     ("int3", [], "cc", None),
     ("int", [("imm", 3)], "cd03", None),
     ("imul", [("reg", "eax"), ("imm", 5)], "6bc005", None),

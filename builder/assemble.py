@@ -19,7 +19,9 @@ settles.
 Checks made before keystone sees an instruction (it silently truncates or aborts on these):
 immediates and displacements in range for their operand, address registers 64-bit with a
 valid scale, no ah/bh/ch/dh beside a register that needs REX, an explicit size where fasm
-needs one. Statements in the writeable segment after its last initialised byte are .bss.
+needs one. Memory sizes fasm infers but keystone needs spelled out (data labels, VEX scalar
+operands, fasm's defaults) are written as `... ptr`. Statements in the writeable segment
+after its last initialised byte are .bss.
 """
 from __future__ import annotations
 
@@ -54,12 +56,12 @@ IMPLIED_SIZE = {"lea", "prefetcht0", "prefetcht1", "prefetcht2", "prefetchnta",
                                                   "l", "nge", "ge", "nl", "le", "ng", "g",
                                                   "nle")}
 # ... and instructions whose register operand does not fix the memory operand's size.
+NEEDS_SIZE = {"movzx", "movsx", "shl", "shr", "sal", "sar", "rol", "ror", "rcl",
+              "rcr", "vcvtsi2ss", "vcvtsi2sd", "crc32"}
 DEFAULT_SIZE = {"cvtsi2ss": 4, "cvtsi2sd": 4, "movsxd": 4}     # fasm's defaults
 # String instructions keystone only knows with explicit operands (movsd/cmpsd are SSE to it).
 KEYSTONE_STRINGS = {"movsd": "movs dword ptr [rdi], dword ptr [rsi]",
                     "cmpsd": "cmps dword ptr [rsi], dword ptr [rdi]"}
-NEEDS_SIZE = {"movzx", "movsx", "shl", "shr", "sal", "sar", "rol", "ror", "rcl",
-              "rcr", "vcvtsi2ss", "vcvtsi2sd", "crc32"}
 SHORT_BRANCHES = {"jcxz", "jecxz", "jrcxz", "loop", "loope", "loopne", "loopz", "loopnz"}
 IMM8 = {"shl", "shr", "sal", "sar", "rol", "ror", "rcl", "rcr", "bt", "bts", "btr", "btc",
         "int", "shld", "shrd"}

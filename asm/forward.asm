@@ -7,8 +7,10 @@
 ; model_setup: derived dimensions, the weights size check, weight and buffer pointers.
 ; Relies on the header validation in model.asm (dims >= 1, <= 2^16; vocab <= 2^24; layers,
 ; heads <= 2^10; heads % kv_heads == 0; ctx_len <= max_ctx), so no product below overflows.
-;   in: model_base, ctx_len   out: fwd_vars set; fatal "bad header" if weights_size is not
-;   the layout's size, "out of memory"   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0 (preserves the rest)
+;   in: model_base, ctx_len, n_threads   out: fwd_vars set, the kernel chosen (cpu_setup), the
+;   workers started (threads_start); fatal "bad header" if weights_size is not the layout's
+;   size, "out of memory", "cannot start threads"
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0 (preserves the rest)
 model_setup:
         push    rbx
         push    rbp
@@ -88,6 +90,8 @@ model_setup:
         stosq                           ; FV_X, FV_XB, ..., FV_LOGITS, FV_KV
         add     rax, rbx
         loop    .pointer
+        call    cpu_setup               ; the kernel (cpu.asm)
+        call    threads_start           ; the workers (threads.asm)
         pop     rax
         pop     rbp
         pop     rbx
@@ -248,7 +252,7 @@ fwd_matmul:
         imul    rax, r8
         lea     r12, [r12+rax*2+TENSOR_ALIGN-1]
         and     r12, -TENSOR_ALIGN
-        jmp     matmul_f16
+        jmp     par_matmul              ; threads.asm
 
 ; fwd_rope: rope on n heads of x at this position.   in: rdi x, esi n
 fwd_rope:

@@ -32,7 +32,6 @@ start:
         add     r14, 16                 ; argv[1]
         or      dword [rbp+V_N], -1
         mov     dword [rbp+V_TOP_P], 0x3F800000 ; 1.0
-        inc     byte [rbp+V_THREADS]
 
 ; The command line: each argument must be a flag of opt_table; rbx = the flag (the argument
 ; of every error message here), r14 -> the next argv slot.
@@ -331,5 +330,7 @@ opt_name_c:
         dd      0
         db      '--logits', 0, K_STR, V_LOGITS and 0xFF
         dd      0
+        db      '--baseline', 0, K_FLAG, (V_TOKENS + 1) and 0xFF
+        dd      0                       ; byte 1 of the --tokens slot (cpu.asm)
         db      0
 

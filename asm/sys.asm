@@ -131,3 +131,26 @@ usage:
 sys_exit:
         mov     eax, SYS_exit_group
         syscall
+
+; ---- threads (W-fast) ---
+; sys_sched_getaffinity(pid, len, mask); sys_futex(addr, op, val, timeout);
+; sys_clone(flags, stack, ...): in the child, `ret` pops the address stored at [stack].
+; As above: in: rdi rsi rdx rcx r8 r9   out: rax result or -errno   clobbers: rcx r10 r11
+SYS_clone       = 56
+SYS_futex       = 202
+SYS_sched_getaffinity = 204
+
+sys_sched_getaffinity:
+        mov     eax, SYS_sched_getaffinity
+        jmp     sys_nr
+sys_futex:
+        mov     eax, SYS_futex
+        jmp     sys_nr
+sys_clone:
+        push    SYS_clone
+        pop     rax
+; sys_nr: syscall number eax.
+sys_nr:
+        mov     r10, rcx
+        syscall
+        ret

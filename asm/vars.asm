@@ -14,8 +14,8 @@ opt_n:          rq 1            ; -n, low dword (0xFFFFFFFF: until EOS or a full
 opt_temp:       rq 1            ; --temp, float32 bits in the low dword
 opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
-n_threads:      rq 1            ; -t, low dword (the dword of CONTRACTS.md)
-opt_tokens:     rq 1            ; --tokens, low byte
+n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves it)
+opt_tokens:     rq 1            ; --tokens, low byte; --baseline, byte 1 (cpu.asm)
 model_base:     rq 1            ; address of the read-only mapping of the model file
 model_size:     rq 1            ; its length in bytes
 pieces_ptr:     rq 1            ; model_base + pieces_off (PIECE_REC records); these four in
@@ -51,6 +51,30 @@ V_LOGITS_FD     = logits_fd - front_base
 V_OUT_LEN       = out_len - front_base
 V_WROTE         = wrote - front_base
 V_OUT_BUF       = out_buf - front_base
+
+; ---- fast (W-fast): the instruction-set level and the threads ----------------------------
+; job_vars: the matrix product being computed (threads.asm); [job_vars + J_*].
+job_vars:
+job_kernel:     rq 1            ; matmul_f16 or matmul_f16_avx2 (cpu.asm)
+job_out:        rq 1            ; xout
+job_x:          rq 1            ; x
+job_w:          rq 1            ; W
+job_n:          rd 1            ; n
+job_d:          rd 1            ; d
+job_acc:        rd 1            ; accumulate
+job_gen:        rd 1            ; products published so far (workers sleep on it)
+job_pending:    rd 1            ; workers still busy with the current product
+cpu_mask:       rb 128          ; sched_getaffinity's mask (CPU_MASK_BYTES)
+
+J_KERNEL        = job_kernel - job_vars
+J_OUT           = job_out - job_vars
+J_X             = job_x - job_vars
+J_W             = job_w - job_vars
+J_N             = job_n - job_vars
+J_D             = job_d - job_vars
+J_ACC           = job_acc - job_vars
+J_GEN           = job_gen - job_vars
+J_PENDING       = job_pending - job_vars
 
 ; ---- forward ----------------------------------------------------------------------------
 ; The first eight qwords are set in this order by model_setup's pointer loop.

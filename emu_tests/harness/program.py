@@ -4,8 +4,8 @@ Contract: `run_program(image, argv, files={path: bytes}, stdin=b"", ...) -> Prog
 starts the image at its entry point with a Linux-like initial stack (argc, argv, an empty
 environment, an auxiliary vector) on the baseline CPU (see unicorn_run.new_machine) and serves
 its syscalls from memory:
-read write open openat close fstat lseek mmap munmap mprotect madvise rt_sigprocmask exit
-exit_group.
+read write open openat close fstat lseek mmap munmap mprotect madvise rt_sigprocmask
+sched_getaffinity (one CPU: the emulated process runs one thread) exit exit_group.
 - `files` are the readable files (the model file, say); a file opened for writing is created
   in memory and returned in `ProgramResult.files`. stdout and stderr are captured;
   `fail_writes={fd: errno}` makes writes to that fd fail, to test the engine's error path;
@@ -376,6 +376,15 @@ class _Process:
                             self.sigmask & ~bits if how == 1 else bits)
         return 0
 
+    def sys_sched_getaffinity(self, pid, size, mask, *_):
+        """The emulated process may run on CPU 0 only (the engine then starts no thread)."""
+        if pid != 0 or size < 8 or size % 8:
+            return -errno.EINVAL
+        if not self._accessible(mask, 8, UC_PROT_WRITE):
+            return -errno.EFAULT
+        self.uc.mem_write(mask, (1).to_bytes(8, "little"))
+        return 8
+
     def sys_exit_group(self, status, *_):
         self.status = status & 0xFF
         self.uc.emu_stop()
@@ -387,7 +396,7 @@ class _Process:
 SYSCALL_NAMES = {0: "read", 1: "write", 2: "open", 3: "close", 5: "fstat", 8: "lseek",
                  9: "mmap", 10: "mprotect", 11: "munmap", 14: "rt_sigprocmask", 28: "madvise",
                  60: "exit",
-                 231: "exit_group", 257: "openat"}
+                 204: "sched_getaffinity", 231: "exit_group", 257: "openat"}
 
 
 def run_program(image: Image, argv: list[str], files: dict[str, bytes] | None = None,

@@ -1,0 +1,146 @@
+; threads.asm: the matrix products split by rows over T threads (clone(2) sharing everything),
+; synchronised by futexes. The main thread publishes a product in job_vars (vars.asm), bumps
+; job_gen and wakes the workers; every thread does its share of the rows (mm_share); each
+; worker counts job_pending down and the last one wakes the main thread, which sleeps until
+; it reaches 0. Between products the workers sleep on job_gen: nobody spins. T = 1 makes no
+; thread and no futex call at all.
+
+CLONE_THREADS = 0x50F00         ; CLONE_VM FS FILES SIGHAND THREAD SYSVSEM
+FUTEX_WAIT_PRIVATE = 128
+FUTEX_WAKE_PRIVATE = 129
+WORKER_STACK = 16384
+CPU_MASK_BYTES = 128            ; room for 1024 CPUs
+
+; threads_start: resolve T (-t, else the CPUs this process may run on: sched_getaffinity;
+; 1 if that fails) and start the T - 1 workers, each on its own stack from alloc.
+;   in: n_threads (0: not given)   out: n_threads = T   clobbers: rax rcx rdx rsi rdi r8-r11
+;   (fatal "cannot start threads" if clone fails)
+threads_start:
+        push    rbx
+        mov     ebx, [n_threads]
+        test    ebx, ebx
+        jnz     .spawn
+        xor     edi, edi                ; this process
+        mov     esi, CPU_MASK_BYTES
+        lea     rdx, [cpu_mask]
+        call    sys_sched_getaffinity   ; bytes of mask written, or -errno
+        lea     ecx, [rax*8]
+.bit:
+        dec     ecx
+        js      .counted
+        bt      dword [cpu_mask], ecx
+        adc     ebx, 0
+        jmp     .bit
+.counted:
+        cmp     ebx, 1
+        adc     ebx, 0                  ; at least 1
+        mov     [n_threads], ebx
+.spawn:
+        dec     ebx                     ; the next worker's index, T-1 .. 1
+        jz      .done
+        mov     edi, WORKER_STACK
+        call    alloc
+        lea     rsi, [rax+WORKER_STACK-16]
+        lea     rcx, [worker]
+        mov     [rsi], rcx              ; the child's `ret` in sys_clone enters worker
+        mov     r9d, ebx                ; the child's copy of r9 = its index
+        mov     edi, CLONE_THREADS
+        call    sys_clone
+        test    rax, rax
+        jns     .spawn
+        call    fatal_here
+        db      'cannot start threads', 0
+.done:
+        pop     rbx
+        ret
+
+; worker: a thread's whole life (never returns): sleep until job_gen moves, do share k,
+; count job_pending down; the last one wakes the main thread.
+;   in: r9d k (1 .. T-1), rsp 8 mod 16 as after a call
+worker:
+        mov     ebx, r9d
+        xor     ebp, ebp                ; the last job done (job_gen starts at 0)
+.next:
+        lea     rdi, [job_gen]
+        mov     edx, ebp
+        call    wait_change
+        mov     ebp, [rdi]
+        mov     eax, ebx
+        call    mm_share
+        lock dec dword [job_pending]
+        jnz     .next
+        lea     rdi, [job_pending]
+        mov     esi, FUTEX_WAKE_PRIVATE
+        push    1
+        pop     rdx
+        call    sys_futex
+        jmp     .next
+
+; par_matmul: matmul_f16's product by the chosen kernel (cpu.asm), rows split over T threads.
+;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16)   out: xout
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
+par_matmul:
+        lea     rax, [job_vars]
+        mov     [rax+J_OUT], rdi
+        mov     [rax+J_X], rsi
+        mov     [rax+J_W], rdx
+        mov     [rax+J_N], ecx
+        mov     [rax+J_D], r8d
+        mov     [rax+J_ACC], r9d
+        mov     edx, [n_threads]
+        dec     edx                     ; workers
+        jz      .own
+        mov     [rax+J_PENDING], edx
+        lea     rdi, [rax+J_GEN]
+        inc     dword [rdi]             ; published (stores are seen in order)
+        mov     esi, FUTEX_WAKE_PRIVATE
+        call    sys_futex               ; wake edx workers
+.own:
+        xor     eax, eax                ; the main thread's share: k = 0
+        call    mm_share
+.wait:
+        lea     rdi, [job_pending]
+        mov     edx, [rdi]
+        test    edx, edx
+        jz      wait_change.ret
+        call    wait_change
+        jmp     .wait
+
+; wait_change: sleep until the dword at rdi is no longer edx (FUTEX_WAIT; wakes re-check).
+;   in: rdi address, edx value   clobbers: rax rcx rsi r10 r11
+wait_change:
+        cmp     [rdi], edx
+        jne     .ret
+        mov     esi, FUTEX_WAIT_PRIVATE
+        xor     ecx, ecx                ; no timeout
+        call    sys_futex
+        jmp     wait_change
+.ret:
+        ret
+
+; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T),
+; none when k c >= d.
+;   in: eax k   out: those rows of xout   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
+mm_share:
+        lea     r10, [job_vars]
+        mov     ecx, [n_threads]
+        mov     r8d, [r10+J_D]
+        xchg    esi, eax
+        lea     eax, [r8+rcx-1]
+        xor     edx, edx
+        div     ecx                     ; c
+        imul    esi, eax                ; first row
+        sub     r8d, esi
+        jbe     wait_change.ret         ; no rows left for k
+        cmp     r8d, eax
+        cmova   r8d, eax                ; rows
+        mov     rdi, [r10+J_OUT]
+        lea     rdi, [rdi+rsi*4]
+        mov     ecx, [r10+J_N]
+        mov     rdx, rsi
+        imul    rdx, rcx
+        add     rdx, rdx
+        add     rdx, [r10+J_W]
+        mov     rsi, [r10+J_X]
+        mov     r9d, [r10+J_ACC]
+        jmp     qword [r10+J_KERNEL]

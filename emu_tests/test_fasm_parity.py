@@ -10,6 +10,7 @@ independent assembler, give a program that behaves like ours and is the same cod
   addresses, and the walk must land on fasm's entry point and end where its code segment
   ends.
 
+Both builds are made from one copy of asm/ (other work may edit the sources meanwhile).
 fasm is required: CI installs it (.ci/run); a missing fasm fails, it never skips.
 """
 from __future__ import annotations
@@ -17,13 +18,16 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from capstone import CS_ARCH_X86, CS_MODE_64, Cs
 from capstone import x86 as csx86
 
 from builder.assemble import SymbolEnv, data_bytes
-from builder.build import REPO_ROOT
+from builder.build import REPO_ROOT, BuildResult, build
+from builder.errors import BuildError
 from builder.expr import evaluate
 from builder.fasm import Align, Const, Data, Instr, Label
 from modelfiles import convert_fixture
@@ -31,18 +35,36 @@ from modelfiles import convert_fixture
 PT_LOAD = 1
 
 
+@dataclass
+class Pair:
+    """Both builds of one snapshot of asm/: ours (a BuildResult) and fasm's executable."""
+    ours: BuildResult
+    fasm: Path
+
+
 @pytest.fixture(scope="module")
-def fasm_binary(tmp_path_factory):
+def builds(tmp_path_factory) -> Pair:
+    """A copy of asm/ (the sources may change while tests run) built by both assemblers."""
     fasm = shutil.which("fasm")
     if fasm is None:
         pytest.fail("fasm is not installed: the FASM parity test needs it (Debian package "
                     "`fasm`: apt-get install fasm; .ci/run installs it)", pytrace=False)
-    out = tmp_path_factory.mktemp("fasm") / "gemma"
-    proc = subprocess.run([fasm, "asm/gemma.asm", str(out)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"fasm rejected the sources:\n{proc.stdout}{proc.stderr}"
-    out.chmod(0o755)
-    return out
+    root = tmp_path_factory.mktemp("parity")
+    shutil.copytree(REPO_ROOT / "asm", root / "asm")
+    shutil.copy(REPO_ROOT / "pyproject.toml", root)
+    try:
+        ours = build(root, root / "ours" / "gemma")
+    except BuildError as exc:
+        failure = str(exc)
+    else:
+        out = root / "fasm" / "gemma"
+        out.parent.mkdir()
+        proc = subprocess.run([fasm, "asm/gemma.asm", str(out)], cwd=root,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"fasm rejected the sources:\n{proc.stdout}{proc.stderr}"
+        out.chmod(0o755)
+        return Pair(ours, out)
+    pytest.fail(f"python -m builder failed: {failure}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +95,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_same_behaviour_as_fasm_build(gemma, fasm_binary, model, truncated_model, tmp_path,
-                                      case):
+def test_same_behaviour_as_fasm_build(builds, model, truncated_model, tmp_path, case):
     results = []
-    for name, binary in (("ours", gemma.binary), ("fasm", fasm_binary)):
+    for name, binary in (("ours", builds.ours.binary), ("fasm", builds.fasm)):
         logits = tmp_path / f"{name}.logits"
         argv = [a.format(model=model, truncated=truncated_model, logits=logits)
                 for a in CASES[case]]
@@ -117,9 +138,9 @@ def _text(insns) -> str:
     return "; ".join(f"{i.mnemonic} {i.op_str}".strip() for i in insns)
 
 
-def test_same_code_and_data_as_fasm_build(gemma, fasm_binary):
-    image = gemma.result.image
-    elf = fasm_binary.read_bytes()
+def test_same_code_and_data_as_fasm_build(builds):
+    image = builds.ours.image
+    elf = builds.fasm.read_bytes()
     entry, code_start, loads = _program_headers(elf)
     (_, text_off, text_vaddr, text_filesz), *rest = loads
     segments = {"text": (text_vaddr + code_start - text_off, code_start)}

@@ -35,27 +35,27 @@ builder.bench_llama on the same prompt token ids, with the same thread count.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from builder import bench_bandwidth, bench_llama
+from builder.bench_report import Figures, Machine, Result, best, plot, table
 from builder.bench_run import Run, run
 from builder.cli import Parser
-from builder.modelfile import ModelFormatError, read_header, tensor_layout
+from builder.modelfile import ModelFile, ModelFormatError, read_header, tensor_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = Path.home() / ".cache" / "gemma-bench"
 PRESETS = ("tiny", "2b", "7b")
 PROMPT_TEXT = ("The history of the city begins with a small market by the river, where farmers "
                "from the valley sold grain, wool and salt to travellers on the northern road. ")
-FMA_FLOPS_PER_CYCLE = 2 * 8 * 2  # two 256-bit FMA pipes, 8 floats, multiply + add
 
 
 class BenchError(Exception):
@@ -79,67 +79,6 @@ class Config:
     gguf: Path | None = None
 
 
-@dataclass
-class Machine:
-    cpu: str
-    cpus: int  # CPUs this process may run on
-    mhz: float
-    mem_gib: float
-    vector: str  # the SIMD extensions that matter here
-
-    @staticmethod
-    def here() -> "Machine":
-        info = Path("/proc/cpuinfo").read_text()
-        first = dict(ln.split(":", 1) for ln in info.split("\n\n")[0].splitlines() if ":" in ln)
-        first = {k.strip(): v.strip() for k, v in first.items()}
-        flags = set(first.get("flags", "").split())
-        mem = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
-                   if ln.startswith("MemTotal:"))
-        return Machine(first.get("model name", "unknown"), len(os.sched_getaffinity(0)),
-                       float(first.get("cpu MHz", 0)), mem / 2**20,
-                       " ".join(f for f in ("avx2", "fma", "f16c", "avx512f") if f in flags))
-
-    def fma_peak(self, threads: int) -> float:
-        """AVX2 FMA peak FLOP/s of `threads` cores at the reported clock."""
-        return threads * FMA_FLOPS_PER_CYCLE * self.mhz * 1e6
-
-
-@dataclass
-class Figures:
-    """One engine at one thread count."""
-    threads: int
-    prompt_tps: float
-    decode_tps: float
-    n_prompt: int
-    n_decode: int
-    peak_rss: int = 0  # bytes; 0 = not measured
-    peak_anon: int = 0
-    major_faults: int = 0  # page faults served from disk (engine: prompt + decode runs)
-
-
-@dataclass
-class Result:
-    machine: Machine
-    preset: str
-    model: str
-    gguf: str
-    bytes_per_token: int
-    flops_per_prompt_token: float
-    bandwidth: dict[int, float]  # GB/s per thread count (the highest of bandwidth_runs)
-    bandwidth_runs: dict[int, list[float]]  # GB/s per thread count, before each round and after
-    gemma: list[Figures]
-    llama: list[Figures]
-    llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
-    load: list[float]  # 1-minute load average before and after: other work on the machine
-    repeat: int  # rounds; each figure is the best of them
-
-    def efficiency(self, f: Figures) -> float:
-        return f.decode_tps * self.bytes_per_token / (self.bandwidth[f.threads] * 1e9)
-
-    def fma_fraction(self, f: Figures) -> float:
-        return f.prompt_tps * self.flops_per_prompt_token / self.machine.fma_peak(f.threads)
-
-
 # ---------------------------------------------------------------- model files
 
 
@@ -154,10 +93,10 @@ def model_paths(cfg: Config) -> tuple[Path, Path]:
     model, gguf = base.with_suffix(".bin"), base.with_suffix(".gguf")
     if model.is_file() and gguf.is_file():
         try:
-            read_header(model)
+            ModelFile(model)
             return model, gguf
-        except (ModelFormatError, OSError):
-            pass  # stale or damaged: make it again
+        except ModelFormatError:
+            pass  # an older format version, or damaged: make it again
     cfg.cache.mkdir(parents=True, exist_ok=True)
     print(f"bench: making the {cfg.preset} model and its GGUF in {cfg.cache} (once)",
           file=sys.stderr)
@@ -360,93 +299,6 @@ def bench(cfg: Config) -> Result:
                   source or llama_missing(cfg, gguf), [load, load_average()], cfg.repeat)
 
 
-def best(runs: list[Figures]) -> Figures:
-    """The best of repeated measurements: the highest rates and memory peaks, all faults."""
-    return replace(runs[0], prompt_tps=max(f.prompt_tps for f in runs),
-                   decode_tps=max(f.decode_tps for f in runs),
-                   peak_rss=max(f.peak_rss for f in runs), peak_anon=max(f.peak_anon for f in runs),
-                   major_faults=sum(f.major_faults for f in runs))
-
-
-def _num(x: float, digits: int = 2) -> str:
-    return f"{x:,.{digits}f}"
-
-
-def _mb(n: int) -> str:
-    return _num(n / 1e6, 1) if n else "n/a"  # 0: the run ended before the first sample
-
-
-def table(res: Result) -> str:
-    """The report: a few header lines, then one row per figure and one column per thread count."""
-    m = res.machine
-    lines = [f"machine: {m.cpu}, {m.cpus} CPUs, {_num(m.mhz, 0)} MHz, {_num(m.mem_gib, 1)} GiB, "
-             f"{m.vector}",
-             f"model: {res.model} ({res.preset}); GGUF twin: {res.gguf or 'none'}",
-             f"bytes read per generated token: {res.bytes_per_token:,} (every tensor once)",
-             f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "
-             f"{m.fma_peak(1) / 1e9:,.1f} GFLOP/s per core",
-             f"load average (1 min) before / after: {res.load[0]:.2f} / {res.load[1]:.2f} "
-             f"(other work on the {m.cpus} CPUs); best of {res.repeat} round(s)"
-             + ("; BUSY: every figure is a lower bound" if max(res.load) >= m.cpus else ""),
-             f"llama.cpp: {res.llama_source}" if res.llama else res.llama_source]
-    g = {f.threads: f for f in res.gemma}
-    ll = {f.threads: f for f in res.llama}
-    rows: list[tuple[str, list[str]]] = [
-        ("threads", [str(t) for t in g]),
-        ("memory read bandwidth GB/s", [_num(res.bandwidth[t]) for t in g]),
-        ("  (before each round / after)",
-         [" / ".join(_num(b, 1) for b in res.bandwidth_runs[t]) for t in g]),
-        ("gemma prompt tokens/s", [_num(f.prompt_tps) for f in g.values()]),
-        ("gemma decode tokens/s", [_num(f.decode_tps) for f in g.values()]),
-        ("gemma decode efficiency", [_num(res.efficiency(f), 3) for f in g.values()]),
-        ("gemma prompt / decode", [_num(f.prompt_tps / f.decode_tps, 1) for f in g.values()]),
-        ("gemma prompt / AVX2 FMA peak", [_num(res.fma_fraction(f), 3) for f in g.values()]),
-        ("gemma peak RSS MB", [_mb(f.peak_rss) for f in g.values()]),
-        ("gemma peak anonymous MB", [_mb(f.peak_anon) for f in g.values()]),
-        ("tokens: prompt, decoded", [f"{f.n_prompt}, {f.n_decode}" for f in g.values()]),
-        ("gemma major page faults", [f"{f.major_faults:,}" for f in g.values()]),
-    ]
-    if ll:
-        rows += [
-            ("llama.cpp prompt tokens/s", [_num(ll[t].prompt_tps) for t in g]),
-            ("llama.cpp decode tokens/s", [_num(ll[t].decode_tps) for t in g]),
-            ("llama.cpp decode efficiency", [_num(res.efficiency(ll[t]), 3) for t in g]),
-            ("llama.cpp peak RSS MB", [_mb(ll[t].peak_rss) for t in g]),
-            ("llama.cpp major page faults", [f"{ll[t].major_faults:,}" for t in g]),
-            ("prompt ratio gemma/llama.cpp", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
-            ("decode ratio gemma/llama.cpp", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
-        ]
-    width = max(len(name) for name, _ in rows)
-    cols = [max(len(r[1][i]) for r in rows) for i in range(len(g))]
-    for name, cells in rows:
-        lines.append(f"{name:<{width}}  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols)))
-    return "\n".join(lines)
-
-
-def plot(res: Result, path: Path) -> None:
-    """Tokens/s against threads, decode and prompt, both engines, and the bandwidth bound."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, title in ((axes[0], "decode_tps", "decode"), (axes[1], "prompt_tps", "prompt")):
-        for name, figs in (("gemma", res.gemma), ("llama.cpp", res.llama)):
-            if figs:
-                ax.plot([f.threads for f in figs], [getattr(f, key) for f in figs], "o-",
-                        label=name)
-        if key == "decode_tps":
-            ts = sorted(res.bandwidth)
-            ax.plot(ts, [res.bandwidth[t] * 1e9 / res.bytes_per_token for t in ts], "k--",
-                    label="bandwidth / bytes per token (limit)")
-        ax.set(title=f"{title} ({res.preset})", xlabel="threads", ylabel="tokens/s")
-        ax.set_xticks(sorted(res.bandwidth))
-        ax.set_ylim(bottom=0)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-
-
 def _threads(text: str) -> list[int]:
     try:
         out = [int(t) for t in text.split(",")]
@@ -498,11 +350,8 @@ def main(argv: list[str]) -> int:
             raise BenchError("--gguf goes with --model")
         if a.prompt_tokens < 2 or a.n < 2 or a.repeat < 1:
             raise BenchError("--prompt-tokens and -n must be at least 2, --repeat at least 1")
-        if a.plot:
-            try:
-                import matplotlib  # noqa: F401
-            except ImportError:
-                raise BenchError("--plot needs matplotlib: pip install matplotlib") from None
+        if a.plot and importlib.util.find_spec("matplotlib") is None:
+            raise BenchError("--plot needs matplotlib: pip install matplotlib")
         cfg = Config(a.preset, a.seed, a.cache, a.engine, _threads(a.threads) if a.threads else [],
                      a.prompt_tokens, a.n, _size(a.bw_size), a.repeat, not a.no_llama, a.llama_bench,
                      a.model, a.gguf)

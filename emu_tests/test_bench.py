@@ -18,6 +18,7 @@ import pytest
 
 from builder import bench, bench_bandwidth, bench_llama
 from builder.bench_run import run
+from builder.modelfile import ModelFile
 from builder.synth import PRESETS
 
 PROMPT, N = 24, 6
@@ -124,6 +125,15 @@ def test_model_pair_is_cached(report):
     cfg = bench.Config(preset="tiny", cache=cache)
     assert bench.model_paths(cfg) == (cache / files[0], cache / files[1])
     assert [(cache / f).stat().st_mtime_ns for f in files] == stamp, "the model was made again"
+
+
+def test_damaged_cached_model_is_made_again(tmp_path):
+    for name in ("tiny-seed3.bin", "tiny-seed3.gguf"):
+        (tmp_path / name).write_bytes(b"GEMMAASM" + bytes(300))
+    model, gguf = bench.model_paths(bench.Config(preset="tiny", seed=3, cache=tmp_path))
+    assert ModelFile(model).dims.vocab == PRESETS["tiny"].vocab
+    assert gguf.read_bytes()[:4] == b"GGUF"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-seed3.bin", "tiny-seed3.gguf"]
 
 
 def test_plot_is_drawn_or_refused_in_one_line(report, capsys, tmp_path):

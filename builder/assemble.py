@@ -244,6 +244,8 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
                                      "loop reach -128..127 bytes)", where)
                 expected.append(("target", value))
             else:
+                if op.short:
+                    raise BuildError("'short' applies to jump targets only", where)
                 check_range(value, -2**63, 2**64 - 1, "immediate", where)
                 limits = imm_range(mn, first, op_size, vector, position)
                 if limits:

@@ -292,6 +292,8 @@ ERRORS = [
      "asm/gemma.asm:5: 'xmm16' is an AVX-512 register: not in the FASM subset"),
     ("segment override", PROLOGUE + "        mov eax, [fs:rax]\n",
      "asm/gemma.asm:5: segment register 'fs' is not in the FASM subset"),
+    ("short not on a jump", PROLOGUE + "        mov eax, short 5\n",
+     "asm/gemma.asm:5: 'short' applies to jump targets only"),
     ("ptr", PROLOGUE + "        mov dword ptr [rax], 1\n",
      "asm/gemma.asm:5: fasm writes size operators without 'ptr'"),
     ("immediate out of range", PROLOGUE + "        mov al, 300\n",

@@ -138,7 +138,7 @@ def test_model_file_unchanged_after_runs(engine, base_model, tmp_path):
     model = tmp_path / "model.bin"
     shutil.copyfile(base_model, model)
     os.utime(model, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
-    model.chmod(0o444)                         # opening it for writing would fail
+    model.chmod(0o444)                         # (for a non-root user, a write-open fails)
     before = (sha256(model), model.stat().st_mtime_ns, model.stat().st_size)
     runs = [["-p", "hello world", "-n", "4"], ["-p", "hi", "--tokens"],
             ["-p", "a b c", "-n", "3", "--temp", "1", "-s", "9", "--top-p", "0.9"],

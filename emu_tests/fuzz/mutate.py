@@ -310,7 +310,8 @@ class _Maker:
         for f in VALUE_FLAGS:
             out.append(Case(f"{f!r} without a value", argv=ok + (f,), reject=True))
         for bad in (b"-x", b"--foo", b"-", b"--", b"-mm", b"--temp=1", b"-n5", b"---", b"-M",
-                    b"--TOKENS", b"\xff", b"", b"-p\xff", b"--top", b"--logit", b"-tokens"):
+                    b"--TOKENS", b"\xff", b"", b"-p\xff", b"--top", b"--logit", b"-tokens",
+                    b"-x\ny", b"\n", b"\r\n", b"x" * 300 + b"\n" + b"y", b"\x1b[2J"):
             out.append(Case(f"unknown flag {bad!r} last", argv=ok + (bad,), reject=True))
             out.append(Case(f"unknown flag {bad!r} first", argv=(bad,) + ok, reject=True))
         for f in NUMERIC_FLAGS:
@@ -324,6 +325,9 @@ class _Maker:
                      b"/etc/passwd", b"/" + b"a" * 5000, FIFO, LOOP, b"/dev/stdin",
                      b"/proc/self/fd/0", b"/proc/self/exe", (b"x/" * 3000) + b"m.bin"):
             out.append(Case(f"model path {path!r}", argv=(b"-m", path, b"-p", b"hi"), reject=True))
+        for argv in ((b"-n", b"1\n2"), (b"-m", b"/no\nfile"), (b"--logits", b"/no/x\ny"),
+                     (b"--temp", b"\n")):
+            out.append(Case(f"newline in a refused value {argv!r}", argv=ok + argv, reject=True))
         out.append(Case("no -m", argv=(b"-p", b"hi", b"-n", b"2"), reject=True))
         out.append(Case("only --tokens", argv=(b"--tokens",), reject=True))
         for p in [b""] + BAD_UTF8:

@@ -15,9 +15,9 @@ cpu_setup:
         push    1
         pop     rax
         cpuid
-        and     ecx, CPUID1_NEED
-        cmp     ecx, CPUID1_NEED
-        jne     .chosen
+        not     ecx
+        test    ecx, CPUID1_NEED
+        jnz     .chosen
         xor     ecx, ecx
         xgetbv                          ; XCR0 (allowed: OSXSAVE is set)
         not     eax

@@ -143,6 +143,9 @@ SYS_sched_getaffinity = 204
 sys_sched_getaffinity:
         mov     eax, SYS_sched_getaffinity
         jmp     sys_nr
+; sys_futex_wake: FUTEX_WAKE_PRIVATE (threads.asm) on rdi, waking up to edx waiters.
+sys_futex_wake:
+        mov     esi, FUTEX_WAKE_PRIVATE
 sys_futex:
         mov     eax, SYS_futex
         jmp     sys_nr

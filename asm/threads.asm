@@ -13,8 +13,8 @@ CPU_MASK_BYTES = 128            ; room for 1024 CPUs
 
 ; threads_start: resolve T (-t, else the CPUs this process may run on: sched_getaffinity;
 ; 1 if that fails) and start the T - 1 workers, each on its own stack from alloc.
-;   in: n_threads (0: not given)   out: n_threads = T   clobbers: rax rcx rdx rsi rdi r8-r11
-;   (fatal "cannot start threads" if clone fails)
+;   in: n_threads (0: not given)   out: n_threads = job T = T
+;   clobbers: rax rcx rdx rsi rdi r8-r11   (fatal "cannot start threads" if clone fails)
 threads_start:
         push    rbx
         mov     ebx, [n_threads]
@@ -28,7 +28,7 @@ threads_start:
 .bit:
         dec     ecx
         js      .counted
-        bt      dword [cpu_mask], ecx
+        bt      [rdx], ecx
         adc     ebx, 0
         jmp     .bit
 .counted:
@@ -36,6 +36,8 @@ threads_start:
         adc     ebx, 0                  ; at least 1
         mov     [n_threads], ebx
 .spawn:
+        mov     [job_t], ebx
+.worker:
         dec     ebx                     ; the next worker's index, T-1 .. 1
         jz      .done
         mov     edi, WORKER_STACK
@@ -47,7 +49,7 @@ threads_start:
         mov     edi, CLONE_THREADS
         call    sys_clone
         test    rax, rax
-        jns     .spawn
+        jns     .worker
         call    fatal_here
         db      'cannot start threads', 0
 .done:
@@ -60,46 +62,47 @@ threads_start:
 worker:
         mov     ebx, r9d
         xor     ebp, ebp                ; the last job done (job_gen starts at 0)
+        lea     r12, [job_vars]
 .next:
-        lea     rdi, [job_gen]
+        lea     rdi, [r12+J_GEN]
         mov     edx, ebp
         call    wait_change
         mov     ebp, [rdi]
         mov     eax, ebx
+        mov     r9, r12
         call    mm_share
-        lock dec dword [job_pending]
+        lock dec dword [r12+J_PENDING]
         jnz     .next
-        lea     rdi, [job_pending]
-        mov     esi, FUTEX_WAKE_PRIVATE
+        lea     rdi, [r12+J_PENDING]
         push    1
         pop     rdx
-        call    sys_futex
+        call    sys_futex_wake
         jmp     .next
 
 ; par_matmul: matmul_f16's product by the chosen kernel (cpu.asm), rows split over T threads.
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16)   out: xout
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
 par_matmul:
-        lea     rax, [job_vars]
-        mov     [rax+J_OUT], rdi
-        mov     [rax+J_X], rsi
-        mov     [rax+J_W], rdx
-        mov     [rax+J_N], ecx
-        mov     [rax+J_D], r8d
-        mov     [rax+J_ACC], r9d
-        mov     edx, [n_threads]
+        lea     r10, [job_vars]
+        mov     [r10+J_OUT], rdi
+        mov     [r10+J_X], rsi
+        mov     [r10+J_W], rdx
+        mov     [r10+J_N], ecx
+        mov     [r10+J_D], r8d
+        mov     [r10+J_ACC], r9d
+        mov     r9, r10                 ; (the futex call keeps r9, not r10)
+        mov     edx, [r10+J_T]
         dec     edx                     ; workers
         jz      .own
-        mov     [rax+J_PENDING], edx
-        lea     rdi, [rax+J_GEN]
+        mov     [r10+J_PENDING], edx
+        lea     rdi, [r10+J_GEN]
         inc     dword [rdi]             ; published (stores are seen in order)
-        mov     esi, FUTEX_WAKE_PRIVATE
-        call    sys_futex               ; wake edx workers
+        call    sys_futex_wake          ; wake edx workers
 .own:
         xor     eax, eax                ; the main thread's share: k = 0
         call    mm_share
-.wait:
         lea     rdi, [job_pending]
+.wait:
         mov     edx, [rdi]
         test    edx, edx
         jz      wait_change.ret
@@ -120,10 +123,11 @@ wait_change:
 
 ; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T),
 ; none when k c >= d.
-;   in: eax k   out: those rows of xout   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
+;   in: eax k, r9 job_vars   out: those rows of xout
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
 mm_share:
-        lea     r10, [job_vars]
-        mov     ecx, [n_threads]
+        mov     r10, r9
+        mov     ecx, [r10+J_T]
         mov     r8d, [r10+J_D]
         xchg    esi, eax
         lea     eax, [r8+rcx-1]

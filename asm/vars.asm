@@ -64,6 +64,7 @@ job_d:          rd 1            ; d
 job_acc:        rd 1            ; accumulate
 job_gen:        rd 1            ; products published so far (workers sleep on it)
 job_pending:    rd 1            ; workers still busy with the current product
+job_t:          rd 1            ; T, the thread count (threads_start)
 cpu_mask:       rb 128          ; sched_getaffinity's mask (CPU_MASK_BYTES)
 
 J_KERNEL        = job_kernel - job_vars
@@ -75,6 +76,7 @@ J_D             = job_d - job_vars
 J_ACC           = job_acc - job_vars
 J_GEN           = job_gen - job_vars
 J_PENDING       = job_pending - job_vars
+J_T             = job_t - job_vars
 
 ; ---- forward ----------------------------------------------------------------------------
 ; The first eight qwords are set in this order by model_setup's pointer loop.

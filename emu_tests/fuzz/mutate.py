@@ -381,6 +381,23 @@ class _Maker:
                     b"-s", b"11")))
         return out
 
+    def big_contexts(self) -> list[Case]:
+        """max_ctx := 65536 (the largest the engine allows): the context filled by -c and by
+        the default (4096), one token past each, and a prompt longer than the fixture's 1024
+        positions run through the model."""
+        base, out = self.header_case("max_ctx := 65536", {"max_ctx": 65536}), []
+        for label, argv, ids in (
+                ("-c 65536, 65536 ids", (b"-c", b"65536", b"-p", b"\x01" * 65535, b"--tokens"), 65536),
+                ("-c 65536, 65537 ids", (b"-c", b"65536", b"-p", b"\x01" * 65536, b"--tokens"), 65537),
+                ("default context, 4096 ids", (b"-p", b"\x01" * 4095, b"--tokens"), 4096),
+                ("default context, 4097 ids", (b"-p", b"\x01" * 4096, b"--tokens"), 4097),
+                ("-c 1100, 1050 ids run", (b"-c", b"1100", b"-p", b"\x01" * 1049, b"-n", b"20"), 1050)):
+            limit = 65536 if b"65536" in argv else 1100 if b"1100" in argv else 4096
+            out.append(replace(base, label=f"max_ctx := 65536, {label}",
+                               argv=(b"-m", MODEL) + argv, reject=ids > limit,
+                               accept=ids <= limit))
+        return out
+
     # -- random fill -----------------------------------------------------------------------
     def random_tables(self, k: int) -> Case:
         """New tokenizer tables of the same sizes that pass every check the contract makes
@@ -490,7 +507,7 @@ def make_cases(bases: dict[str, Base], seed: int, count: int, extra: list[Case] 
     cases = []
     for name, m in makers.items():
         families = [m.header_fields, m.wraps, m.truncations, m.tokenizer_tables,
-                    m.float_weights, m.command_lines]
+                    m.float_weights, m.command_lines, m.big_contexts]
         if m.tokens_only:
             families = [m.header_fields, m.wraps, lambda m=m: m.truncations(1 << 32, (-1,))]
         cases += [replace(c, model=name) for family in families for c in family()]

@@ -251,6 +251,8 @@ def test_judge_names_each_kind_of_failure():
     assert judge(good, Outcome(1, b"", b"gemma: no\n", 0), 10) == ["refused a valid input"]
     assert judge(case, Outcome(0, b"", b"", 0, model_changed=True), 10) == [
         "the model file changed"]
+    assert judge(case, Outcome(0, b"", b"", 0, differs=True), 10) == [
+        "a second run gave other output (stdout or --logits)"]
 
 
 # -- regressions: each finding of coord/fuzz_findings.md, by number ----------------------------

@@ -10,7 +10,9 @@ timeout, and returns an Outcome. `judge(case, outcome)` lists what is wrong with
   - a refusal whose stderr is not exactly one line "gemma: ...\\n", or that wrote to stdout;
   - a success with anything on stderr, or of an input the contract says is invalid;
   - a refusal of an input the case marks valid;
-  - a change to the model file (checked when the case ran on its own copy).
+  - a change to the model file (checked when the case ran on its own copy);
+  - an accepted case whose second run prints or writes anything else (reads of memory
+    nothing wrote would show up so: addresses differ between runs).
 Past `budget` seconds no new case is started; the Report says how many ran.
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Outcome:
     stderr: bytes
     seconds: float
     model_changed: bool = False
+    differs: bool = False       # a second run of an accepted case printed or wrote otherwise
 
 
 @dataclass
@@ -77,6 +80,8 @@ def judge(case: Case, o: Outcome, timeout: float) -> list[str]:
     if o.status < 0:
         return [f"killed by {signal.Signals(-o.status).name}"]
     out = ["the model file changed"] if o.model_changed else []
+    if o.differs:
+        out.append("a second run gave other output (stdout or --logits)")
     if o.status not in (0, 1, 2):
         out.append(f"exit status {o.status}")
     if o.status == 0:
@@ -143,20 +148,36 @@ def run_one(case: Case, timeout: float) -> Outcome:
         for k, v in subs.items():
             a = a.replace(k, v)
         argv.append(a)
+    logits = wdir / "logits.bin"
+    logits.unlink(missing_ok=True)
+    o, out = _execute(argv, case, wdir, timeout)
+    o.model_changed = written is not None and _fingerprint(Path(model), len(prefix)) != written
+    if o.status == 0 and case.stdout == "pipe" and not case.closed:
+        first = logits.read_bytes() if logits.exists() else None
+        again, out2 = _execute(argv, case, wdir, timeout)
+        o.differs = (again.status, out2, logits.read_bytes() if logits.exists() else None) != \
+            (0, out, first)
+    return o
+
+
+def _execute(argv: list[bytes], case: Case, wdir: Path, timeout: float) -> tuple[Outcome, bytes]:
+    """One run of the binary (in wdir, so relative paths land there): its Outcome and its
+    whole stdout."""
     stdout = open("/dev/full", "wb") if case.stdout == "full" else subprocess.PIPE
     t = time.monotonic()
     try:
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
-                           timeout=timeout, preexec_fn=_limits(case.closed))
-        o = Outcome(p.returncode, (p.stdout or b"")[:KEEP], p.stderr[:KEEP], 0.0)
+                           timeout=timeout, preexec_fn=_limits(case.closed), cwd=wdir)
+        out = p.stdout or b""
+        o = Outcome(p.returncode, out[:KEEP], p.stderr[:KEEP], 0.0)
     except subprocess.TimeoutExpired as e:
-        o = Outcome(None, (e.stdout or b"")[:KEEP], (e.stderr or b"")[:KEEP], 0.0)
+        out = e.stdout or b""
+        o = Outcome(None, out[:KEEP], (e.stderr or b"")[:KEEP], 0.0)
     finally:
         if stdout is not subprocess.PIPE:
             stdout.close()
     o.seconds = time.monotonic() - t
-    o.model_changed = written is not None and _fingerprint(Path(model), len(prefix)) != written
-    return o
+    return o, out
 
 
 def _fingerprint(path: Path, n: int) -> tuple:

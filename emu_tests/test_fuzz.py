@@ -28,9 +28,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 import numpy as np
+import pytest
 
 from builder.modelfile import HEADER_SIZE, Dims, ModelFile, ModelFormatError
 from builder.modelfile import weights_size as modelfile_weights_size

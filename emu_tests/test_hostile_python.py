@@ -491,3 +491,16 @@ def test_converter_random_mutations(tmp_path):
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         wrong = pool.apply(_random_conversions, (str(tmp_path),))
     assert not wrong, f"{len(wrong)} of {RANDOM_CASES} (seed {RANDOM_SEED}):\n" + "\n".join(wrong[:20])
+
+
+def test_regression_F5_safetensors_dtype_of_another_type(tmp_path):
+    """F5: a safetensors dtype that is not a string (a list, an object) was a TypeError
+    traceback; every odd JSON type in dtype, shape and data_offsets must give one line."""
+    cases = {}
+    for field, values in (("dtype", [[1, 2], {}, 7, None, True]),
+                          ("shape", [[True], [1.5], ["64"], [None], {}]),
+                          ("data_offsets", [[0.5, 128], ["0", "128"], [None, None], 5])):
+        for v in values:
+            name = f"{field} = {v!r}"
+            cases[name] = _convert_case(tmp_path, name, _safetensors(_with_tensor(NORM, **{field: v})))
+    run_all(cases)

@@ -8,10 +8,12 @@
 ; exponent and mantissa in float32 position (bias 15 instead of 127) and smears the sign over
 ; bits 31..28; and 0x8FFFFFFF keeps it once; times 2^112 rebiases (subnormal halves become
 ; float32 subnormals: exact, as MXCSR has no DAZ). Inf/NaN halves are not supported.
-; A row is read 4 columns at a time while 4 remain, then one at a time (any n); it sums in
-; 4 lanes (columns j mod 4), then (lane 0 + lane 1) + (lane 2 + lane 3).
+; The order of the float32 operations (matmul_f16_avx2 follows it bit for bit): a row sums in
+; 8 lanes, columns j mod 8 (lanes 0-3 in xmm0, 4-7 in xmm4), 8 columns at a time while 8
+; remain; the leftover columns one at a time into lane 0; then ((l0 + l4) + (l1 + l5)) +
+; ((l2 + l6) + (l3 + l7)); then + xout when accumulating. Every product is rounded.
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n, r8d d, r9d accumulate
-;   out: xout   clobbers: rax rcx rdx rdi r8 r11 xmm0-xmm3 xmm6 xmm7
+;   out: xout   clobbers: rax rcx rdx rdi r8 r11 xmm0-xmm4 xmm6 xmm7
 matmul_f16:
         mov     eax, 0x8FFFFFFF
         movd    xmm6, eax
@@ -22,13 +24,22 @@ matmul_f16:
         mov     ecx, ecx
 .row:
         xorps   xmm0, xmm0
+        xorps   xmm4, xmm4
         xor     eax, eax                ; column
 .col:
-        lea     r11d, [rax+4]
+        lea     r11d, [rax+8]
         cmp     r11d, ecx
         ja      .one
-        movq    xmm1, [rdx+rax*2]       ; 4 halves
-        movups  xmm2, [rsi+rax*4]
+        movups  xmm1, [rdx+rax*2]       ; 8 halves
+        pxor    xmm3, xmm3
+        punpckhwd xmm3, xmm1            ; columns j+4 .. j+7
+        psrad   xmm3, 3
+        pand    xmm3, xmm6
+        mulps   xmm3, xmm7
+        movups  xmm2, [rsi+rax*4+16]
+        mulps   xmm3, xmm2
+        addps   xmm4, xmm3
+        movups  xmm2, [rsi+rax*4]       ; columns j .. j+3: below
         mov     eax, r11d
         jmp     .cvt
 .one:
@@ -46,6 +57,7 @@ matmul_f16:
         addps   xmm0, xmm3
         cmp     eax, ecx
         jb      .col
+        addps   xmm0, xmm4
         haddps  xmm0, xmm0
         haddps  xmm0, xmm0
         test    r9d, r9d

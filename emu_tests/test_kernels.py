@@ -144,17 +144,19 @@ def f16_weights(rng, d: int, n: int, edge: bool) -> np.ndarray:
 
 
 def matmul_f16_in_order(w: np.ndarray, x: np.ndarray, old: np.ndarray | None) -> np.ndarray:
-    """The header's float32 order: products rounded, lanes j mod 4 over whole groups of 4,
-    leftover columns into lane 0, then (lane0 + lane1) + (lane2 + lane3), then + old."""
+    """The header's float32 order: products rounded, lanes j mod 8 over whole groups of 8,
+    leftover columns into lane 0, then ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)),
+    then + old."""
     d, n = w.shape
     p = w.astype(F32) * x
-    lanes = np.zeros((d, 4), F32)
-    whole = n // 4 * 4
-    for j in range(0, whole, 4):
-        lanes += p[:, j:j + 4]
+    lanes = np.zeros((d, 8), F32)
+    whole = n // 8 * 8
+    for j in range(0, whole, 8):
+        lanes += p[:, j:j + 8]
     for j in range(whole, n):
         lanes[:, 0] += p[:, j]
-    s = (lanes[:, 0] + lanes[:, 1]) + (lanes[:, 2] + lanes[:, 3])
+    h = lanes[:, :4] + lanes[:, 4:]
+    s = (h[:, 0] + h[:, 1]) + (h[:, 2] + h[:, 3])
     return s if old is None else s + old
 
 
@@ -170,9 +172,9 @@ def test_matmul_f16(emu, cpu, d, n, accumulate, edge):
     what = f"matmul_f16 d={d} n={n} accumulate={accumulate}"
     exact = w.astype(np.float64) @ x.astype(np.float64) + (old if accumulate else 0)
     # float32 error bound: every product and every addition on the path of one row rounds
-    # once (ceil(n/4) lane additions, 2 combining, 1 accumulate, 1 product): relative U each,
-    # on the sum of magnitudes.
-    bound = (math.ceil(n / 4) + 4) * U * (np.abs(w.astype(np.float64)) @ np.abs(x)
+    # once (n//8 lane additions, n%8 leftovers into lane 0, 3 combining, 1 accumulate,
+    # 1 product): relative U each, on the sum of magnitudes.
+    bound = (n // 8 + n % 8 + 5) * U * (np.abs(w.astype(np.float64)) @ np.abs(x)
                                           + (np.abs(old) if accumulate else 0))
     in_order = matmul_f16_in_order(w, x, old if accumulate else None)
 

@@ -80,6 +80,24 @@ def test_fuzz_model_files_and_command_lines(engine, models, tmp_path):
     assert after == before, "a model file changed during the fuzz run"
 
 
+def test_fuzz_baseline_under_qemu(engine, models, tmp_path):
+    """The runs that reach the forward pass and the tokenizer (odd shapes, the sparse 2B
+    file, corrupted and random tokenizer tables, NaN and infinite weights) again under
+    qemu-x86_64 -cpu Nehalem: the baseline (SSE4.1) code, whatever the host has."""
+    def chosen(c: Case) -> bool:
+        return (c.model in SHAPES or c.label.startswith("sparse_2b:") or c.model == "tiny_mqa"
+                and any(k in c.label for k in (" all ", "every piece", "index[", "index ")))
+    everything = suite.cases(models)
+    tables = [c for c in everything if c.model == "tiny_mqa" and "valid tokenizer" in c.label]
+    cases = [c for c in everything if chosen(c)] + tables[:60]
+    report = run(engine, models, cases, tmp_path, timeout=30,
+                 launcher=("qemu-x86_64", "-cpu", "Nehalem"))
+    print(f"\nfuzz under qemu Nehalem: {report.summary()}")
+    shown = "\n".join(str(f) for f in report.failures[:25])
+    assert not report.failures, f"{len(report.failures)} of {report.ran} runs failed:\n{shown}"
+    assert report.ran == len(cases) > 200
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_odd_shapes_compute_the_reference_logits(engine, models, shape, tmp_path):
     """Valid odd shapes (dims 1..33, head_dim > dim, ffn 1): --logits of a prompt filling

@@ -105,13 +105,13 @@ def judge(case: Case, o: Outcome, timeout: float) -> list[str]:
 _W: dict = {}
 
 
-def _init(binary: str, models: dict[str, str], root: str) -> None:
+def _init(binary: str, models: dict[str, str], root: str, launcher: tuple[str, ...]) -> None:
     wdir = Path(root) / f"w{os.getpid()}"
     (wdir / "dir").mkdir(parents=True, exist_ok=True)
     (wdir / "empty").write_bytes(b"")
     os.mkfifo(wdir / "fifo")
     (wdir / "loop").symlink_to(wdir / "loop")
-    _W.update(binary=binary, models=models, bases={}, wdir=wdir, subs={
+    _W.update(binary=binary, launcher=launcher, models=models, bases={}, wdir=wdir, subs={
         LOGITS: bytes(wdir / "logits.bin"), NOFILE: bytes(wdir / "nofile"),
         EMPTY: bytes(wdir / "empty"), DIR: bytes(wdir / "dir"), LINK: bytes(wdir / "link.bin"),
         HARDLINK: bytes(wdir / "hard.bin"), FIFO: bytes(wdir / "fifo"), LOOP: bytes(wdir / "loop")})
@@ -143,7 +143,7 @@ def run_one(case: Case, timeout: float) -> Outcome:
     (wdir / "link.bin").symlink_to(model)
     os.link(model, wdir / "hard.bin")
     subs = {MODEL: os.fsencode(model), **_W["subs"]}
-    argv = [os.fsencode(_W["binary"])]
+    argv = [os.fsencode(a) for a in (*_W["launcher"], _W["binary"])]
     for a in case.argv:
         for k, v in subs.items():
             a = a.replace(k, v)
@@ -189,14 +189,16 @@ def _fingerprint(path: Path, n: int) -> tuple:
 
 # -- driver --------------------------------------------------------------------------------
 def run(binary: Path, models: dict[str, Path], cases: list[Case], workdir: Path, workers: int = 2,
-        timeout: float = 10.0, budget: float | None = None, keep: bool = False) -> Report:
+        timeout: float = 10.0, budget: float | None = None, keep: bool = False,
+        launcher: tuple[str, ...] = ()) -> Report:
     """Run `cases` (in order, `workers` at a time) until done or `budget` seconds passed;
-    `keep`: the report keeps every outcome, not only the failures'."""
+    `keep`: the report keeps every outcome, not only the failures'; `launcher`: a command
+    the binary runs under (qemu-x86_64 -cpu Nehalem: the baseline instruction set)."""
     report, start = Report(), time.monotonic()
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
                                 initargs=(str(binary), {k: str(v) for k, v in models.items()},
-                                          str(workdir))) as pool:
+                                          str(workdir), launcher)) as pool:
         pending: dict[cf.Future, int] = {}
         todo = iter(range(len(cases)))
         while True:

@@ -3,6 +3,7 @@
   python -m emu_tests.fuzz --binary ./gemma                      # what test_fuzz runs
   python -m emu_tests.fuzz --binary ./gemma --seed 5 --cases 100000 --seconds 900
   python -m emu_tests.fuzz --binary ./gemma --case 1234 --write /tmp/case.bin
+  python -m emu_tests.fuzz --binary ./gemma --qemu Nehalem --cases 3000
 A replayed case prints its recipe (model, edits, argv) and its outcome; --write saves its
 model file. Case numbers are those of test_fuzz's report for the same seed and count.
 """
@@ -27,6 +28,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seconds", type=float, help="start no case after this long")
     ap.add_argument("--timeout", type=float, default=10.0, help="per-case limit (s)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--qemu", metavar="CPU", help="run under qemu-x86_64 -cpu CPU (Nehalem: "
+                    "the baseline instruction set)")
     ap.add_argument("--case", type=int, action="append", help="run only this case (repeatable)")
     ap.add_argument("--write", type=Path, help="with --case: write its model file here "
                     "(sparse where the weights are a hole)")
@@ -44,7 +47,8 @@ def main(argv: list[str]) -> int:
             case = cases[args.case[0]]
             write_case(args.write, *read_prefix(models[case.model]), case.edits, case.size)
         report = run(args.binary.resolve(), models, [cases[i] for i in index], Path(tmp),
-                     args.workers, args.timeout, args.seconds, keep=bool(args.case))
+                     args.workers, args.timeout, args.seconds, keep=bool(args.case),
+                     launcher=("qemu-x86_64", "-cpu", args.qemu) if args.qemu else ())
         for k, o in report.outcomes.items():
             print(f"case {index[k]}: status {o.status}, {o.seconds:.3f} s, stderr {o.stderr!r}, "
                   f"stdout {o.stdout[:100]!r}")

@@ -243,7 +243,8 @@ fwd_matmul_xb:
         mov     rsi, [rbp+FV_XB]
         mov     ecx, [rbx+HDR_DIM]
 ; fwd_matmul: xout = W (rows,n) @ x (n,), W at r12; r12 moves past W. Every matrix product
-; of the forward pass goes through here.   in: rdi xout, rsi x, ecx n, r8d rows
+; of the forward pass goes through here, on to par_matmul (threads.asm: rows split over the
+; threads, each share by the kernel cpu_setup chose).   in: rdi xout, rsi x, ecx n, r8d rows
 fwd_matmul:
         xor     r9d, r9d
 .w:

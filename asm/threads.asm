@@ -13,7 +13,7 @@ CPU_MASK_BYTES = 128            ; room for 1024 CPUs
 
 ; threads_start: resolve T (-t, else the CPUs this process may run on: sched_getaffinity;
 ; 1 if that fails) and start the T - 1 workers, each on its own stack from alloc.
-;   in: n_threads (0: not given)   out: n_threads = job T = T
+;   in: n_threads (0: not given)   out: n_threads = job_t = T
 ;   clobbers: rax rcx rdx rsi rdi r8-r11   (fatal "cannot start threads" if clone fails)
 threads_start:
         push    rbx

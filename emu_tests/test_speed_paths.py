@@ -12,6 +12,8 @@ byte difference, and the failure names the run, the row and the logit.
   tail columns, n = 144) and FP16 edge values.
 - The real binary natively: default (fast path, all CPUs), --baseline, -t 1 2 3 and more
   threads than some products have rows, on both fixtures and an odd synthetic shape.
+- Threads at rest: with --logits blocked on a full FIFO the process has exactly T threads
+  and all of them sleep (state S, no CPU time): the waits are futex waits, not spins.
 - Under qemu-user: `-cpu Nehalem` (no AVX: an AVX instruction would end the run with SIGILL)
   and `-cpu Haswell`; the translated-code log (`-d in_asm`) shows which kernel ran: the fast
   one on Haswell, the baseline one on Nehalem or with --baseline, never both.
@@ -145,3 +147,51 @@ def test_qemu_cpu_models_choose_and_agree(gemma, models, tmp_path, cpu_model, fl
     assert executed(log, gemma.symbols, kernel), f"{what}: {kernel} never ran"
     assert not executed(log, gemma.symbols, other), f"{what}: {other} ran"
     same_run(f"{what} vs native --baseline -t 1", got, want, ODD.vocab)
+
+
+# --- threads at rest -------------------------------------------------------------------------
+
+def task_states(pid: int) -> dict[int, tuple[str, int]]:
+    """{tid: (state, utime + stime in ticks)} of every thread of process `pid`."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        out[int(task.name)] = (fields[0], int(fields[11]) + int(fields[12]))
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_threads_sleep_while_output_blocks(gemma, models, tmp_path, threads):
+    """With --logits on a FIFO nobody reads, the first row's write blocks (the pipe's buffer is
+    set to one page, smaller than a row of tiny_wide's logits): then the process has exactly T threads (no
+    clone for T = 1) and every one of them sleeps — none spins (state S, no CPU time used)."""
+    import fcntl
+    import os
+    import time
+    fifo = tmp_path / "logits.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)      # the engine's open then succeeds
+    assert fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096) < vocab_of(models["tiny_wide"]) * 4
+    proc = subprocess.Popen([str(gemma.binary), "-m", str(models["tiny_wide"]), "-p", PROMPT,
+                             "-n", "4", "-t", str(threads), "--logits", str(fifo)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        syscall = Path(f"/proc/{proc.pid}/syscall")
+        while syscall.read_text().split()[0] != "1":         # until it sits in write(2)
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the engine never blocked writing --logits"
+            time.sleep(0.02)
+        states = task_states(proc.pid)
+        before = sum(t for _, t in states.values())
+        time.sleep(0.5)
+        after = task_states(proc.pid)
+        assert len(after) == threads, f"{len(after)} threads, expected {threads}"
+        assert all(s == "S" for s, _ in after.values()), f"a thread is not asleep: {after}"
+        used = sum(t for _, t in after.values()) - before
+        assert used <= 1, f"{used} ticks of CPU time used in 0.5 s while blocked"
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(reader)

@@ -98,17 +98,19 @@ def test_fuzz_baseline_under_qemu(engine, models, tmp_path):
     assert report.ran == len(cases) > 200
 
 
+@pytest.mark.parametrize("threads", ["1", "3", "256"])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_odd_shapes_compute_the_reference_logits(engine, models, shape, tmp_path):
-    """Valid odd shapes (dims 1..33, head_dim > dim, ffn 1): --logits of a prompt filling
-    most of the context equal builder.reference's. A read past a tensor's end that does not
-    crash shows here as wrong numbers."""
+def test_odd_shapes_compute_the_reference_logits(engine, models, shape, threads, tmp_path):
+    """Valid odd shapes (dims 1..33, head_dim > dim, ffn 1), on 1, 3 and 256 threads (more
+    threads than rows): --logits of a prompt filling most of the context equal
+    builder.reference's. A read past a tensor's end that does not crash, or rows no thread
+    computes, show here as wrong numbers."""
     model = ModelFile(models[shape])
     ctx = min(model.dims.max_ctx, 4096)
     k = max(0, min(ctx - 2, 6))                # prompt: BOS + k byte pieces <0x01>
     ids = [model.header.bos] + [model.header.byte_base + 1] * k
     out = tmp_path / "logits.bin"
-    p = subprocess.run([engine, "-m", models[shape], "-p", "\x01" * k, "-n", "1",
+    p = subprocess.run([engine, "-m", models[shape], "-p", "\x01" * k, "-n", "1", "-t", threads,
                         "--logits", out], capture_output=True, timeout=TIMEOUT)
     assert p.returncode == 0, f"status {p.returncode}: {p.stderr!r}"
     got = np.fromfile(out, "<f4").reshape(-1, model.dims.vocab)[:len(ids)]
@@ -129,6 +131,7 @@ def test_closed_pipe_ends_promptly_and_quietly(engine, base_model):
     """`gemma ... | head -c1` in a real shell, and a pipe closed before the first write."""
     script = '"$@" | head -c1 >/dev/null; echo "status ${PIPESTATUS[0]}" >&2'
     for argv in ([b"-p", b"Once upon a time", b"-n", b"1000", b"--temp", b"1", b"-s", b"5"],
+                 [b"-p", b"Once", b"-n", b"1000", b"--temp", b"1", b"-s", b"6", b"-t", b"4"],
                  [b"-p", b"\xff" * 1000, b"--tokens"]):
         cmd = ["bash", "-c", script, "gemma", str(engine), "-m", str(base_model), *argv]
         t = time.monotonic()

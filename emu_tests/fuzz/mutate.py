@@ -299,7 +299,7 @@ class _Maker:
             t = tensors[name]
             width = 4 if t.dtype == "f32" else 2
             edit = ((wo + t.offset, bits.to_bytes(width, "little") * (t.nbytes // width)),)
-            for tail in ((), (b"--temp", b"1", b"--top-p", b"0.9", b"-s", b"3")):
+            for tail in ((), (b"--temp", b"1", b"--top-p", b"0.9", b"-s", b"3", b"-t", b"3")):
                 out.append(Case(f"{name} all {t.dtype} bits {bits:#x}", edit,
                                 argv=(b"-m", MODEL, b"-p", PROMPTS[0], b"-n", b"3") + tail))
         return out

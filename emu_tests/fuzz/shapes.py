@@ -51,7 +51,8 @@ def write_sparse_2b(out: Path) -> Path:
 
 def shape_cases(names: list[str]) -> list[Case]:
     """Runs of each valid odd-shaped model (case.model = its name): prompts from empty to the
-    whole context, -n up to the context's end, greedy, sampled, --logits, -c 1 and 2. A run
+    whole context, -n up to the context's end, greedy, sampled, --logits, -c 1 and 2, 2 to
+    256 threads (more than rows: threads with nothing to do). A run
     whose prompt fits the context and whose -n reaches at most its end must succeed."""
     out = []
     for name in names:
@@ -70,7 +71,9 @@ def shape_cases(names: list[str]) -> list[Case]:
                                 b"--top-p", b"0.8")),
                 ("logits", 2, (b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS)),
                 ("-c 1", 1, (b"-c", b"1", b"-p", b"", b"-n", b"1")),
-                ("-c 2", 1, (b"-c", b"2", b"-p", b"", b"-n", b"1", b"--temp", b"0.7"))):
+                ("-c 2", 1, (b"-c", b"2", b"-p", b"", b"-n", b"1", b"--temp", b"0.7")),
+                *((f"{t} threads", 2, (b"-t", t, b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS))
+                  for t in (b"2", b"3", b"7", b"256"))):
             fits = tokens <= ctx and (b"--tokens" in argv or tokens < ctx)
             out.append(Case(f"{name}: {label}", argv=(b"-m", MODEL) + argv, model=name,
                             reject=tokens > ctx, accept=fits and not label.startswith("-c")

@@ -359,11 +359,13 @@ class _Maker:
                     b"-m", MODEL, b"-p", b"hi", b"--logits", dest) + tail, private=True))
         out.append(Case("stdout /dev/full, --tokens", argv=(b"-m", MODEL, b"-p", b"hi", b"--tokens"),
                         stdout="full", reject=True))
-        out.append(Case("stdout /dev/full, -n 4", argv=ok, stdout="full"))
+        out.append(Case("stdout /dev/full, -n 2", argv=ok, stdout="full"))
+        out.append(Case("stdout /dev/full, -n 2, 4 threads", argv=ok + (b"-t", b"4"), stdout="full"))
         for closed in ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2)):
             for label, argv, reject in (
                     ("--tokens", (b"-m", MODEL, b"-p", b"hi", b"--tokens"), 1 in closed),
                     ("-n 2 --logits", ok + (b"--logits", LOGITS), None),
+                    ("-n 2, 4 threads", ok + (b"-t", b"4"), None),
                     ("bad flag", ok + (b"-x",), True), ("missing model", (b"-m", NOFILE), True),
                     ("truncated model", (b"-m", EMPTY, b"-p", b"x"), True)):
                 out.append(Case(f"fds {closed} closed, {label}", argv=argv, closed=closed,

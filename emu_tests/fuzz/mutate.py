@@ -80,6 +80,8 @@ class Case:
                                                f"<{len(a)} bytes {a[:20]!r}...>" for a in self.argv))
         if self.stdout != "pipe":
             parts.append(f"stdout: {self.stdout}")
+        if self.closed:
+            parts.append(f"descriptors {self.closed} closed")
         return "; ".join(parts)
 
 

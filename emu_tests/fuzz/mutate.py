@@ -66,6 +66,7 @@ class Case:
     model: str = "main"
     private: bool = False       # run on a private copy of the model even without edits
     accept: bool = False        # the input is valid: the engine must run it (exit status 0)
+    memory: int | None = None   # address-space limit (bytes) instead of the runner's default
 
     def recipe(self) -> str:
         """The case in words: what was done to the file and the command line."""
@@ -82,6 +83,8 @@ class Case:
             parts.append(f"stdout: {self.stdout}")
         if self.closed:
             parts.append(f"descriptors {self.closed} closed")
+        if self.memory:
+            parts.append(f"address space limited to {self.memory} bytes")
         return "; ".join(parts)
 
 
@@ -385,6 +388,21 @@ class _Maker:
                     b"-s", b"11")))
         return out
 
+    def memory_limits(self) -> list[Case]:
+        """Address space from 256 KB (enough for the kernel to start a static program) to
+        3 MB: every allocation (the model's mapping, KV cache, scratch, prompt buffers, thread
+        stacks) fails in turn and must end in one line ("out of memory", "cannot read")."""
+        out = []
+        for kb in (256, 400, 512, 640, 768, 896, 1024, 1280, 1536, 2048, 3072):
+            for label, argv in (("-n 4, 8 threads, --logits", (b"-n", b"4", b"-t", b"8",
+                                                               b"--logits", LOGITS)),
+                                ("--tokens, 3000-byte prompt", (b"-p", b"ab " * 1000,
+                                                                b"--tokens")),
+                                ("-c 1024 -n 8", (b"-c", b"1024", b"-n", b"8"))):
+                out.append(Case(f"address space {kb} KB, {label}", argv=(
+                    b"-m", MODEL, b"-p", b"Hello") + argv, memory=kb << 10))
+        return out
+
     def big_contexts(self) -> list[Case]:
         """max_ctx := 65536 (the largest the engine allows): the context filled by -c and by
         the default (4096), one token past each, and a prompt longer than the fixture's 1024
@@ -511,7 +529,7 @@ def make_cases(bases: dict[str, Base], seed: int, count: int, extra: list[Case] 
     cases = []
     for name, m in makers.items():
         families = [m.header_fields, m.wraps, m.truncations, m.tokenizer_tables,
-                    m.float_weights, m.command_lines, m.big_contexts]
+                    m.float_weights, m.command_lines, m.big_contexts, m.memory_limits]
         if m.tokens_only:
             families = [m.header_fields, m.wraps, lambda m=m: m.truncations(1 << 32, (-1,))]
         cases += [replace(c, model=name) for family in families for c in family()]

@@ -117,9 +117,9 @@ def _init(binary: str, models: dict[str, str], root: str, launcher: tuple[str, .
         HARDLINK: bytes(wdir / "hard.bin"), FIFO: bytes(wdir / "fifo"), LOOP: bytes(wdir / "loop")})
 
 
-def _limits(closed: tuple[int, ...]):
+def _limits(closed: tuple[int, ...], memory: int):
     def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         for fd in closed:
             os.close(fd)
@@ -167,7 +167,7 @@ def _execute(argv: list[bytes], case: Case, wdir: Path, timeout: float) -> tuple
     t = time.monotonic()
     try:
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
-                           timeout=timeout, preexec_fn=_limits(case.closed), cwd=wdir)
+                           timeout=timeout, preexec_fn=_limits(case.closed, case.memory or ADDRESS_SPACE), cwd=wdir)
         out = p.stdout or b""
         o = Outcome(p.returncode, out[:KEEP], p.stderr[:KEEP], 0.0)
     except subprocess.TimeoutExpired as e:

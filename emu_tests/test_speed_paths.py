@@ -20,8 +20,11 @@ byte difference, and the failure names the run, the row and the logit.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -160,21 +163,26 @@ def task_states(pid: int) -> dict[int, tuple[str, int]]:
     return out
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_threads_sleep_while_output_blocks(gemma, models, tmp_path, threads):
+@pytest.mark.parametrize("threads,cpus", [(1, None), (3, None), (None, "one"), (None, "all")])
+def test_threads_sleep_while_output_blocks(gemma, models, tmp_path, threads, cpus):
     """With --logits on a FIFO nobody reads, the first row's write blocks (the pipe's buffer is
-    set to one page, smaller than a row of tiny_wide's logits): then the process has exactly T threads (no
-    clone for T = 1) and every one of them sleeps — none spins (state S, no CPU time used)."""
-    import fcntl
-    import os
-    import time
+    set to one page, smaller than a row of tiny_wide's logits): then the process has exactly T
+    threads (no clone for T = 1; without -t, T = the CPUs of its affinity mask, here all of
+    this process's or just the first) and every one of them sleeps — none spins (state S, no
+    CPU time used)."""
+    mask = os.sched_getaffinity(0)
+    if cpus == "one":
+        mask = {min(mask)}
+    flags = [] if threads is None else ["-t", str(threads)]
+    threads = threads or len(mask)
     fifo = tmp_path / "logits.fifo"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)      # the engine's open then succeeds
     assert fcntl.fcntl(reader, fcntl.F_SETPIPE_SZ, 4096) < vocab_of(models["tiny_wide"]) * 4
     proc = subprocess.Popen([str(gemma.binary), "-m", str(models["tiny_wide"]), "-p", PROMPT,
-                             "-n", "4", "-t", str(threads), "--logits", str(fifo)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "-n", "4", *flags, "--logits", str(fifo)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: os.sched_setaffinity(0, mask))
     try:
         deadline = time.monotonic() + 30
         syscall = Path(f"/proc/{proc.pid}/syscall")

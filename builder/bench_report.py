@@ -54,6 +54,7 @@ class Figures:
 class Result:
     machine: Machine
     preset: str
+    engine: str  # the binary and any --engine-args
     model: str
     gguf: str
     bytes_per_token: int
@@ -94,6 +95,7 @@ def table(res: Result) -> str:
     m = res.machine
     lines = [f"machine: {m.cpu}, {m.cpus} CPUs, {_num(m.mhz, 0)} MHz, {_num(m.mem_gib, 1)} GiB, "
              f"{m.vector}",
+             f"engine: {res.engine}",
              f"model: {res.model} ({res.preset}); GGUF twin: {res.gguf or 'none'}",
              f"bytes read per generated token: {res.bytes_per_token:,} (every tensor once)",
              f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "

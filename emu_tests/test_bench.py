@@ -21,7 +21,7 @@ from builder.bench_run import run
 from builder.modelfile import ModelFile
 from builder.synth import PRESETS
 
-PROMPT, N = 24, 6
+PROMPT, N = 48, 6
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 ROWS = ["threads", "memory read bandwidth GB/s", "(before each round / after)",
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
@@ -47,7 +47,7 @@ def report(gemma, tmp_path_factory):
     threads = [1, 2] if len(os.sched_getaffinity(0)) >= 2 else [1]
     argv = ["--preset", "tiny", "--cache", str(tmp / "cache"), "--engine", str(gemma.binary),
             "--bw-size", "32M", "--repeat", "2", "-t", ",".join(map(str, threads)), "-p", str(PROMPT),
-            "-n", str(N), "--json", str(tmp / "out.json")]
+            "-n", str(N), "--json", str(tmp / "out.json"), "--engine-args", "-s 7"]
     if HAVE_MATPLOTLIB:
         argv += ["--plot", str(tmp / "plot.png")]
     out = io.StringIO()
@@ -62,7 +62,7 @@ def parse_table(text: str) -> dict[str, list[str]]:
     rows = {}
     for line in text.splitlines():
         parts = re.split(r" {2,}", line.strip())
-        if len(parts) > 1 and not line.startswith(("machine:", "model:", "bytes", "prompt FLOPs",
+        if len(parts) > 1 and not line.startswith(("machine:", "engine:", "model:", "bytes", "prompt FLOPs",
                                                     "load average")):
             rows[parts[0]] = parts[1:]
     return rows
@@ -72,7 +72,7 @@ def number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
-def test_table_has_every_row_and_a_column_per_thread_count(report):
+def test_table_has_every_row_and_a_column_per_thread_count(report, gemma):
     _, threads, text, res = report
     rows = parse_table(text)
     llama = bool(res["llama"])
@@ -83,6 +83,7 @@ def test_table_has_every_row_and_a_column_per_thread_count(report):
     assert [int(c) for c in rows["threads"]] == threads
     assert f"bytes read per generated token: {tiny_bytes():,}" in text
     assert text.splitlines()[0].startswith("machine: ")
+    assert text.splitlines()[1] == f"engine: {gemma.binary} -s 7"
     if not llama:  # llama.cpp missing: omitted with a note, never an error
         assert "llama.cpp: not run" in text
 

@@ -197,7 +197,7 @@ def safetensors_index(path: Path) -> dict[str, SourceTensor]:
             continue
         try:
             dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            if not all(_is(int, x) and x >= 0 for x in (*shape, start, end)):
+            if not isinstance(dtype, str) or not all(_is(int, x) and x >= 0 for x in (*shape, start, end)):
                 raise ValueError
         except (KeyError, TypeError, ValueError):
             raise ConvertError(f"{path}: malformed header entry for tensor {name}") from None

@@ -98,19 +98,19 @@ def test_fuzz_baseline_under_qemu(engine, models, tmp_path):
     assert report.ran == len(cases) > 200
 
 
-@pytest.mark.parametrize("threads", ["1", "3", "256"])
+@pytest.mark.parametrize("how", ["-t 1", "-t 3", "-t 256", "-t 3 --baseline"])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_odd_shapes_compute_the_reference_logits(engine, models, shape, threads, tmp_path):
+def test_odd_shapes_compute_the_reference_logits(engine, models, shape, how, tmp_path):
     """Valid odd shapes (dims 1..33, head_dim > dim, ffn 1), on 1, 3 and 256 threads (more
-    threads than rows): --logits of a prompt filling most of the context equal
-    builder.reference's. A read past a tensor's end that does not crash, or rows no thread
-    computes, show here as wrong numbers."""
+    threads than rows), on the host's fast path and the baseline one: --logits of a prompt
+    filling most of the context equal builder.reference's. A read past a tensor's end that
+    does not crash, or rows no thread computes, show here as wrong numbers."""
     model = ModelFile(models[shape])
     ctx = min(model.dims.max_ctx, 4096)
     k = max(0, min(ctx - 2, 6))                # prompt: BOS + k byte pieces <0x01>
     ids = [model.header.bos] + [model.header.byte_base + 1] * k
     out = tmp_path / "logits.bin"
-    p = subprocess.run([engine, "-m", models[shape], "-p", "\x01" * k, "-n", "1", "-t", threads,
+    p = subprocess.run([engine, "-m", models[shape], "-p", "\x01" * k, "-n", "1", *how.split(),
                         "--logits", out], capture_output=True, timeout=TIMEOUT)
     assert p.returncode == 0, f"status {p.returncode}: {p.stderr!r}"
     got = np.fromfile(out, "<f4").reshape(-1, model.dims.vocab)[:len(ids)]

@@ -304,7 +304,8 @@ class _Maker:
             t = tensors[name]
             width = 4 if t.dtype == "f32" else 2
             edit = ((wo + t.offset, bits.to_bytes(width, "little") * (t.nbytes // width)),)
-            for tail in ((), (b"--temp", b"1", b"--top-p", b"0.9", b"-s", b"3", b"-t", b"3")):
+            for tail in ((), (b"--temp", b"1", b"--top-p", b"0.9", b"-s", b"3", b"-t", b"3"),
+                         (b"--baseline",)):
                 out.append(Case(f"{name} all {t.dtype} bits {bits:#x}", edit,
                                 argv=(b"-m", MODEL, b"-p", PROMPTS[0], b"-n", b"3") + tail))
         return out
@@ -510,8 +511,8 @@ class _Maker:
                            bits.to_bytes(width, "little")) for _ in range(r.randint(1, 16)))
             return Case(f"random #{k}: {t.name} elements := {bits:#x}", edits,
                         argv=self.argv() + (b"--temp", b"1"))
-        pool = VALUE_FLAGS + [b"--tokens", b"-x"] + NOT_NUMBERS + NUMBERS + TOO_BIG + BAD_UTF8 \
-            + PROMPTS + [MODEL, NOFILE, EMPTY, LOGITS]
+        pool = (VALUE_FLAGS + [b"--tokens", b"--baseline", b"-x"] + NOT_NUMBERS + NUMBERS
+                + TOO_BIG + BAD_UTF8 + PROMPTS + [MODEL, NOFILE, EMPTY, LOGITS])
         argv = [b"-m", MODEL] if r.random() < 0.7 else []
         argv += [r.choice(pool) for _ in range(r.randint(1, 6))]
         return Case(f"random #{k}: command line", argv=tuple(argv), private=True)

@@ -1,7 +1,10 @@
 """Fuzzing the engine with hostile model files and command lines (issue 7).
 
-model.py   the engine file as the fuzzer sees it (fields, sections, tensors, validity rules)
+model.py   the engine file as the fuzzer sees it (fields, sections, tensors, validity rules,
+           writing a mutated copy, sparse where the weights are a hole)
 mutate.py  seeded mutators -> Cases (edits on a valid file + argv + what must happen)
+shapes.py  valid models of odd shapes and a sparse Gemma-2B-shaped file
+suite.py   the models and the case list test_fuzz runs (seed, count)
 runner.py  runs Cases on the real binary in a small process pool and judges each run
 `python -m emu_tests.fuzz --help` runs a campaign or replays one case by its number.
 """

@@ -5,7 +5,8 @@ Contract: `verify(placed)` disassembles the bytes of each placed instruction wit
 mnemonic (aliases such as jz/je, sal/shl, movabs/mov, cmpltps/cmpps+1 mapped to one name),
 registers, immediates (equal as the operand's width sees them, and within that width),
 memory operands (size when the source fixed one, registers with their scale as a sum,
-displacement, RIP-relative target) and branch targets. The first difference raises
+displacement, RIP-relative target) and branch targets; layout padding after an
+instruction (`Placed.pad`) must be nop bytes. The first difference raises
 BuildError "asm/FILE.asm:LINE: keystone encoded 'SOURCE' as 'DISASSEMBLY' (bytes): what".
 
 Known presentation differences that are not errors: string instructions written without

@@ -5,6 +5,11 @@
 - `python -m builder convert` on malformed safetensors headers, malformed GGUF files and
   inconsistent config.json (mutations of the tiny_mqa fixture): exit status 1 or 2, exactly one
   line on stderr, no traceback, no output file left behind, well within the timeout.
+- ASM_CASES seeded random one-line mutations of the real asm/ tree (a character deleted,
+  inserted or replaced, a token swapped, a line cut, doubled or dropped), each built with
+  builder.build.build in a memory-limited child: it builds, or fails with one BuildError
+  line naming asm/FILE.asm:LINE (or a whole-program reason: link, check, budget), never
+  another exception.
 - RANDOM_CASES seeded random mutations of the same three inputs (bytes flipped in the GGUF
   metadata and tensor table, in the safetensors JSON, values of config.json replaced by other
   types), through `builder.convert.main` in one memory-limited child process (a subprocess
@@ -26,7 +31,8 @@ import signal
 import struct
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable
 
@@ -504,3 +510,90 @@ def test_regression_F5_safetensors_dtype_of_another_type(tmp_path):
             name = f"{field} = {v!r}"
             cases[name] = _convert_case(tmp_path, name, _safetensors(_with_tensor(NORM, **{field: v})))
     run_all(cases)
+
+
+ASM_CASES = 80
+REPO = Path(__file__).resolve().parents[1]
+WHOLE_PROGRAM = re.compile(r"(link|check): |gemma would be \d+ bytes|asm/gemma\.asm: ")
+
+
+def _mutate_line(r: random.Random, line: str, tokens: list[str]) -> list[str]:
+    """One random change of a source line: the lines that replace it."""
+    kind = r.randrange(7)
+    at = r.randrange(len(line) + 1)
+    if kind == 0 and line:
+        return [line[:at] + line[at + 1:]]
+    if kind == 1:
+        return [line[:at] + r.choice(",[]()+-*/:;'\".$0x9aZ_ \t") + line[at:]]
+    if kind == 2:
+        words = line.split()
+        if words:
+            words[r.randrange(len(words))] = r.choice(tokens)
+        return ["        " + " ".join(words)]
+    if kind == 3:
+        return [line[:at]]
+    if kind == 4:
+        return [line, line]
+    if kind == 5:
+        return []
+    return [line.replace(",", " ,", 1).replace("[", "(", 1)]
+
+
+def _build_mutated(root: str, seed: int, i: int) -> str | None:
+    """Mutate one line of the tree at root (a copy of asm/), build it; what went wrong."""
+    from builder.build import build
+    from builder.errors import BuildError
+    r = random.Random(seed * 100003 + i)
+    files = sorted((Path(root) / "asm").glob("*.asm"))
+    tokens = sorted({t for f in files for t in f.read_text().split()})
+    path = r.choice(files)
+    original = path.read_text()
+    lines = original.splitlines()
+    n = r.randrange(len(lines))
+    new = _mutate_line(r, lines[n], tokens)
+    path.write_text("\n".join(lines[:n] + new + lines[n + 1:]) + "\n")
+    label = f"asm/{path.name}:{n + 1} {lines[n].strip()!r} -> {[x.strip() for x in new]!r}"
+    try:
+        build(Path(root), Path(root) / "out" / "gemma")
+    except BuildError as e:
+        msg = str(e)
+        if "\n" in msg:
+            return f"{label}: a message of {msg.count(chr(10)) + 1} lines: {msg[:200]!r}"
+        if not (re.match(r"asm/[\w.]+\.asm:\d+: ", msg) or WHOLE_PROGRAM.match(msg)):
+            return f"{label}: no file:line in {msg[:200]!r}"
+    except BaseException as e:  # noqa: BLE001 - a traceback is the finding
+        return f"{label}: {type(e).__name__}: {str(e)[:200]}"
+    finally:
+        path.write_text(original)
+    return None
+
+
+def _asm_worker_init() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+def asm_campaign(tmp: Path, seed: int, count: int) -> list[str]:
+    """`count` mutated builds of a copy of asm/ in tmp (a fresh child after a crash or a
+    60 s hang); what went wrong."""
+    shutil.copytree(REPO / "asm", tmp / "asm")
+    shutil.copyfile(REPO / "pyproject.toml", tmp / "pyproject.toml")
+    wrong, ctx = [], multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_asm_worker_init)
+    try:
+        for i in range(count):
+            try:
+                problem = pool.submit(_build_mutated, str(tmp), seed, i).result(timeout=60)
+            except (BrokenProcessPool, TimeoutError) as e:
+                problem = f"the builder process {type(e).__name__}"
+                pool.shutdown(cancel_futures=True)
+                pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_asm_worker_init)
+            if problem:
+                wrong.append(f"case {i}: {problem}")
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return wrong
+
+
+def test_builder_random_asm_mutations(tmp_path):
+    wrong = asm_campaign(tmp_path, RANDOM_SEED, ASM_CASES)
+    assert not wrong, f"{len(wrong)} of {ASM_CASES} (seed {RANDOM_SEED}):\n" + "\n".join(wrong[:20])

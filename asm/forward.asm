@@ -4,6 +4,9 @@
 ; r12 = the next weight tensor (tensors are read in file order), r13 = head,
 ; r14 = this layer's K block, r15 = byte offset of this position's row in a K or V block.
 
+BLOCK_SHIFT = 4
+BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feeds the prompt so)
+
 ; model_setup: derived dimensions, the weights size check, weight and buffer pointers.
 ; Relies on the header validation in model.asm (dims >= 1, <= 2^16; vocab <= 2^24; layers,
 ; heads <= 2^10; heads % kv_heads == 0; ctx_len <= max_ctx), so no product below overflows.
@@ -74,7 +77,7 @@ model_setup:
         add     eax, [rbx+HDR_VOCAB]
         add     eax, 15
         and     eax, -16
-        shl     eax, 2                  ; S: holds any vector, a multiple of 64
+        shl     eax, 2 + BLOCK_SHIFT    ; S: holds any vector for a block, a multiple of 64
         imul    rcx, [rbp+FV_KV_ROW]
         mov     [rbp+FV_KV_BLOCK], rcx
         mov     edx, [rbx+HDR_LAYERS]
@@ -97,8 +100,14 @@ model_setup:
         pop     rbx
         ret
 
-; forward: one token through the model; positions must come 0, 1, 2, ... (KV cache).
-;   in: eax token (< vocab), ecx pos (< ctx_len)   out: rax logits (vocab,) float32
+; forward: a block of B tokens at positions pos .. pos+B-1 through the model, layer by layer:
+; every matrix product reads its weights once for the whole block (threads.asm); norms, rope
+; and attention run token by token, token t attending positions 0 .. pos+t (its own K and V
+; rows and the block's earlier ones are in the cache by then). Each logit is computed by the
+; same float32 operations whatever B is. Positions must continue the cache: pos = the number
+; of tokens fed before.
+;   in: rsi ids (B u32 tokens, each < vocab), ecx pos, edx B (1 .. BLOCK, pos + B <= ctx_len)
+;   out: rax logits (B, vocab) float32
 ;   clobbers: rcx rdx rsi rdi r8-r11 xmm0-xmm7 (preserves rbx rbp r12-r15)
 forward:
         push    rbx
@@ -110,20 +119,30 @@ forward:
         push    rax                     ; aligns rsp for the calls
         lea     rbp, [fwd_vars]
         mov     rbx, [model_base]
-        lea     edx, [rcx+1]
-        mov     [rbp+FV_N_T], edx
+        mov     [rbp+FV_B], edx
+        mov     [rbp+FV_POS], ecx
         mov     r15d, ecx
         imul    r15, [rbp+FV_KV_ROW]
+        mov     r13, rsi
+        xor     r14d, r14d              ; t
+.embed:
         mov     r8d, [rbx+HDR_DIM]
-        mov     eax, eax
+        mov     eax, [r13+r14*4]
         imul    rax, r8
-        mov     r12, [rbp+FV_EMBED]
-        lea     r12, [r12+rax*2]
+        mov     rdx, [rbp+FV_EMBED]
+        lea     rdx, [rdx+rax*2]
+        mov     eax, r14d
+        imul    eax, r8d
         mov     rdi, [rbp+FV_X]
+        lea     rdi, [rdi+rax*4]
         lea     rsi, [rbx+HDR_EMBED_SCALE]
         push    1
         pop     rcx
-        call    fwd_matmul              ; x = embed[token] (d,1) @ [embed_scale]
+        xor     r9d, r9d
+        call    qword [job_kernel]      ; x_t = embed[token t] (d,1) @ [embed_scale]
+        inc     r14d
+        cmp     r14d, [rbp+FV_B]
+        jb      .embed
         mov     r12, [rbp+FV_LAYER0]
         mov     r14, [rbp+FV_KV]
         mov     eax, [rbx+HDR_LAYERS]
@@ -135,17 +154,31 @@ forward:
         call    fwd_matmul_xb           ; q = wq @ xb
         lea     rdi, [r14+r15]
         mov     r8d, [rbp+FV_KV_DIM]
-        call    fwd_matmul_xb           ; k = wk @ xb, into the K cache at pos
+        call    fwd_matmul_xb           ; k = wk @ xb, into the K cache at pos ..
         lea     rdi, [r14+r15]
         add     rdi, [rbp+FV_KV_BLOCK]
         mov     r8d, [rbp+FV_KV_DIM]
-        call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos
+        call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos ..
+        and     dword [rbp+FV_T], 0
+.token:
+        mov     eax, [rbp+FV_T]
+        add     eax, [rbp+FV_POS]
+        inc     eax
+        mov     [rbp+FV_N_T], eax       ; positions token t attends
+        mov     eax, [rbp+FV_T]
+        imul    eax, [rbp+FV_Q_DIM]
+        shl     eax, 2
+        mov     [rbp+FV_TQ], eax        ; t's q and attention output: (t * H*hd) * 4 bytes in
         mov     rdi, [rbp+FV_Q]
+        add     rdi, rax
         mov     esi, [rbx+HDR_HEADS]
-        call    fwd_rope                ; q = rope(q)
+        call    fwd_rope                ; q_t = rope(q_t)
+        mov     eax, [rbp+FV_T]
+        imul    rax, [rbp+FV_KV_ROW]
         lea     rdi, [r14+r15]
+        add     rdi, rax
         mov     esi, [rbx+HDR_KV_HEADS]
-        call    fwd_rope                ; k = rope(k)
+        call    fwd_rope                ; k_t = rope(k_t)
         xor     r13d, r13d
 .head:
         mov     eax, r13d
@@ -155,7 +188,8 @@ forward:
         lea     rdx, [r14+rax*4]        ; K_g: kv head g = h / group
         mov     eax, r13d
         imul    eax, [rbx+HDR_HEAD_DIM]
-        shl     eax, 2                  ; h*hd*4: q_h in q, o_h in xb
+        shl     eax, 2
+        add     eax, [rbp+FV_TQ]        ; q_h of token t in q, o_h in xb
         push    rax
         push    rdx
         mov     rsi, [rbp+FV_Q]
@@ -164,7 +198,7 @@ forward:
         mov     ecx, [rbx+HDR_HEAD_DIM]
         mov     r8d, [rbp+FV_N_T]
         mov     r9, [rbp+FV_KV_ROW]
-        call    matvec_f32              ; att = K_g (pos+1,hd) @ q_h
+        call    matvec_f32              ; att = K_g (n_t,hd) @ q_h
         mov     rdi, [rbp+FV_ATT]
         mov     esi, [rbp+FV_N_T]
         movss   xmm0, [rbp+FV_ATT_SCALE]
@@ -178,10 +212,14 @@ forward:
         mov     ecx, [rbp+FV_N_T]
         mov     r8d, [rbx+HDR_HEAD_DIM]
         mov     r9, [rbp+FV_KV_ROW]
-        call    matvec_t_f32            ; xb_h = V_g^T (hd,pos+1) @ att
+        call    matvec_t_f32            ; xb_h = V_g^T (hd,n_t) @ att
         inc     r13d
         cmp     r13d, [rbx+HDR_HEADS]
         jb      .head
+        inc     dword [rbp+FV_T]
+        mov     eax, [rbp+FV_T]
+        cmp     eax, [rbp+FV_B]
+        jb      .token
         mov     rsi, [rbp+FV_XB]
         mov     ecx, [rbp+FV_Q_DIM]
         call    fwd_residual            ; x += wo @ xb
@@ -195,7 +233,8 @@ forward:
         mov     rdi, [rbp+FV_HB]
         mov     rsi, [rbp+FV_HB2]
         mov     edx, [rbx+HDR_FFN]
-        call    geglu                   ; hb = gelu_tanh(hb) * hb2
+        imul    edx, [rbp+FV_B]
+        call    geglu                   ; hb = gelu_tanh(hb) * hb2, all B rows at once
         mov     rsi, [rbp+FV_HB]
         mov     ecx, [rbx+HDR_FFN]
         call    fwd_residual            ; x += down @ hb
@@ -221,16 +260,28 @@ forward:
 ; The helpers below use forward's registers (rbx rbp r12 r13 r14) and clobber as the kernel
 ; they end in.
 
-; fwd_norm: xb = rmsnorm(x, w), w the d float32 at r12; r12 moves past them.
+; fwd_norm: xb_t = rmsnorm(x_t, w) for every token t of the block, w the d float32 at r12;
+; r12 moves past them. Uses r13.
 fwd_norm:
-        mov     rdi, [rbp+FV_XB]
-        mov     rsi, [rbp+FV_X]
+        xor     r13d, r13d
+.token:
         mov     ecx, [rbx+HDR_DIM]
+        mov     eax, r13d
+        imul    eax, ecx
+        shl     eax, 2
+        mov     rdi, [rbp+FV_XB]
+        add     rdi, rax
+        mov     rsi, [rbp+FV_X]
+        add     rsi, rax
         movss   xmm0, [rbx+HDR_EPS]
         mov     rdx, r12
+        call    rmsnorm
+        inc     r13d
+        cmp     r13d, [rbp+FV_B]
+        jb      .token
         lea     r12, [r12+rcx*4+TENSOR_ALIGN-1]
         and     r12, -TENSOR_ALIGN
-        jmp     rmsnorm
+        ret
 
 ; fwd_residual: x += W (d,n) @ src (n,), W at r12.   in: rsi src, ecx n
 fwd_residual:
@@ -253,6 +304,7 @@ fwd_matmul:
         imul    rax, r8
         lea     r12, [r12+rax*2+TENSOR_ALIGN-1]
         and     r12, -TENSOR_ALIGN
+        mov     eax, [rbp+FV_B]
         jmp     par_matmul              ; threads.asm
 
 ; fwd_rope: rope on n heads of x at this position.   in: rdi x, esi n

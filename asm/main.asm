@@ -167,26 +167,47 @@ setup:
         mov     [rbp+V_LOGITS_FD], eax
 .no_logits:
 
-; The generation loop: feed the prompt's ids, then sample, print and feed each new id
-; (appended to the ids). r15d = position, r12 -> ids, r13d = prompt length,
-; r14d = ids generated, rbx = header.
+; The generation loop: feed the prompt's ids in blocks of up to BLOCK (forward.asm), then
+; sample, print and feed each new id (appended to the ids). r15d = position, r12 -> ids,
+; r13d = prompt length, r14d = ids generated, rbx = header.
         xor     r15d, r15d
         xor     r14d, r14d
 .step:
-        mov     eax, [r12+r15*4]
+        push    BLOCK
+        pop     rdx
+        mov     eax, r13d
+        sub     eax, r15d               ; prompt ids not fed yet (<= 0: generating)
+        cmp     eax, edx
+        cmovl   edx, eax
+        test    edx, edx
+        jg      .block
+        push    1
+        pop     rdx
+.block:
+        push    rdx                     ; B (twice: rsp stays 16-aligned)
+        push    rdx
+        lea     rsi, [r12+r15*4]
         mov     ecx, r15d
-        call    forward
+        call    forward                 ; rax -> B rows of logits
+        pop     rcx
+        pop     rcx
+        add     r15d, ecx
+        mov     edx, [rbx+HDR_VOCAB]
+        shl     edx, 2                  ; bytes of a row
+        imul    ecx, edx                ; of the B rows
+        lea     rsi, [rax+rcx]
+        sub     rsi, rdx
+        push    rsi                     ; the last row, for sampling
+        push    rsi
         mov     edi, [rbp+V_LOGITS_FD]
         test    edi, edi
         jz      .logits_done
-        push    rax
         mov     rsi, rax
-        mov     edx, [rbx+HDR_VOCAB]
-        shl     edx, 2
+        mov     edx, ecx
         call    write_all
-        pop     rax
 .logits_done:
-        inc     r15d
+        pop     rax
+        pop     rax
         cmp     r15d, r13d
         jb      .step
         cmp     r14d, [rbp+V_N]

@@ -79,11 +79,13 @@ worker:
         call    sys_futex_wake
         jmp     .next
 
-; par_matmul: matmul_f16's product by the chosen kernel (cpu.asm), rows split over T threads.
-;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16)   out: xout
-;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
+; par_matmul: matmul_f16's product for B tokens, by the chosen kernel (cpu.asm), rows split
+; over T threads: xout (B,d) = rows of W (d,n) @ each of x (B,n).
+;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16), eax B
+;   out: xout   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
 par_matmul:
         lea     r10, [job_vars]
+        mov     [r10+J_B], eax
         mov     [r10+J_OUT], rdi
         mov     [r10+J_X], rsi
         mov     [r10+J_W], rdx
@@ -122,29 +124,60 @@ wait_change:
         ret
 
 ; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T),
-; none when k c >= d.
+; none when k c >= d; in chunks of MM_CHUNK rows, each chunk for every token in turn (its
+; weights come from memory once, then from the cache).
 ;   in: eax k, r9 job_vars   out: those rows of xout
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
+MM_CHUNK = 16
 mm_share:
-        mov     r10, r9
-        mov     ecx, [r10+J_T]
-        mov     r8d, [r10+J_D]
-        xchg    esi, eax
-        lea     eax, [r8+rcx-1]
+        push    rbx
+        push    rbp
+        push    r12
+        push    r13
+        mov     r12, r9
+        mov     ecx, [r12+J_T]
+        mov     ebp, [r12+J_D]
+        xchg    ebx, eax
+        lea     eax, [rbp+rcx-1]
         xor     edx, edx
         div     ecx                     ; c
-        imul    esi, eax                ; first row
-        sub     r8d, esi
-        jbe     wait_change.ret         ; no rows left for k
-        cmp     r8d, eax
-        cmova   r8d, eax                ; rows
-        mov     rdi, [r10+J_OUT]
-        lea     rdi, [rdi+rsi*4]
-        mov     ecx, [r10+J_N]
-        mov     rdx, rsi
-        imul    rdx, rcx
-        add     rdx, rdx
-        add     rdx, [r10+J_W]
-        mov     rsi, [r10+J_X]
-        mov     r9d, [r10+J_ACC]
-        jmp     qword [r10+J_KERNEL]
+        imul    ebx, eax                ; the chunk's first row
+        sub     ebp, ebx                ; rows left
+        jbe     .done                   ; none for k
+        cmp     ebp, eax
+        cmova   ebp, eax
+.chunk:
+        xor     r13d, r13d              ; token
+.token:
+        push    MM_CHUNK
+        pop     r8
+        cmp     ebp, r8d
+        cmovb   r8d, ebp                ; rows
+        mov     eax, r13d
+        imul    eax, [r12+J_D]
+        add     eax, ebx
+        mov     rdi, [r12+J_OUT]
+        lea     rdi, [rdi+rax*4]        ; xout + (t d + row) * 4
+        mov     ecx, [r12+J_N]
+        mov     eax, r13d
+        imul    eax, ecx
+        mov     rsi, [r12+J_X]
+        lea     rsi, [rsi+rax*4]        ; x + t n * 4
+        mov     eax, ebx
+        imul    rax, rcx
+        mov     rdx, [r12+J_W]
+        lea     rdx, [rdx+rax*2]        ; W + row n * 2
+        mov     r9d, [r12+J_ACC]
+        call    qword [r12+J_KERNEL]
+        inc     r13d
+        cmp     r13d, [r12+J_B]
+        jb      .token
+        add     ebx, MM_CHUNK
+        sub     ebp, MM_CHUNK
+        jg      .chunk
+.done:
+        pop     r13
+        pop     r12
+        pop     rbp
+        pop     rbx
+        ret

@@ -65,6 +65,7 @@ job_acc:        rd 1            ; accumulate
 job_gen:        rd 1            ; products published so far (workers sleep on it)
 job_pending:    rd 1            ; workers still busy with the current product
 job_t:          rd 1            ; T, the thread count (threads_start)
+job_b:          rd 1            ; B: tokens (xout (B,d), x (B,n), row after row)
 cpu_mask:       rb 128          ; sched_getaffinity's mask (CPU_MASK_BYTES)
 
 J_KERNEL        = job_kernel - job_vars
@@ -77,6 +78,7 @@ J_ACC           = job_acc - job_vars
 J_GEN           = job_gen - job_vars
 J_PENDING       = job_pending - job_vars
 J_T             = job_t - job_vars
+J_B             = job_b - job_vars
 
 ; ---- forward ----------------------------------------------------------------------------
 ; The first eight qwords are set in this order by model_setup's pointer loop.
@@ -99,6 +101,10 @@ fv_group:       rd 1            ; H/K: query heads per kv head
 fv_att_scale:   rd 1            ; float32 1/sqrt(hd)
 fv_n_t:         rd 1            ; pos + 1: positions attended
 fv_layers_left: rd 1            ; layer countdown in forward
+fv_b:           rd 1            ; B: tokens in this block
+fv_pos:         rd 1            ; the block's first position
+fv_t:           rd 1            ; the token in the attention loop
+fv_tq:          rd 1            ; its q row's byte offset in q (and xb)
 
 FV_X            = fv_x - fwd_vars
 FV_XB           = fv_xb - fwd_vars
@@ -118,3 +124,7 @@ FV_GROUP        = fv_group - fwd_vars
 FV_ATT_SCALE    = fv_att_scale - fwd_vars
 FV_N_T          = fv_n_t - fwd_vars
 FV_LAYERS_LEFT  = fv_layers_left - fwd_vars
+FV_B            = fv_b - fwd_vars
+FV_POS          = fv_pos - fwd_vars
+FV_T            = fv_t - fwd_vars
+FV_TQ           = fv_tq - fwd_vars

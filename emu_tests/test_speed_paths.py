@@ -12,6 +12,9 @@ byte difference, and the failure names the run, the row and the logit.
   tail columns, n = 144) and FP16 edge values.
 - The real binary natively: default (fast path, all CPUs), --baseline, -t 1 2 3 and more
   threads than some products have rows, on both fixtures and an odd synthetic shape.
+- Blocks: the prompt is fed in blocks of 16 tokens, generated tokens one by one; a prompt's
+  logits rows equal, bit for bit, those of each of its prefixes (other block boundaries), and
+  the long prompt's rows and greedy steps match the numpy twin (builder.reference).
 - Threads at rest: with --logits blocked on a full FIFO the process has exactly T threads
   and all of them sleep (state S, no CPU time): the waits are futex waits, not spins.
 - Under qemu-user: `-cpu Nehalem` (no AVX: an AVX instruction would end the run with SIGILL)
@@ -38,10 +41,12 @@ from modelfiles import convert_fixture
 
 F32 = np.float32
 BASE, FAST = "matmul_f16", "matmul_f16_avx2"
-PROMPT = "Hello world, the quick brown fox"
+# 50 tokens on the fixtures, 87 on ODD: several blocks of 16 (forward.asm BLOCK) and a rest
+PROMPT = "Hello world, the quick brown fox jumps over the lazy dog; then it runs home and sleeps."
+BLOCK = 16
 STEPS = 8
 TIMEOUT = 120                                   # qemu-user runs are ~50x slower than native
-ODD = Dims(vocab=600, dim=66, ffn=130, layers=2, heads=6, kv_heads=2, head_dim=22, max_ctx=64)
+ODD = Dims(vocab=600, dim=66, ffn=130, layers=2, heads=6, kv_heads=2, head_dim=22, max_ctx=128)
 
 
 # --- the kernel ------------------------------------------------------------------------------
@@ -93,9 +98,9 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 def run(prefix: list[str], binary: Path, model: Path, flags: list[str], logits: Path,
-        extra_env: dict | None = None) -> tuple[bytes, bytes]:
+        prompt: str = PROMPT, steps: int = STEPS) -> tuple[bytes, bytes]:
     """(stdout, --logits bytes) of one greedy run."""
-    argv = [*prefix, str(binary), "-m", str(model), "-p", PROMPT, "-n", str(STEPS),
+    argv = [*prefix, str(binary), "-m", str(model), "-p", prompt, "-n", str(steps),
             "--logits", str(logits), *flags]
     r = subprocess.run(argv, capture_output=True, timeout=TIMEOUT)
     assert r.returncode == 0, f"{' '.join(argv)}: exit {r.returncode}: {r.stderr[-400:]!r}"
@@ -125,6 +130,52 @@ def test_paths_and_thread_counts_agree_natively(gemma, models, tmp_path, name):
         got = run([], gemma.binary, model, flags, tmp_path / "got.f32")
         same_run(f"{name} {' '.join(flags) or '(default)'} vs --baseline -t 1", got, want,
                  vocab_of(model))
+
+
+def engine_ids(binary: Path, model: Path, text: str) -> list[int]:
+    r = subprocess.run([str(binary), "-m", str(model), "-p", text, "--tokens"],
+                       capture_output=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return [int(t) for t in r.stdout.split()]
+
+
+@pytest.mark.parametrize("name", ["tiny_mqa", "tiny_wide", "odd"])
+def test_prompt_blocks_do_not_change_any_logit(gemma, models, tmp_path, name):
+    """Position p's logits are the same bits whether p sits in a full block, a partial one or
+    at a block's start: every prefix of the prompt ending at a word (when its ids are a prefix
+    of the whole prompt's) gives the first rows of the whole prompt's run."""
+    model, vocab = models[name], vocab_of(models[name])
+    ids = engine_ids(gemma.binary, model, PROMPT)
+    assert len(ids) > 3 * BLOCK, f"{name}: {len(ids)} prompt ids, want several blocks"
+    whole = np.frombuffer(run([], gemma.binary, model, [], tmp_path / "whole.f32",
+                              steps=0)[1], F32).reshape(-1, vocab)
+    lengths = set()
+    for cut in (i for i, c in enumerate(PROMPT) if c == " "):
+        part = engine_ids(gemma.binary, model, PROMPT[:cut])
+        if part != ids[:len(part)]:
+            continue                      # the cut splits a token: not a prefix in ids
+        rows = np.frombuffer(run([], gemma.binary, model, [], tmp_path / "part.f32",
+                                 PROMPT[:cut], 0)[1], F32).reshape(-1, vocab)
+        assert len(rows) == len(part)
+        for p in range(len(part)):
+            same_bits(f"{name}: prompt of {len(part)} ids, position {p}", rows[p], whole[p])
+        lengths.add(len(part))
+    # prefixes ending inside the first block, on a block boundary +- 1 and in later blocks
+    assert len(lengths) >= 8 and max(lengths) > 2 * BLOCK, sorted(lengths)
+
+
+def test_long_prompt_against_twin(gemma, models, tmp_path):
+    """ODD's 87-id prompt (5 full blocks and 7) and greedy steps against the numpy twin, with
+    test_engine_logits' TWIN_TOL and its near-tie rule for the greedy tokens."""
+    from test_engine_logits import TWIN_TOL, check_rows
+    from builder.modelfile import ModelFile
+    from builder.reference import Reference
+    model = models["odd"]
+    ids = engine_ids(gemma.binary, model, PROMPT)
+    prompt_ref, step_ref, greedy = Reference(ModelFile(model)).generate(ids, STEPS)
+    rows = np.frombuffer(run([], gemma.binary, model, [], tmp_path / "l.f32")[1],
+                         F32).reshape(-1, ODD.vocab)
+    check_rows(f"odd, {len(ids)}-id prompt", rows, ids, prompt_ref, step_ref, greedy, TWIN_TOL)
 
 
 def executed(log: Path, symbols: dict, name: str) -> bool:

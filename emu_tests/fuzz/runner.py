@@ -167,7 +167,8 @@ def _execute(argv: list[bytes], case: Case, wdir: Path, timeout: float) -> tuple
     t = time.monotonic()
     try:
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
-                           timeout=timeout, preexec_fn=_limits(case.closed, case.memory or ADDRESS_SPACE), cwd=wdir)
+                           timeout=timeout, cwd=wdir,
+                           preexec_fn=_limits(case.closed, case.memory or ADDRESS_SPACE))
         out = p.stdout or b""
         o = Outcome(p.returncode, out[:KEEP], p.stderr[:KEEP], 0.0)
     except subprocess.TimeoutExpired as e:

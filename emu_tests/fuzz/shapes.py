@@ -72,7 +72,8 @@ def shape_cases(names: list[str]) -> list[Case]:
                 ("logits", 2, (b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS)),
                 ("-c 1", 1, (b"-c", b"1", b"-p", b"", b"-n", b"1")),
                 ("-c 2", 1, (b"-c", b"2", b"-p", b"", b"-n", b"1", b"--temp", b"0.7")),
-                *((f"{t.decode()} threads", 2, (b"-t", t, b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS))
+                *((f"{t.decode()} threads", 2, (b"-t", t, b"-p", b"\x01", b"-n", n(2),
+                                                 b"--logits", LOGITS))
                   for t in (b"2", b"3", b"7", b"256")),
                 ("baseline", 2, (b"--baseline", b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS))):
             fits = tokens <= ctx and (b"--tokens" in argv or tokens < ctx)

@@ -146,15 +146,12 @@ def engine_path(cfg: Config) -> Path:
         if not cfg.engine.is_file():
             raise BenchError(f"no engine binary at {cfg.engine}")
         return cfg.engine.resolve()  # exec would search PATH for a bare name
-    binary = ROOT / "gemma"
-    if not binary.is_file():
-        from builder.build import build
-        from builder.errors import BuildError
-        try:
-            build(ROOT)
-        except BuildError as e:
-            raise BenchError(f"building ./gemma failed: {e}") from None
-    return binary
+    from builder.build import build  # always from the current sources: never a stale ./gemma
+    from builder.errors import BuildError
+    try:
+        return build(ROOT).binary
+    except BuildError as e:
+        raise BenchError(f"building ./gemma failed: {e}") from None
 
 
 def _checked(r: Run, what: str) -> Run:
@@ -344,7 +341,7 @@ def main(argv: list[str]) -> int:
                    help=f"where the synthetic models are kept (default {DEFAULT_CACHE})")
     p.add_argument("--model", type=Path, help="benchmark this model file instead of a preset")
     p.add_argument("--gguf", type=Path, help="with --model: its GGUF twin for llama.cpp")
-    p.add_argument("--engine", type=Path, help="engine binary (default ./gemma, built if missing)")
+    p.add_argument("--engine", type=Path, help="engine binary (default: ./gemma, built from the current sources)")
     p.add_argument("--engine-args", default="", metavar="ARGS",
                    help="more engine flags for the timed runs, e.g. --engine-args=--baseline")
     p.add_argument("-t", "--threads", type=str, default="",

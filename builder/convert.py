@@ -25,6 +25,7 @@ import math
 import struct
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 
@@ -121,19 +122,24 @@ def field(table: dict, key: str, kind: type, where: object, default=None, array:
 
 # ---- Hugging Face directory ---------------------------------------------------------------
 
-HF_NAMES = {"attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
+HF_NAMES = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
+            "layer": "model.layers.{layer}.{what}.weight",
+            "attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
             "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",
             "ffn_norm": "post_attention_layernorm", "gate": "mlp.gate_proj",
             "up": "mlp.up_proj", "down": "mlp.down_proj"}
 
 
-def hf_name(engine_name: str) -> str:
-    if engine_name == "embed":
-        return "model.embed_tokens.weight"
-    if engine_name == "final_norm":
-        return "model.norm.weight"
+def tensor_name(engine_name: str, names: dict[str, str]) -> str:
+    """A source format's name for an engine tensor (`embed`, `final_norm`, `layer.N.what`),
+    from that format's table: whole names for embed and final_norm, a pattern for the rest."""
+    if engine_name in names:
+        return names[engine_name]
     _, layer, what = engine_name.split(".")
-    return f"model.layers.{layer}.{HF_NAMES[what]}.weight"
+    return names["layer"].format(layer=layer, what=names[what])
+
+
+hf_name = partial(tensor_name, names=HF_NAMES)
 
 
 def _protobuf_fields(buf: bytes) -> Iterator[tuple[int, bytes | int]]:
@@ -262,19 +268,13 @@ def open_hf(src: Path) -> Checkpoint:
 
 # ---- GGUF ---------------------------------------------------------------------------------
 
-GGUF_NAMES = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
+GGUF_NAMES = {"embed": "token_embd.weight", "final_norm": "output_norm.weight",
+              "layer": "blk.{layer}.{what}.weight",
+              "attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
               "wo": "attn_output", "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up",
               "down": "ffn_down"}
 SPACE = "\u2581"
-
-
-def gguf_name(engine_name: str) -> str:
-    if engine_name == "embed":
-        return "token_embd.weight"
-    if engine_name == "final_norm":
-        return "output_norm.weight"
-    _, layer, what = engine_name.split(".")
-    return f"blk.{layer}.{GGUF_NAMES[what]}.weight"
+gguf_name = partial(tensor_name, names=GGUF_NAMES)
 
 
 def open_gguf(src: Path) -> Checkpoint:

@@ -260,8 +260,9 @@ forward:
 ; The helpers below use forward's registers (rbx rbp r12 r13 r14) and clobber as the kernel
 ; they end in.
 
-; fwd_norm: xb_t = rmsnorm(x_t, w) for every token t of the block, w the d float32 at r12;
-; r12 moves past them. Uses r13.
+; fwd_norm: xb_t = rmsnorm(x_t, w) for every token t of the block, w the d float32 at r12.
+;   in: rbx header, rbp fwd_vars, r12 w   out: xb; r12 past w (64-byte aligned)
+;   clobbers: rax rcx rdx rsi rdi r13 xmm0
 fwd_norm:
         xor     r13d, r13d
 .token:

@@ -74,7 +74,11 @@ err_bad_value:
         call    fatal_arg_here
         db      'bad value for ', 0
 
-; option_value: the value of the option at opt_table entry rdi (kind eax, slot r12).
+; option_value: parse the value of the option at opt_table entry rdi and store it; a jump
+; target of start's loop, not a call.
+;   in: rdi table entry, eax kind, r12 slot, r14 -> the value's argv slot
+;   out: [r12] value, r14 past it; continues at start.next_arg
+;   clobbers: rax rcx rdx rsi r8-r11 r13
 option_value:
         mov     rsi, [r14]
         test    rsi, rsi
@@ -113,7 +117,9 @@ err_bad_n:
         lea     rbx, [opt_name_n]
         jmp     err_bad_value
 
-; setup: the model, the context, the prompt's ids; then the generation loop.
+; setup: the model, the context, the prompt's ids; then the generation loop (start jumps
+; here once every argument is parsed).
+;   in: rbp front_base with the options stored   out: never returns (exits)
 setup:
         mov     rbx, [rbp+V_MODEL]
         test    rbx, rbx

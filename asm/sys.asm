@@ -80,6 +80,7 @@ err_oom:
         db      'out of memory', 0
 
 ; fatal_here: fatal with the message that follows the call instruction.
+;   in: [rsp] -> the zero-terminated message after `call fatal_here`   out: never returns
 fatal_here:
         pop     rsi
 ; fatal: print "gemma: MESSAGE\n" on stderr and exit with status 1 (EXIT_ERROR).
@@ -152,7 +153,9 @@ sys_futex:
 sys_clone:
         push    SYS_clone
         pop     rax
-; sys_nr: syscall number eax.
+; sys_nr: the system call whose number is in eax (sys_call's tail again: from here a jump
+; to sys_call would not be short, so the copy is smaller).
+;   in: eax number, rdi rsi rdx rcx r8 r9   out: rax result or -errno   clobbers: rcx r10 r11
 sys_nr:
         mov     r10, rcx
         syscall

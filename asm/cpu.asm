@@ -1,17 +1,30 @@
 ; cpu.asm: the instruction-set level, chosen once at start-up.
 
-CPUID1_NEED = (1 shl 27) or (1 shl 28) or (1 shl 29)   ; ecx: OSXSAVE, AVX, F16C
+CPUID1_NEED = (1 shl 12) or (1 shl 27) or (1 shl 28) or (1 shl 29) ; ecx: FMA OSXSAVE AVX F16C
 XCR0_SSE_AVX = 6                                        ; the OS saves XMM and YMM state
 
-; cpu_setup: the matrix-product kernel every thread calls: matmul_f16_avx2 when CPUID leaf 1
-; reports AVX, F16C and OSXSAVE and XGETBV shows XCR0 bits 1 and 2 (all that kernel uses),
-; unless --baseline was given; matmul_f16 otherwise.
-;   in: --baseline (byte 1 of opt_tokens)   out: job_kernel   clobbers: rax rcx rdx rsi
+; cpu_setup: the matrix-product kernel every thread calls and the tokens it takes per call:
+; matmul_f16_avx2 and 4 when CPUID leaf 1 reports AVX, FMA, F16C and OSXSAVE, XGETBV shows
+; XCR0 bits 1 and 2 (all that kernel uses) and the model's dim, ffn and heads x head_dim are
+; multiples of 8 (its precondition; every Gemma is), unless --baseline was given;
+; matmul_f16 and 1 otherwise.
+;   in: --baseline (byte 1 of opt_tokens), model_base, rbp fwd_vars (FV_Q_DIM)
+;   out: job_kernel, job_tokens
+;   clobbers: rax rcx rdx rsi rdi
 cpu_setup:
         push    rbx
         lea     rsi, [matmul_f16]
+        push    1
+        pop     rdi
         cmp     byte [opt_tokens+1], 0  ; --baseline (main.asm)
         jne     .chosen
+        mov     rax, [model_base]
+        mov     ecx, [rax+HDR_DIM]
+        or      ecx, [rax+HDR_FFN]
+        or      ecx, [rbp+FV_Q_DIM]
+        test    cl, 7
+        jnz     .chosen                 ; a product's n (dim, ffn, heads x head_dim) is not
+                                        ; a multiple of 8
         push    1
         pop     rax
         cpuid
@@ -24,7 +37,9 @@ cpu_setup:
         test    al, XCR0_SSE_AVX
         jnz     .chosen
         lea     rsi, [matmul_f16_avx2]
+        mov     dil, 4
 .chosen:
         mov     [job_kernel], rsi
+        mov     [job_tokens], edi
         pop     rbx
         ret

@@ -106,9 +106,11 @@ model_setup:
 ; rows and the block's earlier ones are in the cache by then). Each logit is computed by the
 ; same float32 operations whatever B is. Positions must continue the cache: pos = the number
 ; of tokens fed before.
-;   in: rsi ids (B u32 tokens, each < vocab), ecx pos, edx B (1 .. BLOCK, pos + B <= ctx_len)
-;   out: rax logits (B, vocab) float32
-;   clobbers: rcx rdx rsi rdi r8-r11 xmm0-xmm7 (preserves rbx rbp r12-r15)
+;   in: rsi ids (B u32 tokens, each < vocab), ecx pos, edx B (1 .. BLOCK, pos + B <= ctx_len),
+;   r8d the prompt's length
+;   out: rax logits (B, vocab) float32: every row with --logits (logits_fd); else the last
+;   row, and none at all for a block that ends before the prompt does
+;   clobbers: rcx rdx rsi rdi r8-r11 xmm0-xmm15 (preserves rbx rbp r12-r15)
 forward:
         push    rbx
         push    rbp
@@ -116,7 +118,7 @@ forward:
         push    r13
         push    r14
         push    r15
-        push    rax                     ; aligns rsp for the calls
+        push    r8                      ; [rsp]: the prompt's length; aligns rsp for calls
         lea     rbp, [fwd_vars]
         mov     rbx, [model_base]
         mov     [rbp+FV_B], edx
@@ -139,7 +141,7 @@ forward:
         push    1
         pop     rcx
         xor     r9d, r9d
-        call    qword [job_kernel]      ; x_t = embed[token t] (d,1) @ [embed_scale]
+        call    matmul_f16              ; x_t = embed[token t] (d,1) @ [embed_scale]: exact
         inc     r14d
         cmp     r14d, [rbp+FV_B]
         jb      .embed
@@ -245,8 +247,26 @@ forward:
         call    fwd_norm                ; xb = rmsnorm(x, final_norm)
         mov     r12, [rbp+FV_EMBED]
         mov     rdi, [rbp+FV_LOGITS]
+        mov     rsi, [rbp+FV_XB]
         mov     r8d, [rbx+HDR_VOCAB]
-        call    fwd_matmul_xb           ; logits = embed (vocab,d) @ xb
+        mov     ecx, [rbx+HDR_DIM]
+        cmp     dword [logits_fd], 0
+        jne     .logits                 ; --logits: every token's row
+        mov     eax, [rbp+FV_B]
+        mov     edx, [rbp+FV_POS]
+        add     edx, eax
+        cmp     edx, [rsp]
+        jb      .done                   ; a block before the prompt's end: none
+        dec     eax                     ; else the last token's (all sampling needs)
+        mov     edx, eax
+        imul    eax, r8d
+        lea     rdi, [rdi+rax*4]
+        imul    edx, ecx
+        lea     rsi, [rsi+rdx*4]
+        mov     dword [rbp+FV_B], 1
+.logits:
+        call    fwd_matmul              ; logits = embed (vocab,d) @ xb
+.done:
         mov     rax, [rbp+FV_LOGITS]
         pop     rcx
         pop     r15

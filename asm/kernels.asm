@@ -8,7 +8,7 @@
 ; exponent and mantissa in float32 position (bias 15 instead of 127) and smears the sign over
 ; bits 31..28; and 0x8FFFFFFF keeps it once; times 2^112 rebiases (subnormal halves become
 ; float32 subnormals: exact, as MXCSR has no DAZ). Inf/NaN halves are not supported.
-; The order of the float32 operations (matmul_f16_avx2 follows it bit for bit): a row sums in
+; The order of the float32 operations (matmul_f16_avx2 has its own, fused): a row sums in
 ; 8 lanes, columns j mod 8 (lanes 0-3 in xmm0, 4-7 in xmm4), 8 columns at a time while 8
 ; remain; the leftover columns one at a time into lane 0; then ((l0 + l4) + (l1 + l5)) +
 ; ((l2 + l6) + (l3 + l7)); then + xout when accumulating. Every product is rounded.

@@ -194,7 +194,8 @@ setup:
         push    rdx
         lea     rsi, [r12+r15*4]
         mov     ecx, r15d
-        call    forward                 ; rax -> B rows of logits
+        mov     r8d, r13d
+        call    forward                 ; rax -> B rows of logits (main's: the last one)
         pop     rcx
         pop     rcx
         add     r15d, ecx

@@ -82,7 +82,7 @@ worker:
 ; par_matmul: matmul_f16's product for B tokens, by the chosen kernel (cpu.asm), rows split
 ; over T threads: xout (B,d) = rows of W (d,n) @ each of x (B,n).
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16), eax B
-;   out: xout   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
+;   out: xout   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 par_matmul:
         lea     r10, [job_vars]
         mov     [r10+J_B], eax
@@ -124,10 +124,10 @@ wait_change:
         ret
 
 ; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T),
-; none when k c >= d; in chunks of MM_CHUNK rows, each chunk for every token in turn (its
-; weights come from memory once, then from the cache).
+; none when k c >= d; in chunks of MM_CHUNK rows, each chunk for every token in turn, up to
+; job_tokens tokens per kernel call (its weights come from memory once, then from the cache).
 ;   in: eax k, r9 job_vars   out: those rows of xout
-;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm7
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 MM_CHUNK = 16
 mm_share:
         push    rbx
@@ -153,11 +153,13 @@ mm_share:
         pop     r8
         cmp     ebp, r8d
         cmovb   r8d, ebp                ; rows
-        mov     eax, r13d
-        imul    eax, [r12+J_D]
-        add     eax, ebx
+        mov     eax, [r12+J_D]
+        shl     eax, 2
+        push    rax                     ; the kernel's ostride: bytes of an xout row
+        imul    eax, r13d
+        lea     eax, [rax+rbx*4]
         mov     rdi, [r12+J_OUT]
-        lea     rdi, [rdi+rax*4]        ; xout + (t d + row) * 4
+        add     rdi, rax                ; xout + (t d + row) * 4
         mov     ecx, [r12+J_N]
         mov     eax, r13d
         imul    eax, ecx
@@ -167,9 +169,16 @@ mm_share:
         imul    rax, rcx
         mov     rdx, [r12+J_W]
         lea     rdx, [rdx+rax*2]        ; W + row n * 2
+        mov     eax, [r12+J_B]
+        sub     eax, r13d
+        cmp     eax, [r12+J_TOKENS]
+        cmova   eax, [r12+J_TOKENS]
+        push    rax                     ; the kernel's tokens
         mov     r9d, [r12+J_ACC]
         call    qword [r12+J_KERNEL]
-        inc     r13d
+        pop     rax
+        pop     rcx
+        add     r13d, eax
         cmp     r13d, [r12+J_B]
         jb      .token
         add     ebx, MM_CHUNK

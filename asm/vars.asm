@@ -66,6 +66,7 @@ job_gen:        rd 1            ; products published so far (workers sleep on it
 job_pending:    rd 1            ; workers still busy with the current product
 job_t:          rd 1            ; T, the thread count (threads_start)
 job_b:          rd 1            ; B: tokens (xout (B,d), x (B,n), row after row)
+job_tokens:     rd 1            ; tokens per kernel call at most: 1 or 4 (cpu.asm)
 cpu_mask:       rb 128          ; sched_getaffinity's mask (CPU_MASK_BYTES)
 
 J_KERNEL        = job_kernel - job_vars
@@ -79,6 +80,7 @@ J_GEN           = job_gen - job_vars
 J_PENDING       = job_pending - job_vars
 J_T             = job_t - job_vars
 J_B             = job_b - job_vars
+J_TOKENS        = job_tokens - job_vars
 
 ; ---- forward ----------------------------------------------------------------------------
 ; The first eight qwords are set in this order by model_setup's pointer loop.

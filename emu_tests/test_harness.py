@@ -391,8 +391,10 @@ def test_engine_in_emulation_matches_native_run(gemma, tmp_path_factory, tmp_pat
     image = load_elf(gemma.binary, gemma.symbols)
     for flags in (["--tokens"], ["-n", "6", "--temp", "0", "--logits"]):
         logits = [str(tmp_path / "native.f32")] if flags[-1] == "--logits" else []
+        # natively --baseline: the emulated CPU reports no AVX, so it runs the baseline too
         native_run = subprocess.run([str(gemma.binary), "-m", str(model), "-p", "Hello world",
-                                     *flags, *logits], capture_output=True, timeout=60)
+                                     "--baseline", *flags, *logits], capture_output=True,
+                                    timeout=60)
         emulated = run_program(image, ["gemma", "-m", "model.bin", "-p", "Hello world", *flags,
                                        *(["logits.f32"] if logits else [])],
                                files={"model.bin": model.read_bytes()})

@@ -10,9 +10,10 @@ kernels are tested.
   call, so a write outside an output buffer is caught byte-exact (a read past the end is caught
   once it reaches the guard page).
 - The call runs in a forked child (a crash or hang cannot take pytest down) through a
-  trampoline that loads the SysV argument registers, junk in the others, sentinels in
-  rbx rbp r12-r15, and records after the return: rax, xmm0, the callee-saved registers, rsp,
-  RFLAGS (DF), MXCSR, the x87 control and status words. Breaches raise `KernelFault`.
+  trampoline that loads the SysV argument registers and the two stack slots, junk in the
+  others, sentinels in rbx rbp r12-r15, and records after the return: rax, xmm0, the
+  callee-saved registers, rsp, RFLAGS (DF), MXCSR, the x87 control and status words.
+  Breaches raise `KernelFault`.
 - Before the call, the CPU features the reachable code needs (capstone groups) are compared
   with /proc/cpuinfo; a missing one makes the test skip and says which.
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import code
-from .call import INT_REGS, JUNK_XMM, CallResult, plan, place
+from .call import INT_REGS, JUNK_XMM, N_STACK_ARGS, CallResult, plan, place
 from .image import PAGE, Image, page_down, page_up
 from .unicorn_run import CALLEE_SAVED, EFLAGS_DF, FPCW_DEFAULT, JUNK_GPR, MXCSR_DEFAULT, KernelFault
 
@@ -42,6 +43,7 @@ TIMEOUT_S = 30
 IN_GPR, IN_XMM, FN, SAVED_RSP = 0, 64, 320, 328
 OUT_RAX, OUT_XMM0, OUT_SAVED, OUT_RSP, OUT_FLAGS = 336, 352, 368, 416, 424
 OUT_MXCSR, OUT_FPCW, OUT_FPSW, IN_MXCSR = 432, 436, 438, 440
+IN_STACK = 448                                # arguments 7 and 8 (N_STACK_ARGS qwords)
 
 TRAMPOLINE = """
     push rbx
@@ -63,10 +65,13 @@ TRAMPOLINE = """
     mov rcx, qword ptr [r11 + {gpr3}]
     mov r8, qword ptr [r11 + {gpr4}]
     mov r9, qword ptr [r11 + {gpr5}]
+    push qword ptr [r11 + {stack1}]
+    push qword ptr [r11 + {stack0}]
     mov rax, {junk}
     mov r10, {junk}
     mov r11, qword ptr [r11 + {fn}]
     call r11
+    add rsp, 0x10
     mov r11, {ctl}
     mov qword ptr [r11 + {out_rax}], rax
     movdqu xmmword ptr [r11 + {out_xmm0}], xmm0
@@ -147,6 +152,7 @@ class NativeRunner:
             store_saved="\n".join(f"mov qword ptr [r11 + {hex(OUT_SAVED + 8 * i)}], {r}"
                                   for i, r in enumerate(saved)),
             **{f"gpr{i}": hex(IN_GPR + 8 * i) for i in range(6)}, junk=hex(JUNK_GPR),
+            stack0=hex(IN_STACK), stack1=hex(IN_STACK + 8),
             fn=hex(FN), out_rax=hex(OUT_RAX), out_xmm0=hex(OUT_XMM0), out_rsp=hex(OUT_RSP),
             out_flags=hex(OUT_FLAGS), out_mxcsr=hex(OUT_MXCSR), out_fpcw=hex(OUT_FPCW),
             out_fpsw=hex(OUT_FPSW))
@@ -190,9 +196,10 @@ class NativeRunner:
             _mprotect(region + pages * PAGE, PAGE, PROT_NONE)
             address_of[id(buf)] = region + off
         ctl = bytearray(PAGE)
-        for i in range(len(INT_REGS)):
+        for i in range(len(INT_REGS) + N_STACK_ARGS):
             value = p.int_value(p.ints[i], address_of) if i < len(p.ints) else JUNK_GPR
-            struct.pack_into("<Q", ctl, IN_GPR + 8 * i, value)
+            at = IN_GPR + 8 * i if i < len(INT_REGS) else IN_STACK + 8 * (i - len(INT_REGS))
+            struct.pack_into("<Q", ctl, at, value)
         for i in range(16):
             value = p.xmms[i] if i < len(p.xmms) else JUNK_XMM
             ctl[IN_XMM + 16 * i:IN_XMM + 16 * i + 16] = value.to_bytes(16, "little")

@@ -250,6 +250,8 @@ class _Call:
     # --- run -------------------------------------------------------------------------------
     def run(self) -> CallResult:
         uc = self.uc
+        if len(self.plan.ints) > len(INT_REGS):
+            raise ValueError(f"{self.name}: stack arguments are for the native runner only")
         for reg in ("rax", "r10", "r11", *INT_REGS):
             uc.reg_write(REG[reg], JUNK_GPR)
         for reg, value in zip(INT_REGS, self.plan.ints):

@@ -229,14 +229,12 @@ forward:
         mov     rdi, [rbp+FV_HB]
         mov     r8d, [rbx+HDR_FFN]
         call    fwd_matmul_xb           ; hb = gate @ xb
+        mov     rax, [rbp+FV_HB]
+        mov     [job_gate], rax
         mov     rdi, [rbp+FV_HB2]
         mov     r8d, [rbx+HDR_FFN]
-        call    fwd_matmul_xb           ; hb2 = up @ xb
-        mov     rdi, [rbp+FV_HB]
-        mov     rsi, [rbp+FV_HB2]
-        mov     edx, [rbx+HDR_FFN]
-        imul    edx, [rbp+FV_B]
-        call    geglu                   ; hb = gelu_tanh(hb) * hb2, all B rows at once
+        call    fwd_matmul_xb           ; hb2 = up @ xb, then hb = gelu_tanh(hb) * hb2
+        and     qword [job_gate], 0
         mov     rsi, [rbp+FV_HB]
         mov     ecx, [rbx+HDR_FFN]
         call    fwd_residual            ; x += down @ hb

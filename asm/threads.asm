@@ -126,6 +126,8 @@ wait_change:
 ; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T),
 ; none when k c >= d; in chunks of MM_CHUNK rows, each chunk for every token in turn, up to
 ; job_tokens tokens per kernel call (its weights come from memory once, then from the cache).
+; With job_gate set, each chunk done then gets gate = gelu_tanh(gate) * xout on its rows, in
+; the cache and on every thread (GEGLU: the same operations as one geglu call over all).
 ;   in: eax k, r9 job_vars   out: those rows of xout
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 MM_CHUNK = 16
@@ -181,6 +183,25 @@ mm_share:
         add     r13d, eax
         cmp     r13d, [r12+J_B]
         jb      .token
+        cmp     qword [r12+J_GATE], 0
+        je      .next
+.gelu:                                  ; the chunk's rows of every token, from the last
+        dec     r13d
+        js      .next
+        mov     eax, [r12+J_D]
+        imul    eax, r13d
+        add     eax, ebx                ; t d + row
+        mov     rdi, [r12+J_GATE]
+        lea     rdi, [rdi+rax*4]
+        mov     rsi, [r12+J_OUT]
+        lea     rsi, [rsi+rax*4]
+        push    MM_CHUNK
+        pop     rdx
+        cmp     ebp, edx
+        cmovb   edx, ebp
+        call    geglu                   ; gate = gelu_tanh(gate) * xout (kernels.asm)
+        jmp     .gelu
+.next:
         add     ebx, MM_CHUNK
         sub     ebp, MM_CHUNK
         jg      .chunk

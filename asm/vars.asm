@@ -59,6 +59,7 @@ job_kernel:     rq 1            ; matmul_f16 or matmul_f16_avx2 (cpu.asm)
 job_out:        rq 1            ; xout
 job_x:          rq 1            ; x
 job_w:          rq 1            ; W
+job_gate:       rq 1            ; 0, or hb: then each row of xout done, hb = gelu(hb) * xout
 job_n:          rd 1            ; n
 job_d:          rd 1            ; d
 job_acc:        rd 1            ; accumulate
@@ -73,6 +74,7 @@ J_KERNEL        = job_kernel - job_vars
 J_OUT           = job_out - job_vars
 J_X             = job_x - job_vars
 J_W             = job_w - job_vars
+J_GATE          = job_gate - job_vars
 J_N             = job_n - job_vars
 J_D             = job_d - job_vars
 J_ACC           = job_acc - job_vars

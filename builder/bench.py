@@ -30,9 +30,10 @@ Derived figures: bytes per generated token = the bytes of every tensor in the mo
 is read once per token; the KV cache adds ~P x 37 KB on 2b, not counted); decode efficiency =
 decode tokens/s x bytes per token / bandwidth at that thread count; prompt FLOPs per token =
 2 x every matrix weight of the layers + the attention over the prompt (average position) + the
-logits of the last position shared over P; its fraction of the AVX2 FMA peak (2 FMA units x 8
-floats x 2 FLOPs per cycle per core x the clock /proc/cpuinfo reports). llama.cpp is timed by
-builder.bench_llama on the same prompt token ids, with the same thread count.
+logits of the last position shared over P; its fraction of the AVX2 FMA peak, measured at
+the start on each thread count (builder.bench_bandwidth: ten independent vfmadd231ps chains per
+thread, so at the clock the cores really run). llama.cpp is timed by builder.bench_llama on the
+same prompt token ids, with the same thread count.
 """
 from __future__ import annotations
 
@@ -284,6 +285,7 @@ def bench(cfg: Config) -> Result:
     for path in (model, gguf) if source else (model,):
         warm(path)
     text, ids = make_prompt(engine, model, cfg.prompt_tokens)
+    peaks = bench_bandwidth.fma_peaks(threads)
     bw_runs: dict[int, list[float]] = {t: [] for t in threads}
     gemma: dict[int, list[Figures]] = {t: [] for t in threads}
     llama: dict[int, list[Figures]] = {t: [] for t in threads}
@@ -304,7 +306,7 @@ def bench(cfg: Config) -> Result:
     return Result(machine, cfg.preset if not cfg.model else "given",
                   shlex.join([str(engine), *cfg.engine_args]), str(model), str(gguf or ""),
                   bytes_per_token(model), flops_per_prompt_token(model, len(ids)),
-                  {t: max(bw_runs[t]) for t in threads}, bw_runs,
+                  {t: max(bw_runs[t]) for t in threads}, bw_runs, peaks,
                   [best(gemma[t]) for t in threads], [best(llama[t]) for t in threads if llama[t]],
                   source or llama_missing(cfg, gguf), [load, load_average()], cfg.repeat)
 

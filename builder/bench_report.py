@@ -9,8 +9,6 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-FMA_FLOPS_PER_CYCLE = 2 * 8 * 2  # two 256-bit FMA pipes, 8 floats, multiply + add
-
 
 @dataclass
 class Machine:
@@ -32,9 +30,6 @@ class Machine:
                        float(first.get("cpu MHz", 0)), mem / 2**20,
                        " ".join(f for f in ("avx2", "fma", "f16c", "avx512f") if f in flags))
 
-    def fma_peak(self, threads: int) -> float:
-        """AVX2 FMA peak FLOP/s of `threads` cores at the reported clock."""
-        return threads * FMA_FLOPS_PER_CYCLE * self.mhz * 1e6
 
 
 @dataclass
@@ -61,6 +56,7 @@ class Result:
     flops_per_prompt_token: float
     bandwidth: dict[int, float]  # GB/s per thread count (the highest of bandwidth_runs)
     bandwidth_runs: dict[int, list[float]]  # GB/s per thread count, before each round and after
+    fma_peak: dict[int, float]  # GFLOP/s of the AVX2 FMA loop per thread count ({}: no AVX2/FMA)
     gemma: list[Figures]
     llama: list[Figures]
     llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
@@ -70,8 +66,9 @@ class Result:
     def efficiency(self, f: Figures) -> float:
         return f.decode_tps * self.bytes_per_token / (self.bandwidth[f.threads] * 1e9)
 
-    def fma_fraction(self, f: Figures) -> float:
-        return f.prompt_tps * self.flops_per_prompt_token / self.machine.fma_peak(f.threads)
+    def fma_fraction(self, f: Figures) -> float | None:
+        peak = self.fma_peak.get(f.threads)
+        return f.prompt_tps * self.flops_per_prompt_token / (peak * 1e9) if peak else None
 
 
 def best(runs: list[Figures]) -> Figures:
@@ -84,6 +81,10 @@ def best(runs: list[Figures]) -> Figures:
 
 def _num(x: float, digits: int = 2) -> str:
     return f"{x:,.{digits}f}"
+
+
+def _frac(x: float | None) -> str:
+    return "n/a" if x is None else _num(x, 3)
 
 
 def _mb(n: int) -> str:
@@ -99,7 +100,8 @@ def table(res: Result) -> str:
              f"model: {res.model} ({res.preset}); GGUF twin: {res.gguf or 'none'}",
              f"bytes read per generated token: {res.bytes_per_token:,} (every tensor once)",
              f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "
-             f"{m.fma_peak(1) / 1e9:,.1f} GFLOP/s per core",
+             "(measured, GFLOP/s): " + (", ".join(f"{_num(p, 1)} on {t} thread(s)"
+                                                  for t, p in res.fma_peak.items()) or "n/a"),
              f"load average (1 min) before / after: {res.load[0]:.2f} / {res.load[1]:.2f} "
              f"(other work on the {m.cpus} CPUs); best of {res.repeat} round(s)"
              + ("; BUSY: every figure is a lower bound" if max(res.load) >= m.cpus else ""),
@@ -115,7 +117,7 @@ def table(res: Result) -> str:
         ("gemma decode tokens/s", [_num(f.decode_tps) for f in g.values()]),
         ("gemma decode efficiency", [_num(res.efficiency(f), 3) for f in g.values()]),
         ("gemma prompt / decode", [_num(f.prompt_tps / f.decode_tps, 1) for f in g.values()]),
-        ("gemma prompt / AVX2 FMA peak", [_num(res.fma_fraction(f), 3) for f in g.values()]),
+        ("gemma prompt / AVX2 FMA peak", [_frac(res.fma_fraction(f)) for f in g.values()]),
         ("gemma peak RSS MB", [_mb(f.peak_rss) for f in g.values()]),
         ("gemma peak anonymous MB", [_mb(f.peak_anon) for f in g.values()]),
         ("tokens: prompt, decoded", [f"{f.n_prompt}, {f.n_decode}" for f in g.values()]),

@@ -14,6 +14,7 @@ import math
 import os
 import re
 
+import capstone
 import pytest
 
 from builder import bench, bench_bandwidth, bench_llama
@@ -112,6 +113,10 @@ def test_figures_are_positive_and_consistent(report):
         assert math.isclose(number(rows["gemma decode tokens/s"][i]), f["decode_tps"],
                             abs_tol=6e-3)
         assert f["peak_anon"] <= f["peak_rss"] or f["peak_rss"] == 0
+        # the fraction of the FMA peak measured in the same run on as many threads
+        peak = res["fma_peak"][str(f["threads"])] * 1e9
+        assert math.isclose(number(rows["gemma prompt / AVX2 FMA peak"][i]),
+                            f["prompt_tps"] * res["flops_per_prompt_token"] / peak, abs_tol=6e-4)
     for i, (g, ll) in enumerate(zip(res["gemma"], res["llama"])):
         assert math.isclose(number(rows["decode ratio gemma/llama.cpp"][i]),
                             g["decode_tps"] / ll["decode_tps"], abs_tol=6e-4)
@@ -158,9 +163,23 @@ def test_fifo_rows_are_stamped_in_order(tmp_path):
 
 @pytest.mark.parametrize("width", [16, 32])
 def test_bandwidth_loop_is_verified_and_reads(width):
-    code = bench_bandwidth.assemble(width)
+    code = bench_bandwidth.assemble(bench_bandwidth._source(width), "bandwidth loop")
     assert code[-1] == 0xC3  # ret
     assert bench_bandwidth.bandwidths([1], 8 << 20)[1] > 0
+
+
+def test_fma_loop_is_verified_and_counts():
+    """The loop assembles to exactly its FMA_CHAINS fused multiply-adds per iteration (each
+    instruction checked against capstone; a line spelled otherwise than capstone is refused),
+    and one thread's peak lies in a sane range: 2 to 64 FLOPs per cycle at 0.5 to 6 GHz."""
+    code = bench_bandwidth.assemble(bench_bandwidth._fma_source(), "FMA loop")
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    fmas = [i for i in md.disasm(code, 0) if i.mnemonic == "vfmadd231ps"]
+    assert len(fmas) == bench_bandwidth.FMA_CHAINS
+    with pytest.raises(RuntimeError, match="keystone gave"):
+        bench_bandwidth.assemble(["vfmadd231ps ymm0,ymm14,ymm15"], "FMA loop")
+    peak = bench_bandwidth.fma_peaks([1], iterations=5_000_000)[1]
+    assert 1.0 <= peak <= 384.0, peak
 
 
 def test_llama_bench_output_is_parsed():

@@ -24,8 +24,7 @@ PREFETCH_AHEAD = 8192
 matmul_f16_avx2:
         push    rbx
         push    r9                      ; [rsp]: accumulate; k at [rsp+24], ostride [rsp+32]
-        mov     ecx, ecx
-        imul    r10, rcx, 4             ; s: bytes of an x_t
+        imul    r10d, ecx, 4            ; s: bytes of an x_t
         lea     r11, [r10+r10*2]        ; 3s
         imul    eax, [rsp+24], TOKEN_CODE
         lea     rbx, [.t0+TOKEN_CODE]

@@ -261,7 +261,7 @@ forward:
         lea     rdi, [rdi+rax*4]
         imul    edx, ecx
         lea     rsi, [rsi+rdx*4]
-        mov     dword [rbp+FV_B], 1
+        mov     byte [rbp+FV_B], 1      ; (B <= BLOCK: the upper bytes are 0)
 .logits:
         call    fwd_matmul              ; logits = embed (vocab,d) @ xb
 .done:

@@ -5,7 +5,7 @@ Steps: make (once, cached outside the repo: ~/.cache/gemma-bench/, or --cache) t
 model of --preset and its F16 GGUF twin with `python -m builder synth`; read both files once so
 they sit in the page cache (neither engine then waits for the disk: the table shows major page
 faults, which count the times it did); then --repeat rounds of: memory read bandwidth for each
-thread count (builder.bench_bandwidth, a native AVX2 streaming read of --bw-size bytes), then
+thread count (builder.bench_machine, a native AVX2 streaming read of --bw-size bytes), then
 for each thread count the engine and llama.cpp, one after the other; bandwidth once more at the
 end. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
@@ -31,7 +31,7 @@ is read once per token; the KV cache adds ~P x 37 KB on 2b, not counted); decode
 decode tokens/s x bytes per token / bandwidth at that thread count; prompt FLOPs per token =
 2 x every matrix weight of the layers + the attention over the prompt (average position) + the
 logits of the last position shared over P; its fraction of the AVX2 FMA peak, measured at
-the start on each thread count (builder.bench_bandwidth: ten independent vfmadd231ps chains per
+the start on each thread count (builder.bench_machine: ten independent vfmadd231ps chains per
 thread, so at the clock the cores really run). llama.cpp is timed by builder.bench_llama on the
 same prompt token ids, with the same thread count.
 """
@@ -48,7 +48,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from builder import bench_bandwidth, bench_llama
+from builder import bench_llama, bench_machine
 from builder.bench_report import Figures, Machine, Result, best, plot, table
 from builder.bench_run import Run, run
 from builder.cli import Parser
@@ -285,13 +285,13 @@ def bench(cfg: Config) -> Result:
     for path in (model, gguf) if source else (model,):
         warm(path)
     text, ids = make_prompt(engine, model, cfg.prompt_tokens)
-    peaks = bench_bandwidth.fma_peaks(threads)
+    peaks = bench_machine.fma_peaks(threads)
     bw_runs: dict[int, list[float]] = {t: [] for t in threads}
     gemma: dict[int, list[Figures]] = {t: [] for t in threads}
     llama: dict[int, list[Figures]] = {t: [] for t in threads}
 
     def bandwidth() -> None:
-        for t, gbs in bench_bandwidth.bandwidths(threads, cfg.bw_size).items():
+        for t, gbs in bench_machine.bandwidths(threads, cfg.bw_size).items():
             bw_runs[t].append(gbs)
 
     # rounds interleave the engines, so a burst of other work on the machine hits both

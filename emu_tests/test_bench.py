@@ -17,7 +17,7 @@ import re
 import capstone
 import pytest
 
-from builder import bench, bench_bandwidth, bench_llama
+from builder import bench, bench_llama, bench_machine
 from builder.bench_run import run
 from builder.modelfile import ModelFile
 from builder.synth import PRESETS
@@ -163,22 +163,22 @@ def test_fifo_rows_are_stamped_in_order(tmp_path):
 
 @pytest.mark.parametrize("width", [16, 32])
 def test_bandwidth_loop_is_verified_and_reads(width):
-    code = bench_bandwidth.assemble(bench_bandwidth._source(width), "bandwidth loop")
+    code = bench_machine.assemble(bench_machine._source(width), "bandwidth loop")
     assert code[-1] == 0xC3  # ret
-    assert bench_bandwidth.bandwidths([1], 8 << 20)[1] > 0
+    assert bench_machine.bandwidths([1], 8 << 20)[1] > 0
 
 
 def test_fma_loop_is_verified_and_counts():
     """The loop assembles to exactly its FMA_CHAINS fused multiply-adds per iteration (each
     instruction checked against capstone; a line spelled otherwise than capstone is refused),
     and one thread's peak lies in a sane range: 2 to 64 FLOPs per cycle at 0.5 to 6 GHz."""
-    code = bench_bandwidth.assemble(bench_bandwidth._fma_source(), "FMA loop")
+    code = bench_machine.assemble(bench_machine._fma_source(), "FMA loop")
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     fmas = [i for i in md.disasm(code, 0) if i.mnemonic == "vfmadd231ps"]
-    assert len(fmas) == bench_bandwidth.FMA_CHAINS
+    assert len(fmas) == bench_machine.FMA_CHAINS
     with pytest.raises(RuntimeError, match="keystone gave"):
-        bench_bandwidth.assemble(["vfmadd231ps ymm0,ymm14,ymm15"], "FMA loop")
-    peak = bench_bandwidth.fma_peaks([1], iterations=5_000_000)[1]
+        bench_machine.assemble(["vfmadd231ps ymm0,ymm14,ymm15"], "FMA loop")
+    peak = bench_machine.fma_peaks([1], iterations=5_000_000)[1]
     assert 1.0 <= peak <= 384.0, peak
 
 

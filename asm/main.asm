@@ -113,9 +113,6 @@ err_no_model:
 err_bad_c:
         lea     rbx, [opt_name_c]
         jmp     err_bad_value
-err_bad_n:
-        lea     rbx, [opt_name_n]
-        jmp     err_bad_value
 
 ; setup: the model, the context, the prompt's ids; then the generation loop (start jumps
 ; here once every argument is parsed).
@@ -135,13 +132,7 @@ setup:
 .ctx_given:
         cmp     eax, ecx
         ja      err_bad_c
-        mov     [rbp+V_CTX_LEN], eax
-        mov     ecx, [rbp+V_N]          ; -n <= context (0xFFFFFFFF: not given)
-        cmp     ecx, eax
-        jbe     .n_ok
-        inc     ecx
-        jnz     err_bad_n
-.n_ok:
+        mov     [rbp+V_CTX_LEN], eax    ; (-n may exceed it: generation stops at a full context)
         call    model_setup
         call    tokenize                ; r12 -> ids, r13d = count (<= ctx_len)
         cmp     byte [rbp+V_TOKENS], 0
@@ -342,7 +333,7 @@ opt_table:
         dd      0
 opt_name_n:
         db      '-n', 0, K_INT, V_N and 0xFF
-        dd      0x7FFFFFFF              ; further checked against the context
+        dd      0x7FFFFFFF
         db      '--temp', 0, K_FLOAT, V_TEMP and 0xFF
         dd      0x7F7FFFFF              ; finite, >= 0 (no sign accepted)
         db      '--top-p', 0, K_FLOAT + K_MIN1, V_TOP_P and 0xFF

@@ -326,9 +326,21 @@ def test_accepted_values(engine, mqa, args):
 
 def test_range_errors_against_the_model(engine, mqa):
     assert_error(run(engine, "-m", mqa, "-c", 1025), "bad value for -c")       # max_ctx 1024
-    assert_error(run(engine, "-m", mqa, "-n", 1025), "bad value for -n")       # > context
-    assert_error(run(engine, "-m", mqa, "-c", 8, "-n", 9), "bad value for -n")
     assert run(engine, "-m", mqa, "-c", 8, "-n", 8, "--tokens").returncode == 0
+
+
+def test_n_beyond_the_context_stops_at_a_full_context(engine, mqa, tmp_path):
+    """-n larger than the context is no error (as in llama.cpp): generation stops when the
+    context is full, exactly where a run without -n stops: -c 8 and a 2-id prompt evaluate 8
+    positions (2 prompt rows, 6 fed-back tokens) and print 7 tokens."""
+    vocab = ModelFile(mqa).dims.vocab
+    full = run(engine, "-m", mqa, "-p", "a", "-c", 8)
+    assert full.returncode == 0 and full.stderr == b""
+    for n in (9, 1025, 2147483647):
+        out = tmp_path / f"{n}.f32"
+        r = run(engine, "-m", mqa, "-p", "a", "-c", 8, "-n", n, "--logits", out)
+        assert (r.returncode, r.stderr, r.stdout) == (0, b"", full.stdout), n
+        assert out.stat().st_size == 8 * vocab * 4, n
 
 
 def test_prompt_longer_than_context(engine, mqa):

@@ -202,19 +202,17 @@ geglu:
 
 ; rope: rotate each of the n_heads heads of x (n_heads, hd) by position pos, half-split pairs
 ; (i, i + hd/2) as transformers in float32: e = float32(2i/hd), f = float32(1/float32(theta^e)),
-; a = float32(pos * f); c, s = float32 cos a, sin a (x87 fsincos);
+; a = float32(pos * f); c, s = float32 cos a, sin a (x87 fsincos), once per pair for all heads;
 ; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c + x[i] s (each product rounded).
 ;   in: rdi x, esi n_heads, edx hd (even), ecx pos, xmm0 theta   out: x
-;   clobbers: rax rcx rdx rsi rdi xmm0-xmm4 (calls exp2_x87)
+;   clobbers: rax rdx r8 r9 xmm0-xmm5 (calls exp2_x87)
 rope:
         add     edx, edx                ; 2hd: bytes of hd/2 floats
         push    rcx                     ; [rsp+16]: pos
         push    rdx                     ; [rsp+8]: 2hd
         push    rax                     ; [rsp]: scratch float32; aligns rsp for the call
         movss   [rsp+4], xmm0           ; theta
-.head:
         xor     eax, eax                ; 4i
-        lea     rcx, [rdi+rdx]          ; the head's second half
 .pair:
         mov     [rsp], eax
         fild    dword [rsp]
@@ -237,23 +235,27 @@ rope:
         movss   xmm2, [rsp]             ; cos a
         fstp    dword [rsp]
         movss   xmm3, [rsp]             ; sin a
-        movss   xmm0, [rdi+rax]         ; x0
-        movss   xmm1, [rcx+rax]         ; x1
+        lea     r8, [rdi+rax]           ; x[i] of head 0
+        mov     r9d, esi
+.head:
+        movss   xmm0, [r8]              ; x0
+        movss   xmm1, [r8+rdx]          ; x1
         movaps  xmm4, xmm0
         mulss   xmm4, xmm2
+        movaps  xmm5, xmm1
+        mulss   xmm5, xmm3
         mulss   xmm0, xmm3
-        mulss   xmm3, xmm1
         mulss   xmm1, xmm2
-        subss   xmm4, xmm3              ; x0 c - x1 s
+        subss   xmm4, xmm5              ; x0 c - x1 s
         addss   xmm1, xmm0              ; x1 c + x0 s
-        movss   [rdi+rax], xmm4
-        movss   [rcx+rax], xmm1
+        movss   [r8], xmm4
+        movss   [r8+rdx], xmm1
+        lea     r8, [r8+rdx*2]          ; the next head's
+        dec     r9d
+        jnz     .head
         add     eax, 4
         cmp     eax, edx
         jb      .pair
-        lea     rdi, [rdi+rdx*2]
-        dec     esi
-        jnz     .head
         pop     rax
         pop     rdx
         pop     rcx

@@ -16,8 +16,9 @@ S_IFREG = 0x8000
 ; every product the engine forms fits in 64 bits), eps/theta/scale finite and > 0,
 ; heads % kv_heads == 0, head_dim even, bos/eos/eot < vocab, byte_base + 256 <= vocab,
 ; sections in order and non-overlapping (pieces, index, user, blob, weights) ending at
-; file_size, weights_off % 4096 == 0, every piece's bytes inside the blob and no longer
-; than max_piece_len, every index and user id < vocab, user pieces not empty.
+; file_size, weights_off % 4096 == 0, every piece's bytes inside the blob, max_piece_len ==
+; the longest piece's length (the prompt-length guard relies on it), every index and user
+; id < vocab, user pieces not empty.
 ;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
 ;   file's struct stat (main.asm compares st_dev, st_ino with the --logits file's)
 ;   clobbers: rax rcx rdx rsi rdi r8-r11
@@ -140,16 +141,19 @@ check_tables:
 
         mov     rsi, [rbp+V_PIECES]
         mov     ecx, r9d
+        xor     r10d, r10d              ; the longest piece so far
 .piece:
         mov     eax, [rsi+PIECE_BLOB_OFF]
         mov     edx, [rsi+PIECE_LEN]
-        cmp     edx, [rbx+HDR_MAX_PIECE_LEN]
-        ja      err_header
+        cmp     r10d, edx
+        cmovb   r10d, edx
         add     rax, rdx
         cmp     rax, [rbx+HDR_BLOB_SIZE]
         ja      err_header
         add     rsi, PIECE_REC
         loop    .piece
+        cmp     r10d, [rbx+HDR_MAX_PIECE_LEN]
+        jne     err_header
         mov     rsi, [rbp+V_INDEX]
         mov     edx, [rbx+HDR_N_INDEX]
         xor     r10d, r10d              ; index pieces may be empty

@@ -292,6 +292,30 @@ def test_regression_F1_python_reader_huge_layers(base_model, tmp_path):
     assert time.monotonic() - t < 2
 
 
+@pytest.mark.parametrize("delta", [-1, 1, None])
+def test_regression_F4_max_piece_len_must_be_the_longest_piece(engine, base_model, tmp_path,
+                                                                 delta):
+    """F4: the engine took any max_piece_len >= the longest piece, and a huge one switched off
+    the early "prompt too long" guard: a 128 KB prompt was then merged in O(n^2), 5-7 s. Now
+    max_piece_len must equal the longest piece (as builder.modelfile already required): a
+    one-line refusal at load, before the prompt is looked at."""
+    data = bytearray(base_model.read_bytes())
+    longest = ModelFile(base_model).header.max_piece_len
+    value = 0xFFFFFFFF if delta is None else longest + delta
+    data[84:88] = value.to_bytes(4, "little")            # max_piece_len
+    model = tmp_path / "m.bin"
+    model.write_bytes(bytes(data))
+    prompt = " ".join(["the cat sat on the mat"] * 5000)   # ~110 KB
+    t0 = time.monotonic()
+    p = subprocess.run([engine, "-m", model, "-p", prompt, "--tokens"], capture_output=True,
+                       timeout=TIMEOUT)
+    assert p.returncode == 1 and p.stderr.startswith(b"gemma: ") and p.stderr.count(b"\n") == 1, \
+        f"status {p.returncode}, stderr {p.stderr!r}"
+    assert time.monotonic() - t0 < 2.0
+    with pytest.raises(ModelFormatError, match="max_piece_len"):
+        ModelFile(model)
+
+
 @pytest.mark.parametrize("how", ["path", "symlink", "hard link", "/proc/self/fd/3"])
 def test_regression_F3_logits_is_the_model(engine, base_model, tmp_path, how):
     """F3: --logits naming the model file truncated the mapped model: SIGBUS, model destroyed.

@@ -424,8 +424,8 @@ class _Maker:
     # -- random fill -----------------------------------------------------------------------
     def random_tables(self, k: int) -> Case:
         """New tokenizer tables of the same sizes that pass every check the contract makes
-        the engine do (ids < vocab, pieces inside the blob and <= max_piece_len, user pieces
-        not empty) but are otherwise random: random bytes (U+2581 and UTF-8 fragments
+        the engine do (ids < vocab, pieces inside the blob, the longest exactly max_piece_len,
+        user pieces not empty) but are otherwise random: random bytes (U+2581 and UTF-8 fragments
         likely), empty pieces, NaN and infinite scores, any type, duplicate and unsorted
         index entries, user pieces in any order. The prompt is made of their pieces."""
         r, h = self.rng, self.h
@@ -440,6 +440,8 @@ class _Maker:
                               -float("inf"), r.uniform(-1e30, 1e30)])
             kind = r.choice([1] * 8 + [2, 3, 4, 5, 6, 0, 7, 0xFFFFFFFF])
             recs.append((r.randint(0, bs - n), n, score, kind))
+        longest = r.randrange(vocab)                    # max_piece_len is the longest length
+        recs[longest] = (r.randint(0, bs - min(mpl, bs)), min(mpl, bs)) + recs[longest][2:]
         pieces = [blob[o:o + n] for o, n, _, _ in recs]
         index = [r.randrange(vocab) for _ in range(h["n_index"])]
         if r.random() < 0.9:

@@ -37,7 +37,7 @@ cpu_setup:
         test    al, XCR0_SSE_AVX
         jnz     .chosen
         lea     rsi, [matmul_f16_avx2]
-        mov     dil, 4
+        mov     dil, FAST_TOKENS
 .chosen:
         mov     [job_kernel], rsi
         mov     [job_tokens], edi

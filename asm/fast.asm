@@ -18,6 +18,7 @@
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (8, 16, ...), r8d d,
 ;   r9d accumulate; stack: k (1..4, low dword), ostride (a qword)
 ;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared)
+FAST_TOKENS = 4                         ; tokens per call at most (cpu.asm: job_tokens)
 TOKEN_CODE = 16         ; bytes of each of .t3, .t2, .t1 (one token; k = 2..4 tests catch a change)
 PREFETCH_AHEAD = 8192
 

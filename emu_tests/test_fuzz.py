@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.modelfile import HEADER_SIZE, Dims, ModelFile, ModelFormatError
+from builder.modelfile import HEADER_FIELDS, HEADER_SIZE, Dims, ModelFile, ModelFormatError
 from builder.modelfile import weights_size as modelfile_weights_size
 from builder.reference import Reference
 from fuzz import suite
@@ -302,7 +302,8 @@ def test_regression_F4_max_piece_len_must_be_the_longest_piece(engine, base_mode
     data = bytearray(base_model.read_bytes())
     longest = ModelFile(base_model).header.max_piece_len
     value = 0xFFFFFFFF if delta is None else longest + delta
-    data[84:88] = value.to_bytes(4, "little")            # max_piece_len
+    at = next(off for name, off, _ in HEADER_FIELDS if name == "max_piece_len")
+    data[at:at + 4] = value.to_bytes(4, "little")
     model = tmp_path / "m.bin"
     model.write_bytes(bytes(data))
     prompt = " ".join(["the cat sat on the mat"] * 5000)   # ~110 KB

@@ -6,7 +6,7 @@ XCR0_SSE_AVX = 6                                        ; the OS saves XMM and Y
 ; cpu_setup: the matrix-product kernel every thread calls and the tokens it takes per call:
 ; matmul_f16_avx2 and 4 when CPUID leaf 1 reports AVX, FMA, F16C and OSXSAVE, XGETBV shows
 ; XCR0 bits 1 and 2 (all that kernel uses) and the model's dim, ffn and heads x head_dim are
-; multiples of 8 (its precondition; every Gemma is), unless --baseline was given;
+; multiples of 16 (its precondition; every Gemma is), unless --baseline was given;
 ; matmul_f16 and 1 otherwise.
 ;   in: --baseline (byte 1 of opt_tokens), model_base, rbp fwd_vars (FV_Q_DIM)
 ;   out: job_kernel, job_tokens
@@ -22,9 +22,9 @@ cpu_setup:
         mov     ecx, [rax+HDR_DIM]
         or      ecx, [rax+HDR_FFN]
         or      ecx, [rbp+FV_Q_DIM]
-        test    cl, 7
+        test    cl, 15
         jnz     .chosen                 ; a product's n (dim, ffn, heads x head_dim) is not
-                                        ; a multiple of 8
+                                        ; a multiple of 16
         push    1
         pop     rax
         cpuid

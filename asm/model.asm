@@ -8,9 +8,13 @@ ST_MODE = 24                    ; u32 st_mode
 ST_SIZE = 48                    ; s64 st_size
 S_IFMT  = 0xF000
 S_IFREG = 0x8000
+MADV_HUGEPAGE = 14              ; where the kernel allows it (THP "madvise" or "always"), the
+                                ; model's pages read from disk through this mapping go into the
+                                ; page cache as 2 MB folios, and every later run maps them 2 MB
+                                ; per fault: measured 0.035 s instead of 0.55 s for Gemma-2B
 
-; load_model: map the file named by -m and validate it; sets model_base, model_size and
-; pieces_ptr, index_ptr, user_ptr, blob_ptr.
+; load_model: map the file named by -m (asking for huge pages) and validate it; sets
+; model_base, model_size and pieces_ptr, index_ptr, user_ptr, blob_ptr.
 ; Checks, in order: size >= the header (else truncated), magic, version, header_size,
 ; file_size == the real size (larger: truncated), dims nonzero and bounded (dim_bits:
 ; every product the engine forms fits in 64 bits), eps/theta/scale finite and > 0,
@@ -52,6 +56,10 @@ load_model:
         js      err_cannot_read
         mov     [rbp+V_BASE], rax
         xchg    rbx, rax
+        mov     rdi, rbx
+        push    MADV_HUGEPAGE
+        pop     rdx
+        call    sys_madvise             ; (result ignored: only speed depends on it)
 
         mov     rax, MODEL_MAGIC
         cmp     [rbx+HDR_MAGIC], rax

@@ -7,6 +7,7 @@ SYS_open        = 2
 SYS_fstat       = 5
 SYS_mmap        = 9
 SYS_rt_sigprocmask = 14
+SYS_madvise     = 28
 SYS_exit_group  = 231
 
 STDOUT = 1
@@ -22,7 +23,7 @@ EPIPE = 32                      ; write to a pipe nobody reads
 ;   clobbers: rcx r10 r11
 ; sys_open(path, flags, mode); sys_fstat(fd, statbuf);
 ; sys_write(fd, buf, len); sys_sigprocmask(how, set, oldset, setsize);
-; sys_mmap(addr, len, prot, flags, fd, off).
+; sys_mmap(addr, len, prot, flags, fd, off); sys_madvise(addr, len, advice).
 sys_open:
         push    SYS_open
         jmp     sys_call
@@ -34,6 +35,9 @@ sys_write:
         jmp     sys_call
 sys_sigprocmask:
         push    SYS_rt_sigprocmask
+        jmp     sys_call
+sys_madvise:
+        push    SYS_madvise
         jmp     sys_call
 sys_mmap:
         push    SYS_mmap

@@ -62,6 +62,7 @@ class Result:
     llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
     load: list[float]  # 1-minute load average before and after: other work on the machine
     repeat: int  # rounds; each figure is the best of them
+    huge_pages: float  # fraction of the model file the kernel maps in 2 MB pages
 
     def efficiency(self, f: Figures) -> float:
         return f.decode_tps * self.bytes_per_token / (self.bandwidth[f.threads] * 1e9)
@@ -99,6 +100,8 @@ def table(res: Result) -> str:
              f"engine: {res.engine}",
              f"model: {res.model} ({res.preset}); GGUF twin: {res.gguf or 'none'}",
              f"bytes read per generated token: {res.bytes_per_token:,} (every tensor once)",
+             f"page cache: {res.huge_pages:.1%} of the model file in 2 MB pages (./gemma maps the "
+             "rest 4 KB at a time, in the prompt's time)",
              f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "
              "(measured, GFLOP/s): " + (", ".join(f"{_num(p, 1)} on {t} thread(s)"
                                                   for t, p in res.fma_peak.items()) or "n/a"),

@@ -64,7 +64,7 @@ def parse_table(text: str) -> dict[str, list[str]]:
     for line in text.splitlines():
         parts = re.split(r" {2,}", line.strip())
         if len(parts) > 1 and not line.startswith(("machine:", "engine:", "model:", "bytes", "prompt FLOPs",
-                                                    "load average")):
+                                                    "load average", "page cache")):
             rows[parts[0]] = parts[1:]
     return rows
 
@@ -83,6 +83,8 @@ def test_table_has_every_row_and_a_column_per_thread_count(report, gemma):
         assert len(cells) == len(threads), f"row {label!r}: {len(cells)} cells for {threads}"
     assert [int(c) for c in rows["threads"]] == threads
     assert f"bytes read per generated token: {tiny_bytes():,}" in text
+    assert f"page cache: {res['huge_pages']:.1%} of the model file in 2 MB pages" in text
+    assert 0 <= res["huge_pages"] <= 1
     assert text.splitlines()[0].startswith("machine: ")
     assert text.splitlines()[1] == f"engine: {gemma.binary} -s 7"
     if not llama:  # llama.cpp missing: omitted with a note, never an error

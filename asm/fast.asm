@@ -11,8 +11,8 @@
 ; chains. Rows go one after another: a single stream from memory per thread (two or four
 ; concurrent row streams measured 15-40% slower on decode).
 ; The float32 arithmetic of one (row, token) never depends on k or on the row split: lane i
-; of chain c sums the columns j = i mod 8 of the groups of 8 with index = c mod 2, by one
-; fused multiply-add each (rounded once); then l_i = c0_i + c1_i, then
+; of chain c sums the columns j = 16m + 8c + i, m = 0, 1, ..., by one fused multiply-add each
+; (rounded once); then l_i = c0_i + c1_i, then
 ; ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then + xout. So every prompt block and
 ; thread count gives the same bits; they differ from the baseline's (each product rounded
 ; before its add) by a few ulp of the sum.

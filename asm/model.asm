@@ -56,7 +56,8 @@ load_model:
         js      err_cannot_read
         mov     [rbp+V_BASE], rax
         xchg    rbx, rax
-        mov     rdi, rbx
+        push    rbx
+        pop     rdi
         push    MADV_HUGEPAGE
         pop     rdx
         call    sys_madvise             ; (result ignored: only speed depends on it)

@@ -4,9 +4,9 @@ against this machine's memory bandwidth and against llama.cpp on the same weight
 Steps: make (once, cached outside the repo: ~/.cache/gemma-bench/, or --cache) the synthetic
 model of --preset and its F16 GGUF twin with `python -m builder synth`; read both files afresh
 so they sit in the page cache (neither engine then waits for the disk: the table shows major
-page faults, which count the times it did), as a first read from disk leaves them: in 2 MB
-pages where the kernel does that (the report gives the model's share, see warm); then --repeat rounds of: memory read bandwidth for each
-thread count (builder.bench_machine, a native AVX2 streaming read of --bw-size bytes), then
+page faults, which count the times it did) as a first read from disk leaves them: in 2 MB
+pages where the kernel does that (the report gives the model's share, see warm); then
+--repeat rounds of: memory read bandwidth for each thread count (builder.bench_machine, a native AVX2 streaming read of --bw-size bytes), then
 for each thread count the engine and llama.cpp, one after the other; bandwidth once more at the
 end. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
@@ -151,7 +151,7 @@ def huge_fraction(path: Path) -> float:
         except (AttributeError, OSError):  # no transparent huge pages in this kernel
             return 0.0
         for off in range(0, size, 2 << 20):
-            m[off]
+            m[off]  # a read fault maps this 2 MB, in one page where the cache has a 2 MB folio
         mine, pmd = False, 0
         for line in Path("/proc/self/smaps").read_text().splitlines():
             if not line[:1].isupper():  # a mapping's header: "addr-addr perms off dev inode path"

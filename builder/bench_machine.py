@@ -149,16 +149,15 @@ def fma_peaks(thread_counts: list[int], iterations: int = 50_000_000,
 
 class Buffer:
     """`size` bytes of anonymous memory, every page written (so it is real RAM), in 2 MB
-    pages where the kernel allows (MADV_HUGEPAGE), as the engine maps its model: with 4 KB
-    pages the loop reads 10-15% slower here, and the benchmark's models are not read so."""
+    pages where the kernel allows (MADV_HUGEPAGE), as the engine maps its model (in 4 KB
+    pages the loop read up to 10% slower here)."""
 
-    def __init__(self, size: int, huge: bool = True):
+    def __init__(self, size: int):
         self.mem = mmap.mmap(-1, size)
-        if huge and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                self.mem.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # no transparent huge pages in this kernel
-                pass
+        try:
+            self.mem.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):  # no transparent huge pages in this kernel
+            pass
         chunk = b"\x5a" * (1 << 20)
         for off in range(0, size, len(chunk)):
             self.mem[off:off + len(chunk)] = chunk[:size - off]
@@ -178,9 +177,9 @@ def measure(loop: ReadLoop, buf: Buffer, threads: int, passes: int = 2, trials: 
                for _ in range(trials))
 
 
-def bandwidths(thread_counts: list[int], size: int, huge: bool = True) -> dict[int, float]:
+def bandwidths(thread_counts: list[int], size: int) -> dict[int, float]:
     """GB/s for each thread count, sharing one buffer of `size` bytes (see Buffer)."""
-    loop, buf = read_loop(), Buffer(size, huge)
+    loop, buf = read_loop(), Buffer(size)
     try:
         return {t: measure(loop, buf, t) for t in thread_counts}
     finally:

@@ -13,7 +13,7 @@ from emu_tests.harness import (I64, Emulator, In, KernelFault, Out, RefusedCode,
                                load_elf)
 from emu_tests.harness import code, native
 from emu_tests.harness.native import NativeRunner
-from emu_tests.harness.program import ProgramFault, run_program
+from emu_tests.harness.program import MMAP_BASE, ProgramFault, run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -403,3 +403,19 @@ def test_engine_in_emulation_matches_native_run(gemma, tmp_path_factory, tmp_pat
         if logits:
             # bit-identical: the same baseline instructions on the same inputs
             assert emulated.files["logits.f32"] == (tmp_path / "native.f32").read_bytes()
+
+
+def test_engine_asks_for_huge_pages_on_the_model(gemma, tmp_path_factory):
+    """The model is mapped, then advised MADV_HUGEPAGE (asm/model.asm: 2 MB pages where the
+    kernel allows), whole and before anything reads it; nothing else is advised."""
+    from emu_tests.modelfiles import convert_fixture
+
+    data = convert_fixture("tiny_mqa", "hf", tmp_path_factory.getbasetemp()).read_bytes()
+    r = run_program(load_elf(gemma.binary, gemma.symbols), ["gemma", "-m", "model.bin", "-p",
+                                                            "Hi", "--tokens"],
+                    files={"model.bin": data})
+    assert r.status == 0, r.stderr
+    first = r.syscalls.index("open")
+    assert r.syscalls[first:first + 4] == ["open", "fstat", "mmap", "madvise"], r.syscalls
+    assert r.advice == [(MMAP_BASE, len(data), 14)]         # the first mapping: the model
+

@@ -63,6 +63,7 @@ class ProgramResult:
     stderr: bytes
     files: dict[str, bytes]             # files the program wrote, by path
     syscalls: list[str]                 # names of the syscalls made, in order
+    advice: list[tuple[int, int, int]]  # (address, length, advice) of each madvise
 
 
 @dataclass
@@ -90,6 +91,7 @@ class _Process:
     fault: str | None = None
     mapped: int = 0
     sigmask: int = 0
+    advice: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.fds = {0: OpenFile("<stdin>", bytearray(self.stdin), True, False, stdio=True),
@@ -357,7 +359,10 @@ class _Process:
             self.uc.mem_protect(a, b - a, uc_prot)
         return 0
 
-    def sys_madvise(self, *_):
+    def sys_madvise(self, addr, length, advice, *_):
+        if addr % PAGE:
+            return -errno.EINVAL
+        self.advice.append((addr, length, advice))     # advice only: nothing to emulate
         return 0
 
     def sys_rt_sigprocmask(self, how, new, old, setsize, *_):
@@ -406,4 +411,4 @@ def run_program(image: Image, argv: list[str], files: dict[str, bytes] | None = 
     proc = _Process(image, dict(files or {}), stdin, dict(fail_writes or {}), mem_limit)
     proc.start(argv, timeout)
     return ProgramResult(proc.status, bytes(proc.out[1]), bytes(proc.out[2]),
-                         {p: bytes(d) for p, d in proc.written.items()}, proc.log)
+                         {p: bytes(d) for p, d in proc.written.items()}, proc.log, proc.advice)

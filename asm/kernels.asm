@@ -73,9 +73,10 @@ matmul_f16:
 
 ; matvec_f32: W (d,n) @ x (n,) -> xout (d,), row i of W at W + i*r9 bytes (att = K q).
 ; matvec_t_f32: W^T (d,n) @ x (n,) -> xout (d,), xout[j] = sum_i x[i] W[i*r9 + 4j] (o = V^T att).
-; Sums in order of the index, one float32 accumulator.
+; Sums in order of the index, one float32 accumulator per output (matvec_t_f32 runs four
+; adjacent outputs in the lanes of one register: the same operations, four at a time).
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
-;   clobbers: rax rdx rdi r8-r11 xmm0 xmm1
+;   clobbers: rax rdx rdi r8-r11 xmm0-xmm2
 matvec_f32:
         push    4
         pop     r10                     ; column stride
@@ -84,10 +85,33 @@ matvec_t_f32:
         mov     r10, r9
         push    4
         pop     r9
+.quad:
+        cmp     r8d, 4
+        jb      matvec_strided          ; the last d mod 4 outputs
+        xorps   xmm0, xmm0
+        mov     rax, rdx
+        xor     r11d, r11d
+.qcol:
+        movss   xmm1, [rsi+r11*4]
+        shufps  xmm1, xmm1, 0           ; x[i] in every lane
+        movups  xmm2, [rax]
+        mulps   xmm2, xmm1
+        addps   xmm0, xmm2
+        add     rax, r10
+        inc     r11d
+        cmp     r11d, ecx
+        jb      .qcol
+        movups  [rdi], xmm0
+        add     rdi, 16
+        add     rdx, 16
+        sub     r8d, 4
+        jmp     .quad
 ; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes).
 ;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0 xmm1
 matvec_strided:
 .row:
+        dec     r8d
+        js      .done
         xorps   xmm0, xmm0
         mov     rax, rdx
         xor     r11d, r11d
@@ -102,8 +126,8 @@ matvec_strided:
         movss   [rdi], xmm0
         add     rdi, 4
         add     rdx, r9
-        dec     r8d
-        jnz     .row
+        jmp     .row
+.done:
         ret
 
 ; rmsnorm: x (n,), w (n,) -> xout (n,) = x * r * w, r = float32(1 / sqrt(mean(x^2) + eps)).

@@ -77,6 +77,7 @@ matmul_f16:
 ; adjacent outputs in the lanes of one register: the same operations, four at a time).
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
 ;   clobbers: rax rdx rdi r8-r11 xmm0-xmm2
+MATVEC_LANES = 4                        ; matvec_t_f32's outputs per SSE register
 matvec_f32:
         push    4
         pop     r10                     ; column stride
@@ -86,7 +87,7 @@ matvec_t_f32:
         push    4
         pop     r9
 .quad:
-        cmp     r8d, 4
+        cmp     r8d, MATVEC_LANES
         jb      matvec_strided          ; the last d mod 4 outputs
         xorps   xmm0, xmm0
         mov     rax, rdx
@@ -102,9 +103,9 @@ matvec_t_f32:
         cmp     r11d, ecx
         jb      .qcol
         movups  [rdi], xmm0
-        add     rdi, 16
-        add     rdx, 16
-        sub     r8d, 4
+        add     rdi, 4*MATVEC_LANES
+        add     rdx, 4*MATVEC_LANES
+        sub     r8d, MATVEC_LANES
         jmp     .quad
 ; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes).
 ;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0 xmm1

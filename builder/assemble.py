@@ -217,6 +217,7 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
     regs = [REGISTERS[op.name] for op in instr.operands if isinstance(op, Reg)]
     mem_regs: list = []
     vector = any(r.kind in ("xmm", "ymm", "zmm", "mm") for r in regs)
+    evex = any(r.kind == "zmm" for r in regs)
     first = instr.operands[0] if instr.operands and not isinstance(instr.operands[0], Imm) \
         else None
     op_size = None
@@ -268,6 +269,10 @@ def plan(instr: Instr, env: SymbolEnv, address: int, length: int,
                 raise BuildError(f"no {size}-byte memory operands in the subset", where)
             ptr = f"{KEYSTONE_SIZES[size]} ptr " if size else ""
             lin: Linear = evaluate(op.expr, env.at(where, address), where)
+            if evex and (lin.disp or not lin.regs):
+                raise BuildError("an AVX-512 (zmm) instruction's address must have no "
+                                 "displacement: keystone mis-encodes EVEX displacements "
+                                 "(write [reg] or [reg+reg*s])", where)
             if not lin.regs:
                 target = lin.disp
                 check_range(target, 0, 2**64 - 1, "address", where)

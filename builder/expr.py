@@ -190,8 +190,9 @@ class Parser:
             if name == "$":
                 return ("cur",)
             if low in REGISTERS:
-                if REGISTERS[low].evex:
-                    raise self.error(f"'{name}' is an AVX-512 register: not in the FASM subset")
+                if REGISTERS[low].evex and not (low.startswith("zmm") and int(low[3:]) < 16):
+                    raise self.error(f"'{name}' is an AVX-512 register beyond zmm0-zmm15: "
+                                     "not in the FASM subset")
                 return ("reg", low)
             if low in SEGMENT_REGISTERS:
                 raise self.error(f"segment register '{name}' is not in the FASM subset")

@@ -36,8 +36,8 @@ def check(mnemonic: str, operands: list, code: str, prefix: str | None = None) -
      "0x20, got 0x400"),
 ])
 def test_keystone_evex_displacement_bug_is_caught(keystone_text, expected, message):
-    # AVX-512 is outside the sources' subset (the front end refuses zmm registers, see
-    # test_frontend), so the verifier is driven directly with keystone's real output.
+    # The front end refuses EVEX displacements (test_frontend), so the verifier is driven
+    # directly with keystone's real output.
     from builder.kstone import Keystone
     with Keystone() as ks:
         [code] = ks.assemble([(keystone_text, ADDR)])

@@ -1,11 +1,12 @@
 ; main.asm: process start-up, the command line and the generation loop.
 
 ; Option kinds (opt_table): a flag takes no value; the others take the next argument.
-K_FLAG  = 0                     ; sets bit 0 of the slot
-K_STR   = 1                     ; stores the argument's address
-K_INT   = 2                     ; decimal integer (u64), stored as a qword
-K_FLOAT = 3                     ; decimal float, stored as float32 bits
-K_MIN1  = 4                     ; added to K_INT/K_FLOAT: the value (or its bits) must be >= 1
+K_STR   = 0                     ; stores the argument's address
+K_FLAG  = 1                     ; sets the slot's byte to 1
+K_INT   = 4                     ; decimal integer (u64), stored as a qword
+K_FLOAT = 5                     ; decimal float, stored as float32 bits
+K_MIN1  = 8                     ; added to K_INT/K_FLOAT: the value (or its bits) must be >= 1
+                                ; (bit 2: the entry holds a maximum; bit 0: float)
 
 SIGPIPE_BIT = 1 shl 12          ; signal 13 in a sigset
 LOGITS_STAT = 256 - 144         ; out_buf offset of the --logits file's struct stat (144 bytes),
@@ -15,8 +16,7 @@ DEFAULT_CTX = 4096
 ; start: the ELF entry point. The kernel leaves argc at [rsp], argv after it.
 ;   in: rsp -> argc, argv[], 0, envp[]   out: never returns
 start:
-        mov     r14, rsp
-        lea     rbp, [front_base]       ; for good (vars.asm)
+        mov     ebp, front_base         ; for good (vars.asm)
         ; writes to a closed pipe must return EPIPE (then output.asm exits quietly)
         ; rather than kill the process: block SIGPIPE.
         push    SIGPIPE_BIT
@@ -27,43 +27,44 @@ start:
         pop     rcx
         call    sys_sigprocmask
         pop     rax
-        cmp     dword [r14], 2
-        jb      usage
-        add     r14, 16                 ; argv[1]
+        pop     rcx                     ; argc
+        dec     ecx
+        jle     usage
+        pop     rax                     ; argv[0]
         or      dword [rbp+V_N], -1
         mov     dword [rbp+V_TOP_P], 0x3F800000 ; 1.0
 
-; The command line: each argument must be a flag of opt_table; rbx = the flag (the argument
-; of every error message here), r14 -> the next argv slot.
+; The command line, popped off the stack: each argument must be a flag of opt_table; rbx =
+; the flag (the argument of every error message here), [rsp] = the next argv slot.
 .next_arg:
-        mov     rbx, [r14]
+        pop     rbx
         test    rbx, rbx
         jz      setup
-        add     r14, 8
-        lea     rdi, [opt_table]
-.find:
-        mov     rdx, rdi                ; this entry's name
         xor     eax, eax
-        or      rcx, -1
-        repne   scasb                   ; rdi -> its kind byte
-        xor     ecx, ecx
+        mov     esi, opt_table
+.find:
+        push    rbx
+        pop     rdi
 .compare:
-        mov     al, [rdx+rcx]
-        cmp     al, [rbx+rcx]
+        lodsb
+        scasb
         jne     .other
-        inc     ecx
         test    al, al
         jnz     .compare
-        movzx   eax, byte [rdi]         ; kind
-        movsx   rcx, byte [rdi+1]       ; slot
-        lea     r12, [rbp+rcx]
-        test    eax, eax
-        jnz     option_value
-        or      byte [r12], 1           ; K_FLAG
+        lodsb                           ; kind; rsi -> slot
+        movsx   r12, byte [rsi]
+        add     r12, rbp
+        cmp     al, K_FLAG
+        jne     option_value
+        mov     [r12], al               ; 1
         jmp     .next_arg
-.other:
-        add     rdi, 6
-        cmp     byte [rdi], 0
+.other:                                 ; al = the name's byte that differed
+        test    al, al
+        lodsb
+        jnz     .other                  ; al = kind, rsi -> slot
+        and     al, K_INT
+        lea     esi, [rsi+rax+1]        ; the next entry
+        cmp     [rsi], ah
         jne     .find
         call    fatal_arg_here
         db      'unknown option ', 0
@@ -74,20 +75,20 @@ err_bad_value:
         call    fatal_arg_here
         db      'bad value for ', 0
 
-; option_value: parse the value of the option at opt_table entry rdi and store it; a jump
+; option_value: parse the value of the option at opt_table entry and store it; a jump
 ; target of start's loop, not a call.
-;   in: rdi table entry, eax kind, r12 slot, r14 -> the value's argv slot
-;   out: [r12] value, r14 past it; continues at start.next_arg
-;   clobbers: rax rcx rdx rsi r8-r11 r13
+;   in: eax kind, rsi -> the entry's slot byte, r12 slot, [rsp] the value's argv slot
+;   out: [r12] value, the value popped; continues at start.next_arg
+;   clobbers: rax rcx rdx rsi rdi r8-r11
 option_value:
-        mov     rsi, [r14]
+        push    rsi
+        pop     rdi                     ; -> the entry's slot byte
+        pop     rsi
         test    rsi, rsi
         jz      err_missing_value
-        add     r14, 8
-        cmp     al, K_STR
-        je      .store
-        mov     r13d, eax
-        shr     r13d, 2                 ; minimum: 0 or 1
+        test    al, al                  ; K_STR
+        jz      .store
+        push    rax                     ; kind
         test    al, 1
         jz      .int
         call    parse_float
@@ -95,13 +96,15 @@ option_value:
 .int:
         call    parse_uint
 .range:
+        pop     rcx
         cmp     byte [rsi], 0           ; trailing characters
         jne     err_bad_value
-        sub     rax, r13
-        movsxd  rcx, dword [rdi+2]      ; maximum - minimum (0xFFFFFFFF: any u64)
+        shr     ecx, 3                  ; minimum: 0 or 1
+        cmp     rax, rcx
+        jb      err_bad_value
+        movsxd  rcx, dword [rdi+1]      ; maximum (0xFFFFFFFF: any u64)
         cmp     rax, rcx
         ja      err_bad_value
-        add     rax, r13
         xchg    rsi, rax
 .store:
         mov     [r12], rsi
@@ -111,13 +114,14 @@ err_no_model:
         call    fatal_here
         db      'no model (-m)', 0
 err_bad_c:
-        lea     rbx, [opt_name_c]
+        mov     ebx, opt_name_c
         jmp     err_bad_value
 
 ; setup: the model, the context, the prompt's ids; then the generation loop (start jumps
 ; here once every argument is parsed).
 ;   in: rbp front_base with the options stored   out: never returns (exits)
 setup:
+        and     rsp, -16                ; (argv popped)
         mov     rbx, [rbp+V_MODEL]
         test    rbx, rbx
         jz      err_no_model
@@ -317,39 +321,33 @@ parse_float:
         fild    dword [rsp]
         fldl2t
         fmulp
-        call    exp2_x87                ; 10^exponent (rsp 16-aligned here)
+        call    exp2_x87                ; 10^exponent
         fmulp
         fstp    dword [rsp]
         pop     rax
         mov     eax, eax
         ret
 
-; The options: name, 0, kind, slot (offset from front_base, vars.asm), maximum - minimum of
-; the value as a dword (sign-extended: 0xFFFFFFFF allows any u64). Ends with a 0 byte.
+; The options: name, 0, kind, slot (offset from front_base, vars.asm), and for K_INT and
+; K_FLOAT the maximum of the value as a dword (sign-extended: 0xFFFFFFFF allows any u64).
+; Ends with a 0 byte.
 opt_table:
         db      '-m', 0, K_STR, V_MODEL and 0xFF
-        dd      0
         db      '-p', 0, K_STR, V_PROMPT and 0xFF
-        dd      0
-opt_name_n:
         db      '-n', 0, K_INT, V_N and 0xFF
         dd      0x7FFFFFFF
         db      '--temp', 0, K_FLOAT, V_TEMP and 0xFF
         dd      0x7F7FFFFF              ; finite, >= 0 (no sign accepted)
         db      '--top-p', 0, K_FLOAT + K_MIN1, V_TOP_P and 0xFF
-        dd      0x3F800000 - 1          ; (0, 1]
+        dd      0x3F800000              ; (0, 1]
         db      '-s', 0, K_INT, V_RNG and 0xFF
         dd      0xFFFFFFFF
         db      '-t', 0, K_INT + K_MIN1, V_THREADS and 0xFF
-        dd      256 - 1                 ; 1..256
+        dd      256                     ; 1..256
 opt_name_c:
         db      '-c', 0, K_INT + K_MIN1, V_CTX and 0xFF
-        dd      0x7FFFFFFF - 1          ; further checked against the model's max_ctx
+        dd      0x7FFFFFFF              ; further checked against the model's max_ctx
         db      '--tokens', 0, K_FLAG, V_TOKENS and 0xFF
-        dd      0
         db      '--logits', 0, K_STR, V_LOGITS and 0xFF
-        dd      0
-        db      '--baseline', 0, K_FLAG, (V_TOKENS + 1) and 0xFF
-        dd      0                       ; byte 1 of the --tokens slot (cpu.asm)
+        db      '--baseline', 0, K_FLAG, (V_TOKENS + 1) and 0xFF ; byte 1 of the --tokens slot (cpu.asm)
         db      0
-

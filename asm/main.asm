@@ -9,7 +9,7 @@ K_MIN1  = 8                     ; added to K_INT/K_FLOAT: the value (or its bits
                                 ; (bit 2: the entry holds a maximum; bit 0: float)
 
 SIGPIPE_BIT = 1 shl 12          ; signal 13 in a sigset
-LOGITS_STAT = 256 - 144         ; out_buf offset of the --logits file's struct stat (144 bytes),
+LOGITS_STAT = 16                ; out_buf offset of the --logits file's struct stat (144 bytes),
                                 ; after the model's first 16 (load_model)
 DEFAULT_CTX = 4096
 
@@ -130,7 +130,7 @@ setup:
         mov     eax, [rbp+V_CTX]
         test    eax, eax
         jnz     .ctx_given
-        mov     eax, DEFAULT_CTX
+        mov     ah, DEFAULT_CTX shr 8   ; eax = DEFAULT_CTX
         cmp     eax, ecx
         cmova   eax, ecx
 .ctx_given:
@@ -143,21 +143,25 @@ setup:
         jne     print_ids
         mov     rdi, [rbp+V_LOGITS]
         test    rdi, rdi
-        jz      .no_logits
+        jz      generate
         push    0x41                    ; O_WRONLY | O_CREAT: nothing truncated yet
         pop     rsi
         mov     edx, 420                ; 0644
         call    sys_open
         test    eax, eax
-        js      err_cannot_write
+        jns     logits_open
+err_cannot_write:
+        mov     rbx, [rbp+V_LOGITS]
+        call    fatal_arg_here
+        db      'cannot write ', 0
+logits_open:                            ; (setup, continued)
         xchg    edi, eax
         lea     rsi, [rbp+V_OUT_BUF+LOGITS_STAT]
         call    sys_fstat               ; the model file itself (a link, /proc/self/fd/N)?
-        mov     rax, [rsi+ST_DEV]       ; then truncating it would change the model and
-        cmp     rax, [rbp+V_OUT_BUF+ST_DEV]     ; fault its mapping: refuse
+        lea     rdi, [rbp+V_OUT_BUF]    ; then truncating it would change the model and
+        cmpsq                           ; fault its mapping: refuse (st_dev,
         jne     .other_file
-        mov     rax, [rsi+ST_INO]
-        cmp     rax, [rbp+V_OUT_BUF+ST_INO]
+        cmpsq                           ; st_ino)
         je      err_cannot_write
 .other_file:
         mov     rdi, [rbp+V_LOGITS]
@@ -166,24 +170,21 @@ setup:
         test    eax, eax
         js      err_cannot_write
         mov     [rbp+V_LOGITS_FD], eax
-.no_logits:
 
-; The generation loop: feed the prompt's ids in blocks of up to BLOCK (forward.asm), then
-; sample, print and feed each new id (appended to the ids). r15d = position, r12 -> ids,
-; r13d = prompt length, r14d = ids generated, rbx = header.
+; generate: the generation loop (setup's tail): feed the prompt's ids in blocks of up to BLOCK
+; (forward.asm), then sample, print and feed each new id (appended to the ids). r15d =
+; position, r12 -> ids, r13d = prompt length (>= 1), r14d = ids still to generate (-n),
+; rbx = header.
+generate:
         xor     r15d, r15d
-        xor     r14d, r14d
-.step:
+        mov     r14d, [rbp+V_N]
+.prompt:
         push    BLOCK
         pop     rdx
         mov     eax, r13d
-        sub     eax, r15d               ; prompt ids not fed yet (<= 0: generating)
+        sub     eax, r15d               ; prompt ids not fed yet (> 0)
         cmp     eax, edx
         cmovl   edx, eax
-        test    edx, edx
-        jg      .block
-        push    1
-        pop     rdx
 .block:
         push    rdx                     ; B (twice: rsp stays 16-aligned)
         push    rdx
@@ -191,30 +192,25 @@ setup:
         mov     ecx, r15d
         mov     r8d, r13d
         call    forward                 ; rax -> B rows of logits (main's: the last one)
-        pop     rcx
-        pop     rcx
-        add     r15d, ecx
-        mov     edx, [rbx+HDR_VOCAB]
-        shl     edx, 2                  ; bytes of a row
-        imul    ecx, edx                ; of the B rows
-        lea     rsi, [rax+rcx]
-        sub     rsi, rdx
-        push    rsi                     ; the last row, for sampling
-        push    rsi
+        pop     rdx
+        pop     rdx
+        add     r15d, edx
+        mov     ecx, [rbx+HDR_VOCAB]
+        shl     ecx, 2                  ; bytes of a row
+        imul    edx, ecx                ; of the B rows
+        lea     r9, [rax+rdx]
+        sub     r9, rcx                 ; the last row, for sampling
         mov     edi, [rbp+V_LOGITS_FD]
         test    edi, edi
         jz      .logits_done
-        mov     rsi, rax
-        mov     edx, ecx
-        call    write_all
+        xchg    rsi, rax
+        call    write_all               ; (preserves r9)
 .logits_done:
-        pop     rax
-        pop     rax
         cmp     r15d, r13d
-        jb      .step
-        cmp     r14d, [rbp+V_N]
-        je      exit_ok
-        xchg    rdi, rax
+        jb      .prompt
+        test    r14d, r14d
+        jz      exit_ok
+        mov     rdi, r9
         call    sample
         cmp     eax, [rbx+HDR_EOS]
         je      exit_ok
@@ -222,20 +218,16 @@ setup:
         je      exit_ok
         mov     [r12+r15*4], eax
         call    put_piece
-        inc     r14d
-        cmp     r14d, [rbp+V_N]
-        je      exit_ok
+        dec     r14d
+        jz      exit_ok
+        push    1                       ; B: one id at a time from now on
+        pop     rdx
         cmp     r15d, [rbp+V_CTX_LEN]
-        jb      .step
+        jb      .block
 exit_ok:
         call    flush
         xor     edi, edi
         jmp     sys_exit
-
-err_cannot_write:
-        mov     rbx, [rbp+V_LOGITS]
-        call    fatal_arg_here
-        db      'cannot write ', 0
 
 ; parse_uint: a decimal u64.
 ;   in: rsi string   out: rax value, rsi -> the first byte after the digits

@@ -140,7 +140,38 @@ setup:
         call    model_setup
         call    tokenize                ; r12 -> ids, r13d = count (<= ctx_len)
         cmp     byte [rbp+V_TOKENS], 0
-        jne     print_ids
+        je      .no_tokens
+
+; The --tokens listing, "id id ... id\n", then exit 0. r12 -> ids, r13d = count (>= 1).
+        push    r12
+        pop     rsi
+.id:
+        lodsd
+        push    ' ' - '0'               ; the separator, below the digits
+        dec     r13d
+        jnz     .divide
+        pop     rcx
+        push    10 - '0'                ; after the last id: a newline
+.divide:
+        push    10
+        pop     rcx
+.digit_out:
+        xor     edx, edx
+        div     ecx
+        push    rdx
+        test    eax, eax
+        jnz     .digit_out
+.put:
+        pop     rax                     ; a digit, then the separator
+        add     al, '0'
+        mov     edx, eax
+        call    put_byte
+        cmp     dl, '0'
+        jae     .put
+        test    r13d, r13d
+        jnz     .id
+        jmp     exit_ok
+.no_tokens:
         mov     rdi, [rbp+V_LOGITS]
         test    rdi, rdi
         jz      generate

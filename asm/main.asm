@@ -58,23 +58,6 @@ start:
         jne     option_value
         mov     [r12], al               ; 1
         jmp     .next_arg
-.other:                                 ; al = the name's byte that differed
-        test    al, al
-        lodsb
-        jnz     .other                  ; al = kind, rsi -> slot
-        and     al, K_INT
-        lea     esi, [rsi+rax+1]        ; the next entry
-        cmp     [rsi], ah
-        jne     .find
-        call    fatal_arg_here
-        db      'unknown option ', 0
-err_missing_value:
-        call    fatal_arg_here
-        db      'no value for ', 0
-err_bad_value:
-        call    fatal_arg_here
-        db      'bad value for ', 0
-
 ; option_value: parse the value of the option at opt_table entry and store it; a jump
 ; target of start's loop, not a call.
 ;   in: eax kind, rsi -> the entry's slot byte, r12 slot, [rsp] the value's argv slot
@@ -109,6 +92,23 @@ option_value:
 .store:
         mov     [r12], rsi
         jmp     start.next_arg
+
+start.other:                                 ; al = the name's byte that differed
+        test    al, al
+        lodsb
+        jnz     start.other             ; al = kind, rsi -> slot
+        and     al, K_INT
+        lea     esi, [rsi+rax+1]        ; the next entry
+        cmp     [rsi], ah
+        jne     start.find
+        call    fatal_arg_here
+        db      'unknown option ', 0
+err_missing_value:
+        call    fatal_arg_here
+        db      'no value for ', 0
+err_bad_value:
+        call    fatal_arg_here
+        db      'bad value for ', 0
 
 err_no_model:
         call    fatal_here
@@ -298,7 +298,7 @@ err_bad_number:                         ; within short-jump reach of the parsers
 ; parse_float: a decimal number: digits, optionally '.' and digits (at least one digit in
 ; all, at most 2^63 - 1 as an integer), optionally e or E, a sign and digits (<= 1000).
 ; value = integer * 10^exponent in x87 extended precision, rounded to float32.
-;   in: rsi string   out: eax float32 bits (0x7F800000 when it overflows), rsi -> after it
+;   in: rsi string   out: rax float32 bits (0x7F800000 when it overflows), rsi -> after it
 ;   (err_bad_value when malformed)   clobbers: rcx rdx r8-r11 (x87 left empty)
 parse_float:
         xor     eax, eax
@@ -322,25 +322,27 @@ parse_float:
         cmp     al, 'e'
         jne     .scale
         inc     rsi
-        mov     r9b, [rsi]
-        cmp     r9b, '-'
+        mov     al, [rsi]
+        sub     al, '-'                 ; 0: negative
         je      .exp_sign
-        cmp     r9b, '+'
+        cmp     al, '+' - '-'
         jne     .exp_digits
 .exp_sign:
         inc     rsi
 .exp_digits:
+        push    rax                     ; the sign
         call    parse_uint
+        pop     rcx
         cmp     rax, 1000               ; beyond float32 either way
         ja      err_bad_number
-        cmp     r9b, '-'
-        jne     .exp_add
+        test    cl, cl
+        jnz     .exp_add
         neg     eax
 .exp_add:
         add     r8d, eax
 .scale:
         fild    qword [rsp]             ; the integer
-        mov     [rsp], r8d
+        mov     [rsp], r8               ; (zero-extended: the upper half of the result)
         fild    dword [rsp]
         fldl2t
         fmulp
@@ -348,7 +350,6 @@ parse_float:
         fmulp
         fstp    dword [rsp]
         pop     rax
-        mov     eax, eax
         ret
 
 ; The options: name, 0, kind, slot (offset from front_base, vars.asm), and for K_INT and

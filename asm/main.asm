@@ -62,7 +62,7 @@ start:
 ; target of start's loop, not a call.
 ;   in: eax kind, rsi -> the entry's slot byte, r12 slot, [rsp] the value's argv slot
 ;   out: [r12] value, the value popped; continues at start.next_arg
-;   clobbers: rax rcx rdx rsi rdi r8-r11
+;   clobbers: rax rcx rdx rsi rdi r8 r9 r11
 option_value:
         push    rsi
         pop     rdi                     ; -> the entry's slot byte
@@ -175,14 +175,15 @@ setup:
         mov     rdi, [rbp+V_LOGITS]
         test    rdi, rdi
         jz      generate
+        push    rdi                     ; the path, for the error and the second open
         push    0x41                    ; O_WRONLY | O_CREAT: nothing truncated yet
         pop     rsi
         mov     edx, 420                ; 0644
         call    sys_open
         test    eax, eax
         jns     logits_open
-err_cannot_write:
-        mov     rbx, [rbp+V_LOGITS]
+err_cannot_write:                       ; [rsp] = the path
+        pop     rbx
         call    fatal_arg_here
         db      'cannot write ', 0
 logits_open:                            ; (setup, continued)
@@ -195,11 +196,13 @@ logits_open:                            ; (setup, continued)
         cmpsq                           ; st_ino)
         je      err_cannot_write
 .other_file:
-        mov     rdi, [rbp+V_LOGITS]
+        pop     rdi
+        push    rdi
         mov     esi, 0x201              ; O_WRONLY | O_TRUNC, the same file again
         call    sys_open
         test    eax, eax
         js      err_cannot_write
+        pop     rcx
         mov     [rbp+V_LOGITS_FD], eax
 
 ; generate: the generation loop (setup's tail): feed the prompt's ids in blocks of up to BLOCK
@@ -262,7 +265,7 @@ exit_ok:
 
 ; parse_uint: a decimal u64.
 ;   in: rsi string   out: rax value, rsi -> the first byte after the digits
-;   (err_bad_value when there is no digit or the value overflows)   clobbers: rcx rdx r10 r11
+;   (err_bad_value when there is no digit or the value overflows)   clobbers: rcx rdx r11
 parse_uint:
         xor     eax, eax
         call    parse_digits
@@ -272,24 +275,26 @@ parse_uint:
 
 ; parse_digits: more decimal digits appended to rax (rax = rax * 10 + digit for each).
 ;   in: rsi string, rax   out: rax, ecx digits read, rsi -> after them
-;   (err_bad_value when rax overflows 64 bits)   clobbers: rdx r10 r11
+;   (err_bad_value when rax overflows 64 bits)   clobbers: rdx r11
 parse_digits:
-        xor     ecx, ecx
+        push    rsi
         push    10
         pop     r11
 .digit:
-        movzx   r10d, byte [rsi+rcx]
-        sub     r10d, '0'
-        cmp     r10d, 9
+        movzx   ecx, byte [rsi]
+        sub     ecx, '0'
+        cmp     ecx, 9
         ja      .end
         mul     r11
         jc      err_bad_number
-        add     rax, r10
+        add     rax, rcx
         jc      err_bad_number
-        inc     ecx
+        inc     rsi
         jmp     .digit
 .end:
-        add     rsi, rcx
+        pop     rcx
+        sub     ecx, esi
+        neg     ecx
         ret
 
 err_bad_number:                         ; within short-jump reach of the parsers
@@ -299,7 +304,7 @@ err_bad_number:                         ; within short-jump reach of the parsers
 ; all, at most 2^63 - 1 as an integer), optionally e or E, a sign and digits (<= 1000).
 ; value = integer * 10^exponent in x87 extended precision, rounded to float32.
 ;   in: rsi string   out: rax float32 bits (0x7F800000 when it overflows), rsi -> after it
-;   (err_bad_value when malformed)   clobbers: rcx rdx r8-r11 (x87 left empty)
+;   (err_bad_value when malformed)   clobbers: rcx rdx r8 r9 r11 (x87 left empty)
 parse_float:
         xor     eax, eax
         call    parse_digits

@@ -34,21 +34,21 @@ start:
         or      dword [rbp+V_N], -1
         mov     dword [rbp+V_TOP_P], 0x3F800000 ; 1.0
 
+        jmp     next_arg
+
 ; The command line, popped off the stack: each argument must be a flag of opt_table; rbx =
-; the flag (the argument of every error message here), [rsp] = the next argv slot.
-.next_arg:
-        pop     rbx
-        test    rbx, rbx
-        jz      setup
+; the flag (the argument of every error message here), [rsp] = the next argv slot. From
+; next_arg (below) on, for each argument:
+parse_arg:
         xor     eax, eax
         mov     esi, opt_table
-.find:
+find_option:
         push    rbx
         pop     rdi
 .compare:
         lodsb
         scasb
-        jne     .other
+        jne     skip_entry
         test    al, al
         jnz     .compare
         lodsb                           ; kind; rsi -> slot
@@ -57,11 +57,11 @@ start:
         cmp     al, K_FLAG
         jne     option_value
         mov     [r12], al               ; 1
-        jmp     .next_arg
+        jmp     next_arg
 ; option_value: parse the value of the option at opt_table entry and store it; a jump
-; target of start's loop, not a call.
+; target of the command line's loop, not a call.
 ;   in: eax kind, rsi -> the entry's slot byte, r12 slot, [rsp] the value's argv slot
-;   out: [r12] value, the value popped; continues at start.next_arg
+;   out: [r12] value, the value popped; continues at next_arg
 ;   clobbers: rax rcx rdx rsi rdi r8 r9 r11
 option_value:
         push    rsi
@@ -91,21 +91,28 @@ option_value:
         xchg    rsi, rax
 .store:
         mov     [r12], rsi
-        jmp     start.next_arg
+next_arg:
+        pop     rbx
+        test    rbx, rbx
+        jnz     parse_arg
+        jmp     setup
 
-start.other:                                 ; al = the name's byte that differed
+; The table walk's mismatch path and the command line's errors.
+skip_entry:                             ; al = the name's byte that differed
         test    al, al
         lodsb
-        jnz     start.other             ; al = kind, rsi -> slot
+        jnz     skip_entry              ; al = kind, rsi -> slot
         and     al, K_INT
         lea     esi, [rsi+rax+1]        ; the next entry
         cmp     [rsi], ah
-        jne     start.find
+        jne     find_option
         call    fatal_arg_here
         db      'unknown option ', 0
 err_missing_value:
         call    fatal_arg_here
         db      'no value for ', 0
+err_bad_c:
+        mov     ebx, opt_name_c
 err_bad_value:
         call    fatal_arg_here
         db      'bad value for ', 0
@@ -113,12 +120,9 @@ err_bad_value:
 err_no_model:
         call    fatal_here
         db      'no model (-m)', 0
-err_bad_c:
-        mov     ebx, opt_name_c
-        jmp     err_bad_value
 
-; setup: the model, the context, the prompt's ids; then the generation loop (start jumps
-; here once every argument is parsed).
+; setup: the model, the context, the prompt's ids; then the generation loop (next_arg
+; goes on here once every argument is parsed).
 ;   in: rbp front_base with the options stored   out: never returns (exits)
 setup:
         and     rsp, -16                ; (argv popped)

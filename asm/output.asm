@@ -73,9 +73,9 @@ write_all:
         test    edx, edx
         jz      flush.done
         call    sys_write
-        cmp     rax, -EPIPE
+        cmp     eax, -EPIPE             ; (counts are below 2^31: eax tells)
         je      .gone
-        test    rax, rax
+        test    eax, eax
         jle     .failed                 ; an error, or no progress
         mov     [rbp+V_WROTE], al
         add     rsi, rax

@@ -72,13 +72,7 @@ option_value:
         test    al, al                  ; K_STR
         jz      .store
         push    rax                     ; kind
-        test    al, 1
-        jz      .int
-        call    parse_float
-        jmp     .range
-.int:
-        call    parse_uint
-.range:
+        call    parse_value
         pop     rcx
         cmp     byte [rsi], 0           ; trailing characters
         jne     err_bad_value
@@ -267,16 +261,6 @@ exit_ok:
         xor     edi, edi
         jmp     sys_exit
 
-; parse_uint: a decimal u64.
-;   in: rsi string   out: rax value, rsi -> the first byte after the digits
-;   (err_bad_value when there is no digit or the value overflows)   clobbers: rcx rdx r11
-parse_uint:
-        xor     eax, eax
-        call    parse_digits
-        test    ecx, ecx
-        jz      err_bad_number
-        ret
-
 ; parse_digits: more decimal digits appended to rax (rax = rax * 10 + digit for each).
 ;   in: rsi string, rax   out: rax, ecx digits read, rsi -> after them
 ;   (err_bad_value when rax overflows 64 bits)   clobbers: rdx r11
@@ -301,17 +285,25 @@ parse_digits:
         neg     ecx
         ret
 
-err_bad_number:                         ; within short-jump reach of the parsers
-        jmp     err_bad_value
-
-; parse_float: a decimal number: digits, optionally '.' and digits (at least one digit in
-; all, at most 2^63 - 1 as an integer), optionally e or E, a sign and digits (<= 1000).
-; value = integer * 10^exponent in x87 extended precision, rounded to float32.
-;   in: rsi string   out: rax float32 bits (0x7F800000 when it overflows), rsi -> after it
-;   (err_bad_value when malformed)   clobbers: rcx rdx r8 r9 r11 (x87 left empty)
-parse_float:
+; parse_value: the value of a K_INT or K_FLOAT option (the kind before the entry's slot byte).
+; K_INT: a decimal u64. K_FLOAT: a decimal number: digits, optionally '.' and digits (at
+; least one digit in all, at most 2^63 - 1 as an integer), optionally e or E, a sign and
+; digits (<= 1000); value = integer * 10^exponent in x87 extended precision, rounded to
+; float32 (0x7F800000 when it overflows).
+;   in: rsi string, rdi -> the entry's slot byte   out: rax value (float32 bits zero-extended),
+;   rsi -> the first byte after it   (err_bad_value when malformed or beyond a u64)
+;   clobbers: rcx rdx r8 r9 r11 (x87 left empty)
+parse_value:
         xor     eax, eax
         call    parse_digits
+        test    byte [rdi-1], K_FLOAT - K_INT
+        jnz     .float
+        test    ecx, ecx
+        jz      err_bad_number
+        ret
+err_bad_number:                         ; within short-jump reach of the parsers
+        jmp     err_bad_value
+parse_value.float:
         mov     r9d, ecx                ; digits
         xor     r8d, r8d                ; decimal exponent
         cmp     byte [rsi], '.'
@@ -331,16 +323,18 @@ parse_float:
         cmp     al, 'e'
         jne     .scale
         inc     rsi
-        mov     al, [rsi]
+        lodsb
         sub     al, '-'                 ; 0: negative
-        je      .exp_sign
+        je      .exp_digits
         cmp     al, '+' - '-'
-        jne     .exp_digits
-.exp_sign:
-        inc     rsi
+        je      .exp_digits
+        dec     rsi                     ; no sign
 .exp_digits:
         push    rax                     ; the sign
-        call    parse_uint
+        xor     eax, eax
+        call    parse_digits
+        test    ecx, ecx
+        jz      err_bad_number
         pop     rcx
         cmp     rax, 1000               ; beyond float32 either way
         ja      err_bad_number

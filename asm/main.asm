@@ -19,14 +19,13 @@ start:
         mov     ebp, front_base         ; for good (vars.asm)
         ; writes to a closed pipe must return EPIPE (then output.asm exits quietly)
         ; rather than kill the process: block SIGPIPE.
-        push    SIGPIPE_BIT
-        mov     rsi, rsp
+        lea     rsi, [rbp+V_OUT_BUF]    ; a sigset in the (still zeroed) out_buf
+        mov     byte [rsi+1], SIGPIPE_BIT shr 8
         xor     edi, edi                ; SIG_BLOCK
         xor     edx, edx
         push    8                       ; sizeof(sigset_t) as the kernel counts it
         pop     rcx
         call    sys_sigprocmask
-        pop     rax
         pop     rcx                     ; argc
         dec     ecx
         jle     usage

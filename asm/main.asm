@@ -51,16 +51,15 @@ find_option:
         test    al, al
         jnz     .compare
         lodsb                           ; kind; rsi -> slot
-        movsx   r12, byte [rsi]
-        add     r12, rbp
+        movsx   r12, byte [rsi]         ; the slot, from rbp
         cmp     al, K_FLAG
         jne     option_value
-        mov     [r12], al               ; 1
+        mov     [r12+rbp], al           ; 1
         jmp     next_arg
 ; option_value: parse the value of the option at opt_table entry and store it; a jump
 ; target of the command line's loop, not a call.
-;   in: eax kind, rsi -> the entry's slot byte, r12 slot, [rsp] the value's argv slot
-;   out: [r12] value, the value popped; continues at next_arg
+;   in: eax kind, rsi -> the entry's slot byte, r12 slot (from rbp), [rsp] the value's argv
+;   slot   out: [rbp+r12] value, the value popped; continues at next_arg
 ;   clobbers: rax rcx rdx rsi rdi r8 r9 r11
 option_value:
         push    rsi
@@ -83,7 +82,7 @@ option_value:
         ja      err_bad_value
         xchg    rsi, rax
 .store:
-        mov     [r12], rsi
+        mov     [r12+rbp], rsi
 next_arg:
         pop     rbx
         test    rbx, rbx

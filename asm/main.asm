@@ -162,11 +162,10 @@ setup:
         add     al, '0'
         mov     edx, eax
         call    put_byte
-        cmp     dl, '0'
-        jae     .put
-        test    r13d, r13d
-        jnz     .id
-        jmp     exit_ok
+        cmp     dl, ' '
+        ja      .put                    ; a digit
+        je      .id                     ; a space: the next id
+        jmp     exit_ok                 ; the newline
 .no_tokens:
         mov     rdi, [rbp+V_LOGITS]
         test    rdi, rdi

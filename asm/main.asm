@@ -30,8 +30,8 @@ start:
         dec     ecx
         jle     usage
         pop     rax                     ; argv[0]
-        or      dword [rbp+V_N], -1
-        mov     dword [rbp+V_TOP_P], 0x3F800000 ; 1.0
+        dec     dword [rbp+V_N]         ; 0xFFFFFFFF (from 0)
+        mov     word [rbp+V_TOP_P+2], 0x3F80    ; 1.0 (0x3F800000)
 
         jmp     next_arg
 

@@ -46,11 +46,10 @@ find_option:
         pop     rdi
 .compare:
         lodsb
-        scasb
-        jne     skip_entry
-        test    al, al
-        jnz     .compare
-        lodsb                           ; kind; rsi -> slot
+        cmp     al, ' '
+        jae     .char
+        cmp     [rdi], ah               ; the name ended (al = kind): the argument too?
+        jne     skip_entry.kind
         movsx   r12, byte [rsi]         ; the slot, from rbp
         cmp     al, K_FLAG
         jne     option_value
@@ -89,11 +88,15 @@ next_arg:
         jnz     parse_arg
         jmp     setup
 
-; The table walk's mismatch path and the command line's errors.
-skip_entry:                             ; al = the name's byte that differed
-        test    al, al
+; The table walk's name bytes, its mismatch path and the command line's errors.
+find_option.char:                       ; al = a byte of the name
+        scasb
+        je      find_option.compare
+skip_entry:                             ; the rest of the name
         lodsb
-        jnz     skip_entry              ; al = kind, rsi -> slot
+        cmp     al, ' '
+        jae     skip_entry
+.kind:                                  ; al = kind, rsi -> slot
         and     al, K_INT
         lea     esi, [rsi+rax+1]        ; the next entry
         cmp     [rsi], ah
@@ -352,26 +355,26 @@ parse_value.float:
         pop     rax
         ret
 
-; The options: name, 0, kind, slot (offset from front_base, vars.asm), and for K_INT and
-; K_FLOAT the maximum of the value as a dword (sign-extended: 0xFFFFFFFF allows any u64).
-; Ends with a 0 byte.
+; The options: name (bytes >= ' '), kind (< ' ': it ends the name), slot (offset from
+; front_base, vars.asm), and for K_INT and K_FLOAT the maximum of the value as a dword
+; (sign-extended: 0xFFFFFFFF allows any u64). Ends with a 0 byte.
 opt_table:
-        db      '-m', 0, K_STR, V_MODEL and 0xFF
-        db      '-p', 0, K_STR, V_PROMPT and 0xFF
-        db      '-n', 0, K_INT, V_N and 0xFF
+        db      '-m', K_STR, V_MODEL and 0xFF
+        db      '-p', K_STR, V_PROMPT and 0xFF
+        db      '-n', K_INT, V_N and 0xFF
         dd      0x7FFFFFFF
-        db      '--temp', 0, K_FLOAT, V_TEMP and 0xFF
+        db      '--temp', K_FLOAT, V_TEMP and 0xFF
         dd      0x7F7FFFFF              ; finite, >= 0 (no sign accepted)
-        db      '--top-p', 0, K_FLOAT + K_MIN1, V_TOP_P and 0xFF
+        db      '--top-p', K_FLOAT + K_MIN1, V_TOP_P and 0xFF
         dd      0x3F800000              ; (0, 1]
-        db      '-s', 0, K_INT, V_RNG and 0xFF
+        db      '-s', K_INT, V_RNG and 0xFF
         dd      0xFFFFFFFF
-        db      '-t', 0, K_INT + K_MIN1, V_THREADS and 0xFF
+        db      '-t', K_INT + K_MIN1, V_THREADS and 0xFF
         dd      256                     ; 1..256
 opt_name_c:
-        db      '-c', 0, K_INT + K_MIN1, V_CTX and 0xFF
+        db      '-c', K_INT + K_MIN1, V_CTX and 0xFF
         dd      0x7FFFFFFF              ; further checked against the model's max_ctx
-        db      '--tokens', 0, K_FLAG, V_TOKENS and 0xFF
-        db      '--logits', 0, K_STR, V_LOGITS and 0xFF
-        db      '--baseline', 0, K_FLAG, (V_TOKENS + 1) and 0xFF ; byte 1 of the --tokens slot (cpu.asm)
+        db      '--tokens', K_FLAG, V_TOKENS and 0xFF
+        db      '--logits', K_STR, V_LOGITS and 0xFF
+        db      '--baseline', K_FLAG, (V_TOKENS + 1) and 0xFF ; byte 1 of the --tokens slot (cpu.asm)
         db      0

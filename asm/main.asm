@@ -59,7 +59,7 @@ find_option:
 ; target of the command line's loop, not a call.
 ;   in: eax kind, rsi -> the entry's slot byte, r12 slot (from rbp), [rsp] the value's argv
 ;   slot   out: [rbp+r12] value, the value popped; continues at next_arg
-;   clobbers: rax rcx rdx rsi rdi r8 r9 r11
+;   clobbers: rax rcx rdx rsi rdi r8 r11
 option_value:
         push    rsi
         pop     rdi                     ; -> the entry's slot byte
@@ -292,7 +292,7 @@ parse_digits:
 ; float32 (0x7F800000 when it overflows).
 ;   in: rsi string, rdi -> the entry's slot byte   out: rax value (float32 bits zero-extended),
 ;   rsi -> the first byte after it   (err_bad_value when malformed or beyond a u64)
-;   clobbers: rcx rdx r8 r9 r11 (x87 left empty)
+;   clobbers: rcx rdx r8 r11 (x87 left empty)
 parse_value:
         xor     eax, eax
         call    parse_digits
@@ -304,16 +304,17 @@ parse_value:
 err_bad_number:                         ; within short-jump reach of the parsers
         jmp     err_bad_value
 parse_value.float:
-        mov     r9d, ecx                ; digits
         xor     r8d, r8d                ; decimal exponent
         cmp     byte [rsi], '.'
         jne     .mantissa_done
         inc     rsi
+        push    rcx                     ; digits before the point
         call    parse_digits
-        add     r9d, ecx
         sub     r8d, ecx
+        pop     rdx
+        or      ecx, edx                ; digits in all?
 .mantissa_done:
-        test    r9d, r9d
+        test    ecx, ecx
         jz      err_bad_number
         test    rax, rax
         js      err_bad_number          ; fild reads it signed

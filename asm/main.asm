@@ -19,7 +19,7 @@ start:
         mov     ebp, front_base         ; for good (vars.asm)
         ; writes to a closed pipe must return EPIPE (then output.asm exits quietly)
         ; rather than kill the process: block SIGPIPE.
-        lea     rsi, [rbp+V_OUT_BUF]    ; a sigset in the (still zeroed) out_buf
+        lea     esi, [rbp+V_OUT_BUF]    ; a sigset in the (still zeroed) out_buf (rbp < 2^32)
         mov     byte [rsi+1], SIGPIPE_BIT shr 8
         xor     edi, edi                ; SIG_BLOCK
         xor     edx, edx
@@ -186,9 +186,9 @@ err_cannot_write:                       ; [rsp] = the path
         db      'cannot write ', 0
 logits_open:                            ; (setup, continued)
         xchg    edi, eax
-        lea     rsi, [rbp+V_OUT_BUF+LOGITS_STAT]
+        lea     esi, [rbp+V_OUT_BUF+LOGITS_STAT]
         call    sys_fstat               ; the model file itself (a link, /proc/self/fd/N)?
-        lea     rdi, [rbp+V_OUT_BUF]    ; then truncating it would change the model and
+        lea     edi, [rbp+V_OUT_BUF]    ; then truncating it would change the model and
         cmpsq                           ; fault its mapping: refuse (st_dev,
         jne     .other_file
         cmpsq                           ; st_ino)

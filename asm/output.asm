@@ -54,7 +54,7 @@ put_byte:
 flush:
         push    rdx
         push    rsi
-        lea     rsi, [rbp+V_OUT_BUF]
+        lea     esi, [rbp+V_OUT_BUF]    ; (rbp < 2^32)
         xor     edx, edx
         xchg    edx, [rbp+V_OUT_LEN]
         push    STDOUT

@@ -163,9 +163,10 @@ setup:
 .put:
         pop     rax                     ; a digit, then the separator
         add     al, '0'
-        mov     edx, eax
+        cmp     al, ' '
+        pushfq
         call    put_byte
-        cmp     dl, ' '
+        popfq
         ja      .put                    ; a digit
         je      .id                     ; a space: the next id
         jmp     exit_ok                 ; the newline

@@ -52,11 +52,9 @@ find_option:
         jne     skip_entry.kind
         movsx   r12, byte [rsi]         ; the slot, from rbp
         cmp     al, K_FLAG
-        jne     option_value
-        mov     [r12+rbp], al           ; 1
-        jmp     next_arg
-; option_value: parse the value of the option at opt_table entry and store it; a jump
-; target of the command line's loop, not a call.
+        je      option_value.flag
+; option_value: parse the value of the option at opt_table entry and store it (at .flag: set a
+; flag's byte); a jump target of the command line's loop, not a call.
 ;   in: eax kind, rsi -> the entry's slot byte, r12 slot (from rbp), [rsp] the value's argv
 ;   slot   out: [rbp+r12] value, the value popped; continues at next_arg
 ;   clobbers: rax rcx rdx rsi rdi r8 r11
@@ -82,6 +80,9 @@ option_value:
         xchg    rsi, rax
 .store:
         mov     [r12+rbp], rsi
+        xchg    eax, esi                ; (its low byte, stored again)
+.flag:                                  ; K_FLAG: al = 1
+        mov     [r12+rbp], al
 next_arg:
         pop     rbx
         test    rbx, rbx

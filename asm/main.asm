@@ -32,12 +32,11 @@ start:
         pop     rax                     ; argv[0]
         dec     dword [rbp+V_N]         ; 0xFFFFFFFF (from 0)
         mov     word [rbp+V_TOP_P+2], 0x3F80    ; 1.0 (0x3F800000)
-
-        jmp     next_arg
+        pop     rbx                     ; argv[1] (argc >= 2)
 
 ; The command line, popped off the stack: each argument must be a flag of opt_table; rbx =
-; the flag (the argument of every error message here), [rsp] = the next argv slot. From
-; next_arg (below) on, for each argument:
+; the flag (the argument of every error message here), [rsp] = the next argv slot; next_arg
+; (below) pops the next one.
 parse_arg:
         xor     eax, eax
         mov     esi, opt_table

@@ -231,19 +231,20 @@ generate:
         mov     ecx, [rbx+HDR_VOCAB]
         shl     ecx, 2                  ; bytes of a row
         imul    edx, ecx                ; of the B rows
-        lea     r9, [rax+rdx]
-        sub     r9, rcx                 ; the last row, for sampling
+        lea     rdi, [rax+rdx]
+        sub     rdi, rcx
+        push    rdi                     ; the last row, for sampling
         mov     edi, [rbp+V_LOGITS_FD]
         test    edi, edi
         jz      .logits_done
         xchg    rsi, rax
-        call    write_all               ; (preserves r9)
+        call    write_all
 .logits_done:
+        pop     rdi
         cmp     r15d, r13d
         jb      .prompt
         test    r14d, r14d
         jz      exit_ok
-        mov     rdi, r9
         call    sample
         cmp     eax, [rbx+HDR_EOS]
         je      exit_ok

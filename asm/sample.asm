@@ -7,87 +7,10 @@
 ; Random numbers: the 64-bit LCG of Knuth's MMIX (a = 6364136223846793005, c = 1), its top
 ; 24 bits per draw; the state starts as the -s seed (default 0).
 
-; sample: the next token from the logits.
-;   in: rdi logits [vocab] (overwritten with the weights when T > 0), rbx header,
-;   rbp front_base   out: eax id < vocab   clobbers: rcx rdx r8-r11 xmm0-xmm4 (x87 empty)
-sample:
-        mov     r8d, [rbx+HDR_VOCAB]
-        xor     ecx, ecx
-        xor     eax, eax
-        movss   xmm0, [rdi]
-.argmax:
-        movss   xmm1, [rdi+rcx*4]
-        ucomiss xmm1, xmm0
-        jbe     .not_larger
-        movaps  xmm0, xmm1
-        mov     eax, ecx
-.not_larger:
-        inc     ecx
-        cmp     ecx, r8d
-        jb      .argmax
-        cmp     dword [rbp+V_TEMP], 0
-        jne     .temperature
-        ret
-.temperature:
-        push    rax                     ; the argmax, kept for logits without a nucleus (NaN)
-        fld     dword [rbp+V_TEMP]
-        fld     dword [rdi+rax*4]       ; st0 = max, st1 = T
-        xor     ecx, ecx
-.weight:
-        fld     dword [rdi+rcx*4]
-        fsub    st0, st1
-        fdiv    st0, st2
-        call    exp_x87
-        fstp    dword [rdi+rcx*4]
-        inc     ecx
-        cmp     ecx, r8d
-        jb      .weight
-        fcompp                          ; pop max and T
-        mov     eax, 0x7F800000         ; +inf: walk the whole vocabulary
-        movd    xmm2, eax
-        xorps   xmm1, xmm1
-        call    walk                    ; xmm0 = total weight
-        movss   xmm3, xmm0
-        mulss   xmm3, [rbp+V_TOP_P]       ; the nucleus must hold this much
-        xor     r10d, r10d              ; tau bits: lo (always enough), hi (never enough)
-        mov     r11d, 0x3F800001        ; just above 1.0, the largest weight
-.bisect:
-        lea     eax, [r10+r11]
-        shr     eax, 1
-        cmp     eax, r10d
-        je      .draw
-        movd    xmm1, eax
-        call    walk
-        ucomiss xmm0, xmm3
-        jb      .too_little
-        mov     r10d, eax
-        jmp     .bisect
-.too_little:
-        mov     r11d, eax
-        jmp     .bisect
-.draw:
-        movd    xmm1, r10d
-        call    walk                    ; xmm0 = the nucleus' weight
-        mov     rax, 6364136223846793005
-        imul    rax, [rbp+V_RNG]
-        inc     rax
-        mov     [rbp+V_RNG], rax
-        shr     rax, 40                 ; 24 random bits
-        cvtsi2ss xmm2, eax
-        mulss   xmm2, [two_to_minus_24] ; u in [0, 1)
-        mulss   xmm2, xmm0              ; u * nucleus weight <= the walk's final sum
-        call    walk
-        pop     rax
-        cmp     ecx, r8d
-        jae     .done
-        xchg    eax, ecx
-.done:
-        ret
-
 ; walk: add up the weights >= tau in id order until the sum reaches the limit.
-;   in: rdi weights, r8d count, xmm1 tau, xmm2 limit   out: xmm0 sum, ecx = the id whose
-;   weight made the sum reach the limit (r8d if none; NaN weights never count)
-;   clobbers: xmm4
+;   in: rdi weights, edx count, xmm1 tau, xmm2 limit (NaN: never reached)   out: xmm0 sum,
+;   ecx = the id whose weight made the sum reach the limit (edx if none; NaN weights never
+;   count)   clobbers: xmm4
 walk:
         xorps   xmm0, xmm0
         xor     ecx, ecx
@@ -100,9 +23,78 @@ walk:
         jae     .reached
 .skip:
         inc     ecx
-        cmp     ecx, r8d
+        cmp     ecx, edx
         jb      .next
 .reached:
+        ret
+
+; sample: the next token from the logits.
+;   in: rdi logits [vocab] (overwritten with the weights when T > 0), rbx header,
+;   rbp front_base   out: eax id < vocab   clobbers: rcx rdx rsi r8 xmm0-xmm4 (x87 empty)
+sample:
+        mov     edx, [rbx+HDR_VOCAB]
+        xor     ecx, ecx
+        xor     eax, eax
+        movss   xmm0, [rdi]
+.argmax:
+        movss   xmm1, [rdi+rcx*4]
+        ucomiss xmm1, xmm0
+        jbe     .not_larger
+        movaps  xmm0, xmm1
+        mov     eax, ecx
+.not_larger:
+        inc     ecx
+        cmp     ecx, edx
+        jb      .argmax
+        cmp     dword [rbp+V_TEMP], 0
+        je      walk.reached            ; T = 0: the argmax
+        push    rax                     ; the argmax, kept for logits without a nucleus (NaN)
+        fld     dword [rbp+V_TEMP]
+        fld     dword [rdi+rax*4]       ; st0 = max, st1 = T
+        xor     ecx, ecx
+.weight:
+        fld     dword [rdi+rcx*4]
+        fsub    st0, st1
+        fdiv    st0, st2
+        call    exp_x87
+        fstp    dword [rdi+rcx*4]
+        inc     ecx
+        cmp     ecx, edx
+        jb      .weight
+        fcompp                          ; pop max and T
+        pcmpeqd xmm2, xmm2              ; NaN: walk the whole vocabulary
+        xorps   xmm1, xmm1
+        call    walk                    ; xmm0 = total weight
+        mulss   xmm0, [rbp+V_TOP_P]
+        movaps  xmm3, xmm0              ; the nucleus must hold this much
+        xor     esi, esi                ; tau bits: lo (always enough), hi (never enough)
+        mov     r8d, 0x3F800001         ; just above 1.0, the largest weight
+.bisect:
+        lea     eax, [rsi+r8]
+        shr     eax, 1
+        movd    xmm1, eax
+        call    walk
+        cmp     eax, esi
+        je      .draw                   ; tau = lo: xmm0 = the nucleus' weight
+        ucomiss xmm0, xmm3
+        cmovae  esi, eax
+        cmovb   r8d, eax
+        jmp     .bisect
+.draw:
+        mov     rax, 6364136223846793005
+        imul    rax, [rbp+V_RNG]
+        inc     rax
+        mov     [rbp+V_RNG], rax
+        shr     rax, 40                 ; 24 random bits
+        cvtsi2ss xmm2, eax
+        mulss   xmm2, [two_to_minus_24] ; u in [0, 1)
+        mulss   xmm2, xmm0              ; u * nucleus weight <= the walk's final sum
+        call    walk
+        pop     rax
+        cmp     ecx, edx
+        jae     .done
+        xchg    eax, ecx
+.done:
         ret
 
 two_to_minus_24:

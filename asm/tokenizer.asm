@@ -4,41 +4,40 @@
 ; the text's end. Each record caches its pair with the next symbol, so that a merge pass is
 ; a scan and only the two pairs around a merge are looked up again.
 
-SYM             = 16
-SYM_START       = 0             ; u32 offset in the text
-SYM_TAG         = 4             ; u32 id of a matched user-defined piece (never merged), or -1
-SYM_SCORE       = 8             ; f32 score of the pair's piece
-SYM_PAIR        = 12            ; u32 id of the normal piece of this and the next symbol, or -1
+SYM             = 24
+SYM_START       = 0             ; u64 address of its first byte in the text
+SYM_TAG         = 8             ; u32 id of a matched user-defined piece (never merged), or -1;
+                                ; the sentinel's is 0 (zeroed memory): never merged either
+SYM_SCORE       = 12            ; f32 score of the pair's piece
+SYM_PAIR        = 16            ; u32 id of the normal piece of this and the next symbol, or -1
 
 ; tokenize: spaces -> U+2581; user-defined pieces (longest first) or one UTF-8 character per
 ; symbol; merge the adjacent free pair whose bytes are the best-scoring normal piece
 ; (leftmost on ties) until none is; each symbol -> its id, or one byte piece per byte.
 ;   in: rbx header, rbp front_base, opt_prompt   out: r12 -> ids (BOS first, room for
-;   ctx_len), r13d = their count   clobbers: rax rcx rdx rsi rdi r8-r11 r14 r15 xmm0 xmm1
+;   ctx_len), r13d = their count   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0
 ;   (fatal "prompt too long" for more ids than ctx_len, or early when the text alone proves
 ;   it: more bytes than ctx_len * max_piece_len)
 tokenize:
         mov     rsi, [rbp+V_PROMPT]
         test    rsi, rsi
         jnz     .measure
-        lea     rsi, [msg_newline+1]    ; no -p: the empty prompt
+        lea     rsi, [rbp+V_PROMPT]     ; no -p: the empty prompt (the null pointer's bytes)
 .measure:
         mov     rdi, rsi
         xor     eax, eax
-        or      rcx, -1
-        repne   scasb
-        not     rcx                     ; length + 1
+        or      ecx, -1
+        repne   scasb                   ; ecx = -(length + 2) (argv strings: < 2^17 bytes)
         push    rsi
-        lea     r14, [rcx+rcx*2+4]
-        mov     eax, [rbp+V_CTX_LEN]
-        add     r14, rax                ; n3 >= 3 * length + 3 (text, 3 zero bytes) and ctx_len
-        imul    rdi, r14, 24
-        call    alloc                   ; text [n3 bytes] | ids [4 * n3] | ... | symbols [16 * n3]
+        imul    r14d, ecx, -3
+        add     r14d, [rbp+V_CTX_LEN]   ; n3 = 3 * length + 6 + ctx_len: text, 3 zero bytes
+        imul    edi, r14d, 8 + SYM      ; text [n3 bytes] | ids [4 * n3] | ... | symbols [SYM * n3]
+        call    alloc                   ; (the record before the symbols is unused memory)
         pop     rsi
-        mov     r15, rax                ; text
-        lea     r12, [rax+r14]          ; ids
-        lea     r14, [rax+r14*8]        ; symbols
-        mov     rdi, rax
+        xchg    rax, rdi                ; rdi = text
+        lea     r12, [rdi+r14]          ; ids
+        lea     r14, [rdi+r14*8]        ; symbols
+        push    rdi
 .normalise:
         lodsb
         test    al, al
@@ -53,130 +52,108 @@ tokenize:
         jmp     .normalise
 .normalised:
         mov     r13, rdi                ; text end
-        sub     rdi, r15
+        pop     rsi                     ; rsi = position, r10 -> the next symbol
+        sub     edi, esi
         mov     eax, [rbx+HDR_MAX_PIECE_LEN]
-        mov     ecx, [rbp+V_CTX_LEN]
-        imul    rax, rcx
-        cmp     rdi, rax
+        imul    eax, [rbp+V_CTX_LEN]    ; overflow: the product exceeds 2^31 > length
+        jo      .fits
+        cmp     edi, eax
         ja      err_long_prompt
-
-        mov     rsi, r15                ; rsi = position, r10 -> the next symbol
+.fits:
         mov     r10, r14
-.symbol:
-        mov     rdx, r13
-        sub     rdx, rsi                ; bytes left
-        jz      .symbols_done
         mov     r8, [rbp+V_USER]
-        mov     r9d, [rbx+HDR_N_USER]
-        lea     r9, [r8+r9*4]
+.symbol:
+        mov     [r10+SYM_START], rsi
+        mov     edx, r13d
+        sub     edx, esi                ; bytes left
+        jz      .symbols_done
+        xor     r9d, r9d
 .user:
-        cmp     r8, r9
+        cmp     r9d, [rbx+HDR_N_USER]
         jae     .character
-        mov     eax, [r8]
-        add     r8, 4
+        mov     eax, [r8+r9*4]
+        inc     r9d
         call    piece
-        cmp     rcx, rdx
+        cmp     ecx, edx
         ja      .user
         push    rsi
         repe    cmpsb                   ; ecx >= 1 (load_model)
-        pop     rsi
-        jne     .user
-        mov     edx, [r11+PIECE_LEN]
-        jmp     .push
+        pop     rcx
+        je      .tagged                 ; rsi is past the piece
+        mov     rsi, rcx
+        jmp     .user
 .character:
-        ; UTF-8: the lead byte gives the length; a byte that does not start a complete,
-        ; well-formed sequence is a symbol of its own. The text is followed by zero bytes,
-        ; which are not continuation bytes.
+        ; UTF-8: the lead byte's leading ones give the length; a byte that does not start a
+        ; complete, well-formed sequence is a symbol of its own. The text is followed by zero
+        ; bytes, which are not continuation bytes.
         mov     al, [rsi]
-        push    1
-        pop     rdx
-        cmp     al, 0xC0
-        jb      .free
+        or      edx, -1
+.lead:
         inc     edx
-        cmp     al, 0xE0
-        jb      .continuation
-        inc     edx
-        cmp     al, 0xF0
-        jb      .continuation
-        inc     edx
-        cmp     al, 0xF8
-        jae     .single
-.continuation:
+        shl     al, 1
+        jc      .lead                   ; edx = the leading ones
         push    1
         pop     rcx
+        cmp     edx, 4
+        ja      .free                   ; 5 to 8: no lead byte
 .next_byte:
-        mov     al, [rsi+rcx]
-        and     al, 0xC0
-        cmp     al, 0x80
-        jne     .single
-        inc     ecx
         cmp     ecx, edx
-        jb      .next_byte
-        jmp     .free
+        jae     .free                   ; ecx = the length (1 for 0 or 1 leading ones)
+        cmp     byte [rsi+rcx], 0xC0
+        jge     .single                 ; not 0x80..0xBF (below -64 as a signed byte)
+        inc     ecx
+        jmp     .next_byte
 .single:
-        push    1
-        pop     rdx
+        mov     cl, 1
 .free:
         or      eax, -1
-.push:
-        mov     ecx, esi
-        sub     ecx, r15d
-        mov     [r10+SYM_START], ecx
+        add     rsi, rcx
+.tagged:
         mov     [r10+SYM_TAG], eax
         add     r10, SYM
-        add     rsi, rdx
         jmp     .symbol
 .symbols_done:
-        mov     ecx, esi
-        sub     ecx, r15d
-        mov     [r10], ecx              ; the sentinel: start = text length
         mov     r13, r10
         mov     rdi, r14
-.score_all:
-        cmp     rdi, r13
-        jae     .pass
+.score_all:                             ; (no symbols: the sentinel's pair, harmless)
         call    pair_score
         add     rdi, SYM
-        jmp     .score_all
+        cmp     rdi, r13
+        jb      .score_all
 
-; A merge pass: rdi -> symbol j, [rsp] -> the best pair's left symbol (-1: none), xmm1 its
-; score. Merging drops symbol best+1 and rescores the two pairs the merged symbol is in.
+; A merge pass: rdi -> symbol j, rdx -> the best pair's left symbol (0: none). Merging drops
+; symbol best+1 and rescores the two pairs the merged symbol is in.
 .pass:
-        push    -1
+        xor     edx, edx
         mov     rdi, r14
 .pair:
         cmp     rdi, r13
         jae     .pass_done
         cmp     dword [rdi+SYM_PAIR], -1
         je      .next_pair
+        test    rdx, rdx
+        jz      .best
         movss   xmm0, [rdi+SYM_SCORE]
-        cmp     qword [rsp], -1
-        je      .best
-        ucomiss xmm0, xmm1
+        ucomiss xmm0, [rdx+SYM_SCORE]
         jbe     .next_pair              ; not higher (or NaN): the leftmost stays
 .best:
-        mov     [rsp], rdi
-        movaps  xmm1, xmm0
+        mov     rdx, rdi
 .next_pair:
         add     rdi, SYM
         jmp     .pair
 .pass_done:
-        pop     rdi
-        cmp     rdi, -1
-        je      .merged
-        push    rdi
-        lea     rsi, [rdi+2*SYM]        ; move best+2 .. the sentinel down one
-        add     rdi, SYM
-        lea     rcx, [r13+SYM]
-        sub     rcx, rsi
+        test    rdx, rdx
+        jz      .merged
+        lea     rsi, [rdx+2*SYM]        ; move best+2 .. the sentinel down one
+        lea     rdi, [rdx+SYM]
+        sub     r13, SYM
+        mov     ecx, r13d
+        sub     ecx, edx
         shr     ecx, 3
         rep     movsq
-        sub     r13, SYM
-        pop     rdi
+        lea     rdi, [rdx-SYM]          ; (before the first symbol: the unused record)
         call    pair_score
-        cmp     rdi, r14
-        je      .pass
-        sub     rdi, SYM
+        add     rdi, SYM
         call    pair_score
         jmp     .pass
 
@@ -191,12 +168,9 @@ tokenize:
         mov     eax, [r14+SYM_TAG]
         cmp     eax, -1
         jne     .store                  ; a user-defined piece
-        mov     esi, [r14+SYM_START]
-        mov     edx, [r14+SYM+SYM_START]
-        sub     edx, esi
-        add     rsi, r15
+        mov     rsi, [r14+SYM_START]
+        mov     rdx, [r14+SYM+SYM_START]
         call    lookup
-        test    eax, eax
         jns     .store
 .byte:
         lodsb                           ; byte fallback: <0xHH> = byte_base + HH
@@ -219,24 +193,19 @@ tokenize:
         ret
 
 ; pair_score: cache the pair of symbol rdi and the next one: SYM_PAIR = the id of the
-; normal piece of their bytes and SYM_SCORE its score; SYM_PAIR = -1 when the next one is
-; the sentinel, either is a user-defined piece, or the bytes are no normal piece.
-;   in: rdi -> symbol, r13 -> sentinel, r15 text   out: -   clobbers: rax rcx rdx rsi r8-r11
+; normal piece of their bytes and SYM_SCORE its score; SYM_PAIR = -1 when either is a
+; user-defined piece or the sentinel, or the bytes are no normal piece.
+;   in: rdi -> symbol (or the sentinel, or the unused record before the first symbol)
+;   out: -   clobbers: rax rcx rdx rsi r8-r11
 pair_score:
         or      dword [rdi+SYM_PAIR], -1
-        lea     rax, [rdi+SYM]
-        cmp     rax, r13
-        jae     .none
         mov     eax, [rdi+SYM_TAG]
         and     eax, [rdi+SYM+SYM_TAG]
         inc     eax                     ; both tags -1: both free
         jnz     .none
-        mov     esi, [rdi+SYM_START]
-        mov     edx, [rdi+2*SYM+SYM_START]
-        sub     edx, esi
-        add     rsi, r15
+        mov     rsi, [rdi+SYM_START]
+        mov     rdx, [rdi+2*SYM+SYM_START]
         call    lookup
-        test    eax, eax
         js      .none
         mov     [rdi+SYM_PAIR], eax
         mov     eax, [r11+PIECE_SCORE]
@@ -244,19 +213,21 @@ pair_score:
 .none:
         ret
 
-; lookup: the normal piece whose bytes equal [rsi, rsi + rdx), by binary search in the index
+; lookup: the normal piece whose bytes equal [rsi, rdx), by binary search in the index
 ; (sorted by unsigned bytes, a proper prefix first).
-;   in: rsi bytes, edx length, rbx header   out: eax id and r11 -> its record, or eax = -1
+;   in: rsi bytes, rdx their end (rdx - rsi < 2^32), rbx header
+;   out: eax id, r11 -> its record and SF clear, or eax = -1 and SF set; edx = the length
 ;   clobbers: rcx r8-r11
 lookup:
+        sub     edx, esi
         push    rdi
-        xor     r8d, r8d                ; lo
+        or      r8, -1                  ; lo - 1
         mov     r9d, [rbx+HDR_N_INDEX]  ; hi
 .probe:
-        cmp     r8, r9
-        jae     .none
-        lea     r10, [r8+r9]
+        lea     r10, [r8+r9+1]
         shr     r10, 1                  ; mid
+        cmp     r10, r9
+        jae     .none                   ; lo = hi
         mov     rax, [rbp+V_INDEX]
         mov     eax, [rax+r10*4]
         call    piece
@@ -267,16 +238,13 @@ lookup:
         pop     rsi
         jne     .decided
         cmp     edx, [r11+PIECE_LEN]    ; equal up to the shorter: the shorter sorts first
-        je      .found
+        je      .found                  ; (SF clear)
 .decided:
-        ja      .right
-        mov     r9, r10
-        jmp     .probe
-.right:
-        lea     r8, [r10+1]
+        cmova   r8, r10                 ; above: lo = mid + 1
+        cmovbe  r9, r10                 ; below: hi = mid
         jmp     .probe
 .none:
-        or      eax, -1
+        or      eax, -1                 ; (SF set)
 .found:
         pop     rdi
         ret

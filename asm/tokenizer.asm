@@ -53,13 +53,6 @@ tokenize:
 .normalised:
         mov     r13, rdi                ; text end
         pop     rsi                     ; rsi = position, r10 -> the next symbol
-        sub     edi, esi
-        mov     eax, [rbx+HDR_MAX_PIECE_LEN]
-        imul    eax, [rbp+V_CTX_LEN]    ; overflow: the product exceeds 2^31 > length
-        jo      .fits
-        cmp     edi, eax
-        ja      err_long_prompt
-.fits:
         mov     r10, r14
         mov     r8, [rbp+V_USER]
 .symbol:
@@ -113,6 +106,13 @@ tokenize:
         add     r10, SYM
         jmp     .symbol
 .symbols_done:
+        sub     esi, [r14+SYM_START]    ; the text's length (rsi: its end)
+        mov     eax, [rbx+HDR_MAX_PIECE_LEN]
+        imul    eax, [rbp+V_CTX_LEN]    ; overflow: the product exceeds 2^31 > length
+        jo      .fits
+        cmp     esi, eax
+        ja      .err_long_prompt        ; before the merges, which take time
+.fits:
         mov     r13, r10
         mov     rdi, r14
 .score_all:                             ; (no symbols: the sentinel's pair, harmless)
@@ -157,6 +157,10 @@ tokenize:
         call    pair_score
         jmp     .pass
 
+.err_long_prompt:
+        call    fatal_here
+        db      'prompt too long', 0
+
 ; Emit: r14 -> symbol, r13 = the sentinel, rdi -> the next id.
 .merged:
         mov     rdi, r12
@@ -189,7 +193,7 @@ tokenize:
         shr     edi, 2
         mov     r13d, edi
         cmp     edi, [rbp+V_CTX_LEN]
-        ja      err_long_prompt
+        ja      .err_long_prompt
         ret
 
 ; pair_score: cache the pair of symbol rdi and the next one: SYM_PAIR = the id of the
@@ -248,7 +252,3 @@ lookup:
 .found:
         pop     rdi
         ret
-
-err_long_prompt:
-        call    fatal_here
-        db      'prompt too long', 0

@@ -8,9 +8,9 @@
 ; 24 bits per draw; the state starts as the -s seed (default 0).
 
 ; walk: add up the weights >= tau in id order until the sum reaches the limit.
-;   in: rdi weights, edx count, xmm1 tau, xmm2 limit (NaN: never reached)   out: xmm0 sum,
-;   ecx = the id whose weight made the sum reach the limit (edx if none; NaN weights never
-;   count)   clobbers: xmm4
+;   in: rdi weights [vocab], rbx header, xmm1 tau, xmm2 limit (NaN: never reached)
+;   out: xmm0 sum, ecx = the id whose weight made the sum reach the limit (vocab if none; NaN
+;   weights never count)   clobbers: xmm4
 walk:
         xorps   xmm0, xmm0
         xor     ecx, ecx
@@ -23,16 +23,15 @@ walk:
         jae     .reached
 .skip:
         inc     ecx
-        cmp     ecx, edx
+        cmp     ecx, [rbx+HDR_VOCAB]
         jb      .next
 .reached:
         ret
 
 ; sample: the next token from the logits.
 ;   in: rdi logits [vocab] (overwritten with the weights when T > 0), rbx header,
-;   rbp front_base   out: eax id < vocab   clobbers: rcx rdx rsi r8 xmm0-xmm4 (x87 empty)
+;   rbp front_base   out: eax id < vocab   clobbers: rcx rdx rsi xmm0-xmm4 (x87 empty)
 sample:
-        mov     edx, [rbx+HDR_VOCAB]
         xor     ecx, ecx
         xor     eax, eax
         movss   xmm0, [rdi]
@@ -44,23 +43,21 @@ sample:
         mov     eax, ecx
 .not_larger:
         inc     ecx
-        cmp     ecx, edx
+        cmp     ecx, [rbx+HDR_VOCAB]
         jb      .argmax
         cmp     dword [rbp+V_TEMP], 0
         je      walk.reached            ; T = 0: the argmax
         push    rax                     ; the argmax, kept for logits without a nucleus (NaN)
         fld     dword [rbp+V_TEMP]
         fld     dword [rdi+rax*4]       ; st0 = max, st1 = T
-        xor     ecx, ecx
-.weight:
-        fld     dword [rdi+rcx*4]
+        mov     ecx, [rbx+HDR_VOCAB]
+.weight:                                ; (from the last id down: each weight on its own)
+        fld     dword [rdi+rcx*4-4]
         fsub    st0, st1
         fdiv    st0, st2
         call    exp_x87
-        fstp    dword [rdi+rcx*4]
-        inc     ecx
-        cmp     ecx, edx
-        jb      .weight
+        fstp    dword [rdi+rcx*4-4]
+        loop    .weight
         fcompp                          ; pop max and T
         pcmpeqd xmm2, xmm2              ; NaN: walk the whole vocabulary
         xorps   xmm1, xmm1
@@ -68,9 +65,9 @@ sample:
         mulss   xmm0, [rbp+V_TOP_P]
         movaps  xmm3, xmm0              ; the nucleus must hold this much
         xor     esi, esi                ; tau bits: lo (always enough), hi (never enough)
-        mov     r8d, 0x3F800001         ; just above 1.0, the largest weight
+        mov     edx, 0x3F800001         ; just above 1.0, the largest weight
 .bisect:
-        lea     eax, [rsi+r8]
+        lea     eax, [rsi+rdx]
         shr     eax, 1
         movd    xmm1, eax
         call    walk
@@ -78,7 +75,7 @@ sample:
         je      .draw                   ; tau = lo: xmm0 = the nucleus' weight
         ucomiss xmm0, xmm3
         cmovae  esi, eax
-        cmovb   r8d, eax
+        cmovb   edx, eax
         jmp     .bisect
 .draw:
         mov     rax, 6364136223846793005
@@ -91,7 +88,7 @@ sample:
         mulss   xmm2, xmm0              ; u * nucleus weight <= the walk's final sum
         call    walk
         pop     rax
-        cmp     ecx, edx
+        cmp     ecx, [rbx+HDR_VOCAB]
         jae     .done
         xchg    eax, ecx
 .done:

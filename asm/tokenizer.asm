@@ -80,27 +80,26 @@ tokenize:
         ; complete, well-formed sequence is a symbol of its own. The text is followed by zero
         ; bytes, which are not continuation bytes.
         mov     al, [rsi]
-        or      edx, -1
-.lead:
-        inc     edx
-        shl     al, 1
-        jc      .lead                   ; edx = the leading ones
-        push    1
+        push    -2
         pop     rcx
-        cmp     edx, 4
-        ja      .free                   ; 5 to 8: no lead byte
-.next_byte:
-        cmp     ecx, edx
-        jae     .free                   ; ecx = the length (1 for 0 or 1 leading ones)
-        cmp     byte [rsi+rcx], 0xC0
-        jge     .single                 ; not 0x80..0xBF (below -64 as a signed byte)
+.lead:
         inc     ecx
-        jmp     .next_byte
+        shl     al, 1
+        jc      .lead                   ; ecx = the leading ones - 1: continuation bytes
+        mov     edx, ecx
+        cmp     ecx, 3
+        ja      .single                 ; ASCII (-1), or no lead byte (4 to 7)
+.next_byte:
+        jrcxz   .whole
+        cmp     byte [rsi+rcx], 0xC0    ; 0x80..0xBF: below -64 as a signed byte
+        lea     ecx, [rcx-1]
+        jl      .next_byte
 .single:
-        mov     cl, 1
-.free:
+        xor     edx, edx
+.whole:
+        inc     edx                     ; the length
         or      eax, -1
-        add     rsi, rcx
+        add     rsi, rdx
 .tagged:
         mov     [r10+SYM_TAG], eax
         add     r10, SYM

@@ -51,13 +51,13 @@ tokenize:
         stosb
         jmp     .normalise
 .normalised:
-        mov     r13, rdi                ; text end
-        pop     rsi                     ; rsi = position, r10 -> the next symbol
-        mov     r10, r14
+        mov     r10, rdi                ; text end
+        pop     rsi                     ; rsi = position, r13 -> the next symbol
+        mov     r13, r14
         mov     r8, [rbp+V_USER]
 .symbol:
-        mov     [r10+SYM_START], rsi
-        mov     edx, r13d
+        mov     [r13+SYM_START], rsi
+        mov     edx, r10d
         sub     edx, esi                ; bytes left
         jz      .symbols_done
         xor     r9d, r9d
@@ -101,8 +101,8 @@ tokenize:
         or      eax, -1
         add     rsi, rdx
 .tagged:
-        mov     [r10+SYM_TAG], eax
-        add     r10, SYM
+        mov     [r13+SYM_TAG], eax
+        add     r13, SYM
         jmp     .symbol
 .symbols_done:
         sub     esi, [r14+SYM_START]    ; the text's length (rsi: its end)
@@ -112,7 +112,6 @@ tokenize:
         cmp     esi, eax
         ja      .err_long_prompt        ; before the merges, which take time
 .fits:
-        mov     r13, r10
         mov     rdi, r14
 .score_all:                             ; (no symbols: the sentinel's pair, harmless)
         call    pair_score

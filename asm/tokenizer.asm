@@ -9,13 +9,14 @@ SYM_START       = 0             ; u64 address of its first byte in the text
 SYM_TAG         = 8             ; u32 id of a matched user-defined piece (never merged), or -1;
                                 ; the sentinel's is 0 (zeroed memory): never merged either
 SYM_SCORE       = 12            ; f32 score of the pair's piece
-SYM_PAIR        = 16            ; u32 id of the normal piece of this and the next symbol, or -1
+SYM_PAIR        = 16            ; i32 the pair of this and the next symbol: 1 a normal piece
+                                ; (SYM_SCORE valid), -1 none, 0 not looked up yet
 
 ; tokenize: spaces -> U+2581; user-defined pieces (longest first) or one UTF-8 character per
 ; symbol; merge the adjacent free pair whose bytes are the best-scoring normal piece
 ; (leftmost on ties) until none is; each symbol -> its id, or one byte piece per byte.
 ;   in: rbx header, rbp front_base, opt_prompt   out: r12 -> ids (BOS first, room for
-;   ctx_len), r13d = their count   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0
+;   ctx_len), r13d = their count   clobbers: rax rcx rdx rsi rdi r8-r11 r14 r15 xmm0
 ;   (fatal "prompt too long" for more ids than ctx_len, or early when the text alone proves
 ;   it: more bytes than ctx_len * max_piece_len)
 tokenize:
@@ -112,47 +113,54 @@ tokenize:
         cmp     esi, eax
         ja      .err_long_prompt        ; before the merges, which take time
 .fits:
-        mov     rdi, r14
-.score_all:                             ; (no symbols: the sentinel's pair, harmless)
-        call    pair_score
-        add     rdi, SYM
-        cmp     rdi, r13
-        jb      .score_all
 
-; A merge pass: rdi -> symbol j, rdx -> the best pair's left symbol (0: none). Merging drops
-; symbol best+1 and rescores the two pairs the merged symbol is in.
+; A merge pass: rdi -> symbol j, r15 -> the best pair's left symbol (0: none). A pair is
+; looked up when a pass first meets it; merging drops symbol best+1 and marks the two pairs
+; the merged symbol is in to be looked up again.
 .pass:
-        xor     edx, edx
+        xor     r15d, r15d
         mov     rdi, r14
 .pair:
         cmp     rdi, r13
         jae     .pass_done
-        cmp     dword [rdi+SYM_PAIR], -1
-        je      .next_pair
-        test    rdx, rdx
+        cmp     dword [rdi+SYM_PAIR], 0
+        jl      .next_pair              ; no pair
+        jg      .candidate
+        dec     dword [rdi+SYM_PAIR]    ; not looked up yet: -1 unless it is a piece
+        mov     eax, [rdi+SYM_TAG]
+        and     eax, [rdi+SYM+SYM_TAG]
+        inc     eax                     ; both tags -1: both free
+        jnz     .next_pair
+        mov     rsi, [rdi+SYM_START]
+        mov     rdx, [rdi+2*SYM+SYM_START]
+        call    lookup
+        js      .next_pair
+        neg     dword [rdi+SYM_PAIR]
+        mov     eax, [r11+PIECE_SCORE]
+        mov     [rdi+SYM_SCORE], eax
+.candidate:
+        test    r15, r15
         jz      .best
         movss   xmm0, [rdi+SYM_SCORE]
-        ucomiss xmm0, [rdx+SYM_SCORE]
+        ucomiss xmm0, [r15+SYM_SCORE]
         jbe     .next_pair              ; not higher (or NaN): the leftmost stays
 .best:
-        mov     rdx, rdi
+        mov     r15, rdi
 .next_pair:
         add     rdi, SYM
         jmp     .pair
 .pass_done:
-        test    rdx, rdx
+        test    r15, r15
         jz      .merged
-        lea     rsi, [rdx+2*SYM]        ; move best+2 .. the sentinel down one
-        lea     rdi, [rdx+SYM]
+        lea     rdi, [r15+SYM]
+        lea     rsi, [rdi+SYM]          ; move best+2 .. the sentinel down one
         sub     r13, SYM
         mov     ecx, r13d
-        sub     ecx, edx
+        sub     ecx, r15d
         shr     ecx, 3
         rep     movsq
-        lea     rdi, [rdx-SYM]          ; (before the first symbol: the unused record)
-        call    pair_score
-        add     rdi, SYM
-        call    pair_score
+        mov     [r15+SYM_PAIR-SYM], ecx ; 0 (before the first symbol: the unused record)
+        mov     [r15+SYM_PAIR], ecx
         jmp     .pass
 
 .err_long_prompt:
@@ -192,27 +200,6 @@ tokenize:
         mov     r13d, edi
         cmp     edi, [rbp+V_CTX_LEN]
         ja      .err_long_prompt
-        ret
-
-; pair_score: cache the pair of symbol rdi and the next one: SYM_PAIR = the id of the
-; normal piece of their bytes and SYM_SCORE its score; SYM_PAIR = -1 when either is a
-; user-defined piece or the sentinel, or the bytes are no normal piece.
-;   in: rdi -> symbol (or the sentinel, or the unused record before the first symbol)
-;   out: -   clobbers: rax rcx rdx rsi r8-r11
-pair_score:
-        or      dword [rdi+SYM_PAIR], -1
-        mov     eax, [rdi+SYM_TAG]
-        and     eax, [rdi+SYM+SYM_TAG]
-        inc     eax                     ; both tags -1: both free
-        jnz     .none
-        mov     rsi, [rdi+SYM_START]
-        mov     rdx, [rdi+2*SYM+SYM_START]
-        call    lookup
-        js      .none
-        mov     [rdi+SYM_PAIR], eax
-        mov     eax, [r11+PIECE_SCORE]
-        mov     [rdi+SYM_SCORE], eax
-.none:
         ret
 
 ; lookup: the normal piece whose bytes equal [rsi, rdx), by binary search in the index

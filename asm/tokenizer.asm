@@ -6,7 +6,7 @@
 
 SYM             = 24
 SYM_START       = 0             ; u64 address of its first byte in the text
-SYM_TAG         = 8             ; u32 id of a matched user-defined piece (never merged), or -1;
+SYM_TAG         = 8             ; u32 id (< 2^24) of a matched user-defined piece (never merged), or -1;
                                 ; the sentinel's is 0 (zeroed memory): never merged either
 SYM_SCORE       = 12            ; f32 score of the pair's piece
 SYM_PAIR        = 16            ; i32 the pair of this and the next symbol: 1 a normal piece
@@ -129,8 +129,7 @@ tokenize:
         dec     dword [rdi+SYM_PAIR]    ; not looked up yet: -1 unless it is a piece
         mov     eax, [rdi+SYM_TAG]
         and     eax, [rdi+SYM+SYM_TAG]
-        inc     eax                     ; both tags -1: both free
-        jnz     .next_pair
+        jns     .next_pair              ; not both free (tags -1; ids < 2^24)
         mov     rsi, [rdi+SYM_START]
         mov     rdx, [rdi+2*SYM+SYM_START]
         call    lookup
@@ -176,8 +175,8 @@ tokenize:
         cmp     r14, r13
         jae     .emitted
         mov     eax, [r14+SYM_TAG]
-        cmp     eax, -1
-        jne     .store                  ; a user-defined piece
+        test    eax, eax
+        jns     .store                  ; a user-defined piece
         mov     rsi, [r14+SYM_START]
         mov     rdx, [r14+SYM+SYM_START]
         call    lookup

@@ -6,8 +6,8 @@
 
 SYM             = 24
 SYM_START       = 0             ; u64 address of its first byte in the text
-SYM_TAG         = 8             ; u32 id (< 2^24) of a matched user-defined piece (never merged), or -1;
-                                ; the sentinel's is 0 (zeroed memory): never merged either
+SYM_TAG         = 8             ; u32 id of a matched user-defined piece (< 2^24, never merged),
+                                ; or -1 (free); the sentinel's is 0 (zeroed memory): not free
 SYM_SCORE       = 12            ; f32 score of the pair's piece
 SYM_PAIR        = 16            ; i32 the pair of this and the next symbol: 1 a normal piece
                                 ; (SYM_SCORE valid), -1 none, 0 not looked up yet

@@ -156,8 +156,7 @@ tokenize:
         sub     r13, SYM
         mov     ecx, r13d
         sub     ecx, r15d
-        shr     ecx, 3
-        rep     movsq
+        rep     movsb
         mov     [r15+SYM_PAIR-SYM], ecx ; 0 (before the first symbol: the unused record)
         mov     [r15+SYM_PAIR], ecx
         jmp     .pass

@@ -25,7 +25,8 @@ tokenize:
         jnz     .measure
         lea     rsi, [rbp+V_PROMPT]     ; no -p: the empty prompt (the null pointer's bytes)
 .measure:
-        mov     rdi, rsi
+        push    rsi
+        pop     rdi
         xor     eax, eax
         or      ecx, -1
         repne   scasb                   ; ecx = -(length + 2) (argv strings: < 2^17 bytes)
@@ -108,8 +109,8 @@ tokenize:
 .symbols_done:
         sub     esi, [r14+SYM_START]    ; the text's length (rsi: its end)
         mov     eax, [rbx+HDR_MAX_PIECE_LEN]
-        imul    eax, [rbp+V_CTX_LEN]    ; overflow: the product exceeds 2^31 > length
-        jo      .fits
+        mul     dword [rbp+V_CTX_LEN]
+        jc      .fits                   ; the product is 2^32 or more (> length)
         cmp     esi, eax
         ja      .err_long_prompt        ; before the merges, which take time
 .fits:

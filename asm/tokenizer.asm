@@ -88,7 +88,7 @@ tokenize:
         inc     ecx
         shl     al, 1
         jc      .lead                   ; ecx = the leading ones - 1: continuation bytes
-        mov     edx, ecx
+        lea     edx, [rcx+1]            ; the length if they are there
         cmp     ecx, 3
         ja      .single                 ; ASCII (-1), or no lead byte (4 to 7)
 .next_byte:
@@ -97,9 +97,8 @@ tokenize:
         lea     ecx, [rcx-1]
         jl      .next_byte
 .single:
-        xor     edx, edx
+        mov     dl, 1                   ; (edx < 256)
 .whole:
-        inc     edx                     ; the length
         or      eax, -1
         add     rsi, rdx
 .tagged:

@@ -42,8 +42,6 @@ tokenize:
         push    rdi
 .normalise:
         lodsb
-        test    al, al
-        jz      .normalised
         cmp     al, ' '
         jne     .copy
         mov     ax, 0x96E2              ; U+2581 = E2 96 81
@@ -51,9 +49,9 @@ tokenize:
         mov     al, 0x81
 .copy:
         stosb
-        jmp     .normalise
-.normalised:
-        mov     r10, rdi                ; text end
+        test    al, al
+        jnz     .normalise
+        lea     r10, [rdi-1]            ; text end
         pop     rsi                     ; rsi = position, r13 -> the next symbol
         mov     r13, r14
         mov     r8, [rbp+V_USER]

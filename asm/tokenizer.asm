@@ -5,12 +5,12 @@
 ; a scan and only the two pairs around a merge are looked up again.
 
 SYM             = 24
-SYM_START       = 0             ; u64 address of its first byte in the text
-SYM_TAG         = 8             ; u32 id of a matched user-defined piece (< 2^24, never merged),
-                                ; or -1 (free); the sentinel's is 0 (zeroed memory): not free
-SYM_SCORE       = 12            ; f32 score of the pair's piece
-SYM_PAIR        = 16            ; i32 the pair of this and the next symbol: 1 a normal piece
+SYM_PAIR        = 0             ; i32 the pair of this and the next symbol: 1 a normal piece
                                 ; (SYM_SCORE valid), -1 none, 0 not looked up yet
+SYM_TAG         = 4             ; u32 id of a matched user-defined piece (< 2^24, never merged),
+                                ; or -1 (free); the sentinel's is 0 (zeroed memory): not free
+SYM_START       = 8             ; u64 address of its first byte in the text
+SYM_SCORE       = 16            ; f32 score of the pair's piece
 
 ; tokenize: spaces -> U+2581; user-defined pieces (longest first) or one UTF-8 character per
 ; symbol; merge the adjacent free pair whose bytes are the best-scoring normal piece

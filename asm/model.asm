@@ -45,13 +45,11 @@ load_model:
         jb      err_truncated
         mov     [rbp+V_SIZE], rax
         xchg    rsi, rax
-        xor     edi, edi
         push    1                       ; PROT_READ
         pop     rdx
         push    2                       ; MAP_PRIVATE
         pop     rcx
-        xor     r9d, r9d
-        call    sys_mmap
+        call    sys_mmap_0              ; addr 0, offset 0
         test    rax, rax                ; -errno; addresses are below 2^47
         js      err_cannot_read
         mov     [rbp+V_BASE], rax

@@ -8,76 +8,34 @@ SYS_fstat       = 5
 SYS_mmap        = 9
 SYS_rt_sigprocmask = 14
 SYS_madvise     = 28
+SYS_clone       = 56
+SYS_futex       = 202
+SYS_sched_getaffinity = 204
 SYS_exit_group  = 231
 
 STDOUT = 1
 STDERR = 2
 
 EXIT_ERROR = 1                  ; bad input, unreadable model, failed write
-EXIT_USAGE = 2                  ; no arguments
+EXIT_USAGE = 2                  ; no arguments (usage relies on EXIT_USAGE = STDERR)
 
 EPIPE = 32                      ; write to a pipe nobody reads
-
-; Each wrapper pushes its syscall number and joins sys_call.
-;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno
-;   clobbers: rcx r10 r11
-; sys_open(path, flags, mode); sys_fstat(fd, statbuf);
-; sys_write(fd, buf, len); sys_sigprocmask(how, set, oldset, setsize);
-; sys_mmap(addr, len, prot, flags, fd, off); sys_madvise(addr, len, advice).
-sys_open:
-        push    SYS_open
-        jmp     sys_call
-sys_fstat:
-        push    SYS_fstat
-        jmp     sys_call
-sys_write:
-        push    SYS_write
-        jmp     sys_call
-sys_sigprocmask:
-        push    SYS_rt_sigprocmask
-        jmp     sys_call
-sys_madvise:
-        push    SYS_madvise
-        jmp     sys_call
-sys_mmap:
-        push    SYS_mmap
-sys_call:
-        pop     rax
-        mov     r10, rcx
-        syscall
-        ret
 
 ; alloc: a zeroed, private, anonymous read-write mapping.
 ;   in: rdi bytes   out: rax address (fatal "out of memory" on failure)
 ;   clobbers: rcx rdx rsi rdi r8-r11
 alloc:
-        mov     rsi, rdi
-        xor     edi, edi
+        push    rdi
+        pop     rsi
         push    3                       ; PROT_READ | PROT_WRITE
         pop     rdx
         push    0x22                    ; MAP_PRIVATE | MAP_ANONYMOUS
         pop     rcx
         or      r8, -1                  ; no file
-        xor     r9d, r9d
-        call    sys_mmap
+        call    sys_mmap_0              ; addr 0, offset 0
         test    rax, rax                ; -errno; addresses are below 2^47
         js      err_oom
         ret
-
-; write_str: write a zero-terminated string to a file descriptor.
-;   in: edi fd, rsi string   out: rax bytes written or -errno   clobbers: rcx rdx r10 r11
-write_str:
-        mov     cl, 1
-; write_until: the same, the string ending at its first byte below cl, or after 256 bytes.
-write_until:
-        xor     edx, edx
-.measure:
-        cmp     byte [rsi+rdx], cl
-        jb      sys_write
-        test    dh, dh
-        jnz     sys_write
-        inc     edx
-        jmp     .measure
 
 err_oom:
         call    fatal_here
@@ -92,7 +50,7 @@ fatal_here:
 ;   out: never returns. (ebx is ignored: every error exits with EXIT_ERROR.)
 fatal:
         xor     ebx, ebx
-        jmp     fatal_arg
+        db      0x3C                    ; cmp al, imm8: skips fatal_arg_here's pop rsi
 ; fatal_arg_here: fatal_arg with the message that follows the call instruction.
 fatal_arg_here:
         pop     rsi
@@ -102,65 +60,93 @@ fatal_arg_here:
 fatal_arg:
         push    rsi
         lea     rsi, [msg_prefix]
-        call    .put
+        call    put_err
         pop     rsi
-        call    .put
-        mov     rsi, rbx
+        call    put_err
+        push    rbx
+        pop     rsi
         test    rsi, rsi
         jz      .newline
         mov     cl, ' '
-        call    .put_until
+        call    put_err_until
 .newline:
-        lea     rsi, [msg_newline]
-        call    .put
-        push    EXIT_ERROR
-        pop     rdi
+        push    10                      ; "\n", 0 on the stack
+        push    rsp
+        pop     rsi
+        call    put_err
+        dec     edi                     ; STDERR (2) - 1 = EXIT_ERROR
         jmp     sys_exit
-.put:
+
+; put_err: write a zero-terminated string to stderr.
+;   in: rsi string   out: edi = STDERR, rax bytes written or -errno   clobbers: rcx rdx r10 r11
+put_err:
         mov     cl, 1
-.put_until:
+; put_err_until: the same, the string ending at its first byte below cl, or after 256 bytes.
+put_err_until:
         push    STDERR
         pop     rdi
-        jmp     write_until
+; write_until: put_err_until to the file descriptor edi.
+write_until:
+        xor     edx, edx
+.measure:
+        cmp     byte [rsi+rdx], cl
+        jb      sys_write
+        inc     edx
+        test    dh, dh                  ; 256 bytes
+        jz      .measure
 
-; usage: print the usage text on stderr and exit with EXIT_USAGE.
-usage:
-        lea     rsi, [msg_usage]
-        push    STDERR
-        pop     rdi
-        call    write_str
-        push    EXIT_USAGE
-        pop     rdi
-; sys_exit: exit_group(2), ending every thread.
-;   in: edi status   out: never returns
-sys_exit:
-        mov     eax, SYS_exit_group
-        syscall
-
-; ---- threads (W-fast) ---
+; Each wrapper loads its syscall number into al and joins sys_call (which zero-extends it).
+;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno
+;   clobbers: rcx r10 r11
+; sys_write(fd, buf, len); sys_open(path, flags, mode); sys_fstat(fd, statbuf);
+; sys_sigprocmask(how, set, oldset, setsize); sys_madvise(addr, len, advice);
 ; sys_sched_getaffinity(pid, len, mask); sys_futex(addr, op, val, timeout);
-; sys_clone(flags, stack, ...): in the child, `ret` pops the address stored at [stack].
-; As above: in: rdi rsi rdx rcx r8 r9   out: rax result or -errno   clobbers: rcx r10 r11
-SYS_clone       = 56
-SYS_futex       = 202
-SYS_sched_getaffinity = 204
-
+; sys_clone(flags, stack, ...): in the child, sys_call's `ret` pops the address stored at
+; [stack]; sys_mmap(addr, len, prot, flags, fd, off); sys_exit(status): exit_group(2),
+; ending every thread, never returns.
+sys_write:
+        mov     al, SYS_write
+        jmp     sys_call
+sys_open:
+        mov     al, SYS_open
+        jmp     sys_call
+sys_fstat:
+        mov     al, SYS_fstat
+        jmp     sys_call
+sys_sigprocmask:
+        mov     al, SYS_rt_sigprocmask
+        jmp     sys_call
+sys_madvise:
+        mov     al, SYS_madvise
+        jmp     sys_call
 sys_sched_getaffinity:
-        mov     eax, SYS_sched_getaffinity
-        jmp     sys_nr
+        mov     al, SYS_sched_getaffinity
+        jmp     sys_call
 ; sys_futex_wake: FUTEX_WAKE_PRIVATE (threads.asm) on rdi, waking up to edx waiters.
 sys_futex_wake:
         mov     esi, FUTEX_WAKE_PRIVATE
 sys_futex:
-        mov     eax, SYS_futex
-        jmp     sys_nr
+        mov     al, SYS_futex
+        jmp     sys_call
 sys_clone:
-        push    SYS_clone
-        pop     rax
-; sys_nr: the system call whose number is in eax (sys_call's tail again: from here a jump
-; to sys_call would not be short, so the copy is smaller).
-;   in: eax number, rdi rsi rdx rcx r8 r9   out: rax result or -errno   clobbers: rcx r10 r11
-sys_nr:
+        mov     al, SYS_clone
+        jmp     sys_call
+; sys_mmap_0: sys_mmap with addr 0 and offset 0 (sets edi and r9d).
+sys_mmap_0:
+        xor     edi, edi
+        xor     r9d, r9d
+sys_mmap:
+        mov     al, SYS_mmap
+        jmp     sys_call
+
+; usage: print the usage text on stderr and exit with EXIT_USAGE.
+usage:
+        lea     rsi, [msg_usage]
+        call    put_err                 ; edi = STDERR = EXIT_USAGE
+sys_exit:
+        mov     al, SYS_exit_group
+sys_call:
+        movzx   eax, al
         mov     r10, rcx
         syscall
         ret

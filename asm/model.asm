@@ -26,8 +26,12 @@ MADV_HUGEPAGE = 14              ; where the kernel allows it (THP "madvise" or "
 ;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
 ;   file's struct stat (main.asm compares st_dev, st_ino with the --logits file's)
 ;   clobbers: rax rcx rdx rsi rdi r8-r11
+err_cannot_read:                        ; (here: the jumps from load_model are short)
+        call    fatal_arg_here
+        db      'cannot read ', 0
 load_model:
-        mov     rdi, rbx
+        push    rbx
+        pop     rdi
         mov     esi, O_NONBLOCK
         call    sys_open
         test    eax, eax
@@ -36,9 +40,9 @@ load_model:
         xchg    edi, eax
         lea     rsi, [rbp+V_OUT_BUF]    ; kept there for the --logits check (main.asm)
         call    sys_fstat               ; (if it fails, the zeroed mode is no regular file)
-        mov     eax, [rsi+ST_MODE]
-        and     eax, S_IFMT
-        cmp     eax, S_IFREG
+        mov     al, [rsi+ST_MODE+1]     ; S_IFMT is in the mode's second byte
+        and     al, S_IFMT shr 8
+        cmp     al, S_IFREG shr 8
         jne     err_cannot_read         ; directory, FIFO, device
         mov     rax, [rsi+ST_SIZE]
         cmp     rax, HEADER_SIZE
@@ -64,7 +68,17 @@ load_model:
         cmp     [rbx+HDR_MAGIC], rax
         jne     err_bad_magic
         cmp     dword [rbx+HDR_VERSION], MODEL_VERSION
-        jne     err_bad_version
+        je      check_header
+err_bad_version:
+        call    fatal_here
+        db      'bad version', 0
+err_bad_magic:
+        call    fatal_here
+        db      'bad magic', 0
+err_truncated:
+        call    fatal_here
+        db      'truncated model', 0
+check_header:                           ; (load_model, after the magic and the version)
         cmp     dword [rbx+HDR_HEADER_SIZE], HEADER_SIZE
         jne     err_header
         cmp     [rbx+HDR_FILE_SIZE], rsi
@@ -111,14 +125,11 @@ load_model:
 err_header:
         call    fatal_here
         db      'bad header', 0
-err_truncated:
-        call    fatal_here
-        db      'truncated model', 0
 
 ; check_tables: load_model's second half: the sections and the tokenizer tables.
 ;   in: rbx header, r9d vocab
 check_tables:
-        mov     r8d, HEADER_SIZE        ; r8 = end of the previous section
+        mov     edi, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
         push    qword [rbx+HDR_BLOB_SIZE]
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2
@@ -129,37 +140,40 @@ check_tables:
         mov     eax, r9d
         shl     rax, 4                  ; vocab records of PIECE_REC bytes
         push    rax
-        xor     ecx, ecx                ; pieces, index, user, blob: offsets and pointers in
-.section:                               ; the same order in the header and in vars.asm
-        pop     rax
-        mov     rdx, [rbx+HDR_PIECES_OFF+rcx*8]
+        lea     rsi, [rbx+HDR_PIECES_OFF]
+        push    -4
+        pop     rcx
+.section:                               ; pieces, index, user, blob: offsets and pointers in
+        lodsq                           ; the same order in the header and in vars.asm
+        pop     rdx
         call    check_section
-        mov     [rbp+V_PIECES+rcx*8], rdx
-        inc     ecx
-        cmp     ecx, 4
-        jb      .section
-        mov     rax, [rbx+HDR_WEIGHTS_SIZE]
-        mov     rdx, [rbx+HDR_WEIGHTS_OFF]
-        test    dx, WEIGHTS_ALIGN - 1
+        mov     [rbp+V_PIECES+32+rcx*8], rax
+        inc     rcx
+        jnz     .section
+        lodsq                           ; (blob_size)
+        lodsq                           ; weights_off
+        test    ax, WEIGHTS_ALIGN - 1
         jnz     err_header
+        mov     rdx, [rsi]              ; weights_size
         call    check_section
-        cmp     r8, [rbx+HDR_FILE_SIZE]
+        cmp     rdi, [rsi+HDR_FILE_SIZE-HDR_WEIGHTS_SIZE]
         jne     err_header
 
         mov     rsi, [rbp+V_PIECES]
         mov     ecx, r9d
-        xor     r10d, r10d              ; the longest piece so far
+        xor     edi, edi                ; the longest piece so far
 .piece:
-        mov     eax, [rsi+PIECE_BLOB_OFF]
-        mov     edx, [rsi+PIECE_LEN]
-        cmp     r10d, edx
-        cmovb   r10d, edx
+        lodsd                           ; blob_off
+        xchg    eax, edx
+        lodsd                           ; len
+        cmp     edi, eax
+        cmovb   edi, eax
         add     rax, rdx
         cmp     rax, [rbx+HDR_BLOB_SIZE]
         ja      err_header
-        add     rsi, PIECE_REC
+        lodsq                           ; (score, type)
         loop    .piece
-        cmp     r10d, [rbx+HDR_MAX_PIECE_LEN]
+        cmp     edi, [rbx+HDR_MAX_PIECE_LEN]
         jne     err_header
         mov     rsi, [rbp+V_INDEX]
         mov     edx, [rbx+HDR_N_INDEX]
@@ -182,26 +196,17 @@ check_ids:
         jmp     check_ids
 .done:
         ret
-err_cannot_read:
-        call    fatal_arg_here
-        db      'cannot read ', 0
-err_bad_magic:
-        call    fatal_here
-        db      'bad magic', 0
-err_bad_version:
-        call    fatal_here
-        db      'bad version', 0
 
 ; check_section: check one section against the end of the previous one.
-;   in: rdx offset, rax size, r8 previous end, rbx header   out: r8 = this end,
-;   rdx = rbx + offset   clobbers: -
+;   in: rax offset, rdx size, rdi previous end, rbx header   out: rdi = this end,
+;   rax = rbx + offset   clobbers: -
 check_section:
-        cmp     rdx, r8
+        cmp     rax, rdi
         jb      err_header
-        mov     r8, rdx
-        add     r8, rax
+        mov     rdi, rax
+        add     rdi, rdx
         jc      err_header
-        add     rdx, rbx
+        add     rax, rbx
         ret
 
 ; piece: where a piece's record and bytes are.

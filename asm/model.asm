@@ -85,24 +85,21 @@ check_header:                           ; (load_model, after the magic and the v
         ja      err_truncated
         jne     err_header
 
-        xor     edx, edx                ; vocab .. max_ctx: 1 <= field <= 2^bits
-.dim:
+        xor     edx, edx                ; vocab .. max_ctx: 1 <= field <= 2^bits;
+.field:                                 ; eps, rope_theta, embed_scale: 0 < bits <= FLT_MAX
         mov     eax, [rbx+HDR_VOCAB+rdx*4]
         dec     eax
+        cmp     edx, 8
+        jae     .float
         mov     cl, [dim_bits+rdx]
         shr     eax, cl
         jnz     err_header
-        inc     edx
-        cmp     edx, 8
-        jb      .dim
-.float:                                 ; eps, rope_theta, embed_scale: 0 < bits <= FLT_MAX
-        mov     eax, [rbx+HDR_VOCAB+rdx*4]
-        dec     eax
+.float:                                 ; (a dim's 0 passes)
         cmp     eax, 0x7F7FFFFF
         jae     err_header
         inc     edx
         cmp     edx, 11
-        jb      .float
+        jb      .field
         mov     eax, [rbx+HDR_HEADS]
         xor     edx, edx
         div     dword [rbx+HDR_KV_HEADS]
@@ -117,10 +114,11 @@ check_header:                           ; (load_model, after the magic and the v
         cmp     [rbx+HDR_BOS-4+rcx*4], r9d
         jae     err_header
         loop    .special
-        mov     eax, [rbx+HDR_BYTE_BASE]
-        add     rax, 256
-        cmp     rax, r9
-        jbe     check_tables
+        mov     eax, r9d                ; byte_base + 256 <= vocab:
+        sub     eax, [rbx+HDR_BYTE_BASE]
+        jb      err_header
+        shr     eax, 8                  ; vocab - byte_base >= 256
+        jnz     check_tables
 
 err_header:
         call    fatal_here
@@ -129,7 +127,7 @@ err_header:
 ; check_tables: load_model's second half: the sections and the tokenizer tables.
 ;   in: rbx header, r9d vocab
 check_tables:
-        mov     edi, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
+        mov     r8d, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
         push    qword [rbx+HDR_BLOB_SIZE]
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2
@@ -138,25 +136,25 @@ check_tables:
         shl     rax, 2
         push    rax
         mov     eax, r9d
-        shl     rax, 4                  ; vocab records of PIECE_REC bytes
+        shl     eax, 4                  ; vocab records of PIECE_REC bytes (vocab <= 2^24)
         push    rax
         lea     rsi, [rbx+HDR_PIECES_OFF]
-        push    -4
+        lea     rdi, [rbp+V_PIECES]
+        push    4
         pop     rcx
 .section:                               ; pieces, index, user, blob: offsets and pointers in
         lodsq                           ; the same order in the header and in vars.asm
         pop     rdx
         call    check_section
-        mov     [rbp+V_PIECES+32+rcx*8], rax
-        inc     rcx
-        jnz     .section
+        stosq
+        loop    .section
         lodsq                           ; (blob_size)
         lodsq                           ; weights_off
         test    ax, WEIGHTS_ALIGN - 1
         jnz     err_header
         mov     rdx, [rsi]              ; weights_size
         call    check_section
-        cmp     rdi, [rsi+HDR_FILE_SIZE-HDR_WEIGHTS_SIZE]
+        cmp     r8, [rsi+HDR_FILE_SIZE-HDR_WEIGHTS_SIZE]
         jne     err_header
 
         mov     rsi, [rbp+V_PIECES]
@@ -186,27 +184,27 @@ check_tables:
 ;   in: rsi, edx, r9d, r10d   out: -   clobbers: rax rcx rdx rsi rdi r11
 check_ids:
         sub     edx, 1
-        jb      .done
+        jb      check_section.ret
         lodsd
         cmp     eax, r9d
-        jae     err_header
+        jae     .bad
         call    piece
         cmp     ecx, r10d
-        jb      err_header
-        jmp     check_ids
-.done:
-        ret
+        jae     check_ids
+.bad:
+        jmp     err_header
 
 ; check_section: check one section against the end of the previous one.
-;   in: rax offset, rdx size, rdi previous end, rbx header   out: rdi = this end,
+;   in: rax offset, rdx size, r8 previous end, rbx header   out: r8 = this end,
 ;   rax = rbx + offset   clobbers: -
 check_section:
-        cmp     rax, rdi
-        jb      err_header
-        mov     rdi, rax
-        add     rdi, rdx
-        jc      err_header
+        cmp     rax, r8
+        jb      check_ids.bad
+        mov     r8, rax
+        add     r8, rdx
+        jc      check_ids.bad
         add     rax, rbx
+.ret:
         ret
 
 ; piece: where a piece's record and bytes are.

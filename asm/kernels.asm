@@ -230,7 +230,7 @@ geglu:
 ; a = float32(pos * f); c, s = float32 cos a, sin a (x87 fsincos), once per pair for all heads;
 ; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c + x[i] s (each product rounded).
 ;   in: rdi x, esi n_heads, edx hd (even), ecx pos, xmm0 theta   out: x
-;   clobbers: rax rdx r8 r9 xmm0-xmm5 (calls exp2_x87)
+;   clobbers: rax rdx r9 xmm0-xmm5 (calls exp2_x87)
 rope:
         add     edx, edx                ; 2hd: bytes of hd/2 floats
         push    rcx                     ; [rsp+16]: pos
@@ -260,11 +260,11 @@ rope:
         movss   xmm2, [rsp]             ; cos a
         fstp    dword [rsp]
         movss   xmm3, [rsp]             ; sin a
-        lea     r8, [rdi+rax]           ; x[i] of head 0
+        lea     rcx, [rdi+rax]          ; x[i] of head 0 (pos is at [rsp+16])
         mov     r9d, esi
 .head:
-        movss   xmm0, [r8]              ; x0
-        movss   xmm1, [r8+rdx]          ; x1
+        movss   xmm0, [rcx]             ; x0
+        movss   xmm1, [rcx+rdx]         ; x1
         movaps  xmm4, xmm0
         mulss   xmm4, xmm2
         movaps  xmm5, xmm1
@@ -273,9 +273,9 @@ rope:
         mulss   xmm1, xmm2
         subss   xmm4, xmm5              ; x0 c - x1 s
         addss   xmm1, xmm0              ; x1 c + x0 s
-        movss   [r8], xmm4
-        movss   [r8+rdx], xmm1
-        lea     r8, [r8+rdx*2]          ; the next head's
+        movss   [rcx], xmm4
+        movss   [rcx+rdx], xmm1
+        lea     rcx, [rcx+rdx*2]        ; the next head's
         dec     r9d
         jnz     .head
         add     eax, 4

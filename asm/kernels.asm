@@ -64,8 +64,8 @@ matmul_f16:
         jz      .store
         addss   xmm0, [rdi]
 .store:
-        movss   [rdi], xmm0
-        add     rdi, 4
+        movd    eax, xmm0
+        stosd
         lea     rdx, [rdx+rcx*2]
         dec     r8d
         jnz     .row
@@ -124,8 +124,8 @@ matvec_strided:
         inc     r11d
         cmp     r11d, ecx
         jb      .col
-        movss   [rdi], xmm0
-        add     rdi, 4
+        movd    eax, xmm0
+        stosd
         add     rdx, r9
         jmp     .row
 .done:

@@ -211,8 +211,7 @@ check_section:
 ;   in: eax id (< vocab)   out: r11 -> its record, rdi -> its bytes, ecx = its length
 ;   clobbers: -
 piece:
-        mov     r11d, eax
-        shl     r11, 4
+        imul    r11d, eax, PIECE_REC    ; < 2^28 (vocab <= 2^24)
         add     r11, [rbp+V_PIECES]
         mov     edi, [r11+PIECE_BLOB_OFF]
         add     rdi, [rbp+V_BLOB]

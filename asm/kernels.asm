@@ -78,10 +78,6 @@ matmul_f16:
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
 ;   clobbers: rax rdx rdi r8-r11 xmm0-xmm2
 MATVEC_LANES = 4                        ; matvec_t_f32's outputs per SSE register
-matvec_f32:
-        push    4
-        pop     r10                     ; column stride
-        jmp     matvec_strided
 matvec_t_f32:
         mov     r10, r9
         push    4
@@ -107,6 +103,9 @@ matvec_t_f32:
         add     rdx, 4*MATVEC_LANES
         sub     r8d, MATVEC_LANES
         jmp     .quad
+matvec_f32:
+        push    4
+        pop     r10                     ; column stride
 ; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes).
 ;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0 xmm1
 matvec_strided:

@@ -167,8 +167,8 @@ rmsnorm:
 ; their sum in x87 extended precision; every result within 1 ulp float32. x finite, s > 0.
 ;   in: rdi x, esi n, xmm0 s   out: x   clobbers: rax rcx xmm0 xmm1 (calls exp_x87)
 softmax:
+        movd    eax, xmm0
         push    rax                     ; [rsp]: s, [rsp+4]: max; aligns rsp for the call
-        movss   [rsp], xmm0
         movss   xmm1, [rdi]
         mov     ecx, esi
 .max:

@@ -41,12 +41,6 @@ matmul_f16:
         addps   xmm4, xmm3
         movups  xmm2, [rsi+rax*4]       ; columns j .. j+3: below
         mov     eax, r11d
-        jmp     .cvt
-.one:
-        movzx   r11d, word [rdx+rax*2]  ; 1 half, other lanes 0
-        movd    xmm1, r11d
-        movss   xmm2, [rsi+rax*4]
-        inc     eax
 .cvt:
         pxor    xmm3, xmm3
         punpcklwd xmm3, xmm1
@@ -70,6 +64,12 @@ matmul_f16:
         dec     r8d
         jnz     .row
         ret
+.one:                                   ; (out of the loop: its jumps stay short)
+        movzx   r11d, word [rdx+rax*2]  ; 1 half, other lanes 0
+        movd    xmm1, r11d
+        movss   xmm2, [rsi+rax*4]
+        inc     eax
+        jmp     .cvt
 
 ; matvec_f32: W (d,n) @ x (n,) -> xout (d,), row i of W at W + i*r9 bytes (att = K q).
 ; matvec_t_f32: W^T (d,n) @ x (n,) -> xout (d,), xout[j] = sum_i x[i] W[i*r9 + 4j] (o = V^T att).

@@ -62,7 +62,8 @@ load_model:
         pop     rdi
         push    MADV_HUGEPAGE
         pop     rdx
-        call    sys_madvise             ; (result ignored: only speed depends on it)
+        mov     al, SYS_madvise
+        call    sys_call                ; (result ignored: only speed depends on it)
 
         mov     rax, MODEL_MAGIC
         cmp     [rbx+HDR_MAGIC], rax

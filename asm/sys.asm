@@ -99,11 +99,10 @@ write_until:
 ;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno
 ;   clobbers: rcx r10 r11
 ; sys_write(fd, buf, len); sys_open(path, flags, mode); sys_fstat(fd, statbuf);
-; sys_sigprocmask(how, set, oldset, setsize); sys_madvise(addr, len, advice);
+; sys_sigprocmask(how, set, oldset, setsize);
 ; sys_sched_getaffinity(pid, len, mask); sys_futex(addr, op, val, timeout);
 ; sys_clone(flags, stack, ...): in the child, sys_call's `ret` pops the address stored at
-; [stack]; sys_mmap(addr, len, prot, flags, fd, off); sys_exit(status): exit_group(2),
-; ending every thread, never returns.
+; [stack]; sys_mmap(addr, len, prot, flags, fd, off).
 sys_write:
         mov     al, SYS_write
         jmp     sys_call
@@ -115,9 +114,6 @@ sys_fstat:
         jmp     sys_call
 sys_sigprocmask:
         mov     al, SYS_rt_sigprocmask
-        jmp     sys_call
-sys_madvise:
-        mov     al, SYS_madvise
         jmp     sys_call
 sys_sched_getaffinity:
         mov     al, SYS_sched_getaffinity
@@ -143,8 +139,13 @@ sys_mmap:
 usage:
         lea     rsi, [msg_usage]
         call    put_err                 ; edi = STDERR = EXIT_USAGE
+; sys_exit: exit_group(2), ending every thread.
+;   in: edi status   out: never returns
 sys_exit:
         mov     al, SYS_exit_group
+; sys_call: the system call whose number is in al (a call used once loads al itself:
+; madvise(addr, len, advice) in model.asm).
+;   in: al number, rdi rsi rdx rcx r8 r9   out: rax result or -errno   clobbers: rcx r10 r11
 sys_call:
         movzx   eax, al
         mov     r10, rcx

@@ -63,6 +63,7 @@ matmul_f16:
         lea     rdx, [rdx+rcx*2]
         dec     r8d
         jnz     .row
+.ret:
         ret
 .one:                                   ; (out of the loop: its jumps stay short)
         movzx   r11d, word [rdx+rax*2]  ; 1 half, other lanes 0
@@ -111,7 +112,7 @@ matvec_f32:
 matvec_strided:
 .row:
         dec     r8d
-        js      .done
+        js      matmul_f16.ret
         xorps   xmm0, xmm0
         mov     rax, rdx
         xor     r11d, r11d
@@ -127,8 +128,6 @@ matvec_strided:
         stosd
         add     rdx, r9
         jmp     .row
-.done:
-        ret
 
 ; rmsnorm: x (n,), w (n,) -> xout (n,) = x * r * w, r = float32(1 / sqrt(mean(x^2) + eps)).
 ; Sum of squares, mean, root and the products in x87 extended precision, rounded once to float32

@@ -226,23 +226,25 @@ geglu:
 ; rope: rotate each of the n_heads heads of x (n_heads, hd) by position pos, half-split pairs
 ; (i, i + hd/2) as transformers in float32: e = float32(2i/hd), f = float32(1/float32(theta^e)),
 ; a = float32(pos * f); c, s = float32 cos a, sin a (x87 fsincos), once per pair for all heads;
-; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c + x[i] s (each product rounded).
+; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c + x[i] s (each product rounded; the
+; four products in the lanes of one register, then one hsubps and one haddps); the pairs
+; last first, each on its own.
 ;   in: rdi x, esi n_heads, edx hd (even), ecx pos, xmm0 theta   out: x
-;   clobbers: rax rdx r9 xmm0-xmm5 (calls exp2_x87)
+;   clobbers: rax rdx r9 xmm0-xmm2 (calls exp2_x87)
 rope:
         add     edx, edx                ; 2hd: bytes of hd/2 floats
         push    rcx                     ; [rsp+16]: pos
         push    rdx                     ; [rsp+8]: 2hd
-        push    rax                     ; [rsp]: scratch float32; aligns rsp for the call
-        movss   [rsp+4], xmm0           ; theta
-        xor     eax, eax                ; 4i
+        push    rax                     ; [rsp]: scratch float32s; aligns rsp for the call
+        movss   [rsp+12], xmm0          ; theta
+        lea     eax, [rdx-4]            ; 4i, the last pair first
 .pair:
         mov     [rsp], eax
         fild    dword [rsp]
         fidiv   dword [rsp+8]           ; 4i/2hd
         fstp    dword [rsp]
         fld     dword [rsp]             ; e
-        fld     dword [rsp+4]
+        fld     dword [rsp+12]
         fyl2x                           ; e log2(theta)
         call    exp2_x87
         fstp    dword [rsp]
@@ -254,31 +256,27 @@ rope:
         fstp    dword [rsp]
         fld     dword [rsp]             ; a
         fsincos
-        fstp    dword [rsp]
-        movss   xmm2, [rsp]             ; cos a
-        fstp    dword [rsp]
-        movss   xmm3, [rsp]             ; sin a
+        fstp    dword [rsp]             ; cos a
+        fstp    dword [rsp+4]           ; sin a
+        movq    xmm2, [rsp]
+        movlhps xmm2, xmm2              ; c, s, c, s
         lea     rcx, [rdi+rax]          ; x[i] of head 0 (pos is at [rsp+16])
         mov     r9d, esi
 .head:
         movss   xmm0, [rcx]             ; x0
-        movss   xmm1, [rcx+rdx]         ; x1
-        movaps  xmm4, xmm0
-        mulss   xmm4, xmm2
-        movaps  xmm5, xmm1
-        mulss   xmm5, xmm3
-        mulss   xmm0, xmm3
-        mulss   xmm1, xmm2
-        subss   xmm4, xmm5              ; x0 c - x1 s
-        addss   xmm1, xmm0              ; x1 c + x0 s
-        movss   [rcx], xmm4
+        insertps xmm0, [rcx+rdx], 0x10  ; x1 in lane 1
+        shufps  xmm0, xmm0, 0x14        ; x0, x1, x1, x0
+        mulps   xmm0, xmm2              ; x0 c, x1 s, x1 c, x0 s
+        movhlps xmm1, xmm0              ; x1 c, x0 s
+        hsubps  xmm0, xmm0              ; x0 c - x1 s
+        haddps  xmm1, xmm1              ; x1 c + x0 s
+        movss   [rcx], xmm0
         movss   [rcx+rdx], xmm1
         lea     rcx, [rcx+rdx*2]        ; the next head's
         dec     r9d
         jnz     .head
-        add     eax, 4
-        cmp     eax, edx
-        jb      .pair
+        sub     eax, 4
+        jns     .pair
         pop     rax
         pop     rdx
         pop     rcx

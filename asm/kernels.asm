@@ -17,10 +17,10 @@
 matmul_f16:
         mov     eax, 0x8FFFFFFF
         movd    xmm6, eax
-        pshufd  xmm6, xmm6, 0
+        shufps  xmm6, xmm6, 0
         mov     eax, 0x77800000         ; 2^112
         movd    xmm7, eax
-        pshufd  xmm7, xmm7, 0
+        shufps  xmm7, xmm7, 0
         mov     ecx, ecx
 .row:
         xorps   xmm0, xmm0
@@ -31,10 +31,10 @@ matmul_f16:
         cmp     r11d, ecx
         ja      .one
         movups  xmm1, [rdx+rax*2]       ; 8 halves
-        pxor    xmm3, xmm3
+        xorps   xmm3, xmm3
         punpckhwd xmm3, xmm1            ; columns j+4 .. j+7
         psrad   xmm3, 3
-        pand    xmm3, xmm6
+        andps   xmm3, xmm6
         mulps   xmm3, xmm7
         movups  xmm2, [rsi+rax*4+16]
         mulps   xmm3, xmm2
@@ -42,10 +42,10 @@ matmul_f16:
         movups  xmm2, [rsi+rax*4]       ; columns j .. j+3: below
         mov     eax, r11d
 .cvt:
-        pxor    xmm3, xmm3
+        xorps   xmm3, xmm3
         punpcklwd xmm3, xmm1
         psrad   xmm3, 3
-        pand    xmm3, xmm6
+        andps   xmm3, xmm6
         mulps   xmm3, xmm7
         mulps   xmm3, xmm2
         addps   xmm0, xmm3
@@ -66,8 +66,8 @@ matmul_f16:
 .ret:
         ret
 .one:                                   ; (out of the loop: its jumps stay short)
-        movzx   r11d, word [rdx+rax*2]  ; 1 half, other lanes 0
-        movd    xmm1, r11d
+        xorps   xmm1, xmm1
+        pinsrw  xmm1, word [rdx+rax*2], 0       ; 1 half, other lanes 0
         movss   xmm2, [rsi+rax*4]
         inc     eax
         jmp     .cvt
@@ -166,14 +166,14 @@ rmsnorm:
 ; their sum in x87 extended precision; every result within 1 ulp float32. x finite, s > 0.
 ;   in: rdi x, esi n, xmm0 s   out: x   clobbers: rax rcx xmm0 xmm1 (calls exp_x87)
 softmax:
-        movd    eax, xmm0
-        push    rax                     ; [rsp]: s, [rsp+4]: max; aligns rsp for the call
         movss   xmm1, [rdi]
         mov     ecx, esi
 .max:
         maxss   xmm1, [rdi+rcx*4-4]
         loop    .max
-        movss   [rsp+4], xmm1
+        unpcklps xmm0, xmm1
+        movq    rax, xmm0
+        push    rax                     ; [rsp]: s, [rsp+4]: max; aligns rsp for the call
         fldz                            ; sum
         mov     ecx, esi
 .exp:

@@ -12,68 +12,69 @@ WORKER_STACK = 16384
 CPU_MASK_BYTES = 128            ; room for 1024 CPUs
 
 ; threads_start: resolve T (-t, else the CPUs this process may run on: sched_getaffinity;
-; 1 if that fails) and start the T - 1 workers, each on its own stack from alloc.
+; 1 if that fails) and start the T - 1 workers, each on its own stack from alloc. A worker
+; inherits the registers of the clone: rbx job_vars, ebp its index.
 ;   in: n_threads (0: not given)   out: n_threads = job_t = T
 ;   clobbers: rax rcx rdx rsi rdi r8-r11   (fatal "cannot start threads" if clone fails)
 threads_start:
         push    rbx
-        mov     ebx, [n_threads]
-        test    ebx, ebx
+        push    rbp
+        lea     rbx, [job_vars]
+        mov     ebp, [n_threads]
+        test    ebp, ebp
         jnz     .spawn
         xor     edi, edi                ; this process
         mov     esi, CPU_MASK_BYTES
-        lea     rdx, [cpu_mask]
+        lea     rdx, [rbx+cpu_mask-job_vars]
         call    sys_sched_getaffinity   ; bytes of mask written, or -errno
-        lea     ecx, [rax*8]
+        shl     eax, 3                  ; bits
 .bit:
-        dec     ecx
+        dec     eax
         js      .counted
-        bt      [rdx], ecx
-        adc     ebx, 0
+        bt      [rdx], eax
+        adc     ebp, 0
         jmp     .bit
 .counted:
-        cmp     ebx, 1
-        adc     ebx, 0                  ; at least 1
-        mov     [n_threads], ebx
+        cmp     ebp, 1
+        adc     ebp, 0                  ; at least 1
+        mov     [n_threads], ebp
 .spawn:
-        mov     [job_t], ebx
+        mov     [rbx+J_T], ebp
 .worker:
-        dec     ebx                     ; the next worker's index, T-1 .. 1
+        dec     ebp                     ; the next worker's index, T-1 .. 1
         jz      .done
         mov     edi, WORKER_STACK
         call    alloc
         lea     rsi, [rax+WORKER_STACK-16]
         lea     rcx, [worker]
         mov     [rsi], rcx              ; the child's `ret` in sys_clone enters worker
-        mov     r9d, ebx                ; the child's copy of r9 = its index
         mov     edi, CLONE_THREADS
         call    sys_clone
-        test    rax, rax
+        test    eax, eax
         jns     .worker
         call    fatal_here
         db      'cannot start threads', 0
 .done:
+        pop     rbp
         pop     rbx
         ret
 
 ; worker: a thread's whole life (never returns): sleep until job_gen moves, do share k,
 ; count job_pending down; the last one wakes the main thread.
-;   in: r9d k (1 .. T-1), rsp 8 mod 16 as after a call
+;   in: rbx job_vars, ebp k (1 .. T-1), rsp 8 mod 16 as after a call
 worker:
-        mov     ebx, r9d
-        xor     ebp, ebp                ; the last job done (job_gen starts at 0)
-        lea     r12, [job_vars]
+        push    rax                     ; aligns rsp for the calls
+        xor     r12d, r12d              ; the last job done (job_gen starts at 0)
 .next:
-        lea     rdi, [r12+J_GEN]
-        mov     edx, ebp
+        lea     rdi, [rbx+J_GEN]
+        mov     edx, r12d
         call    wait_change
-        mov     ebp, [rdi]
-        mov     eax, ebx
-        mov     r9, r12
+        mov     r12d, [rdi]
+        mov     eax, ebp
         call    mm_share
-        lock dec dword [r12+J_PENDING]
+        lock dec dword [rbx+J_PENDING]
         jnz     .next
-        lea     rdi, [r12+J_PENDING]
+        lea     rdi, [rbx+J_PENDING]
         push    1
         pop     rdx
         call    sys_futex_wake
@@ -84,26 +85,27 @@ worker:
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16), eax B
 ;   out: xout   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 par_matmul:
-        lea     r10, [job_vars]
-        mov     [r10+J_B], eax
-        mov     [r10+J_OUT], rdi
-        mov     [r10+J_X], rsi
-        mov     [r10+J_W], rdx
-        mov     [r10+J_N], ecx
-        mov     [r10+J_D], r8d
-        mov     [r10+J_ACC], r9d
-        mov     r9, r10                 ; (the futex call keeps r9, not r10)
-        mov     edx, [r10+J_T]
+        push    rbx
+        lea     rbx, [job_vars]
+        mov     [rbx+J_B], eax
+        mov     [rbx+J_OUT], rdi
+        mov     [rbx+J_X], rsi
+        mov     [rbx+J_W], rdx
+        mov     [rbx+J_N], ecx
+        mov     [rbx+J_D], r8d
+        mov     [rbx+J_ACC], r9d
+        mov     edx, [rbx+J_T]
         dec     edx                     ; workers
         jz      .own
-        mov     [r10+J_PENDING], edx
-        lea     rdi, [r10+J_GEN]
+        mov     [rbx+J_PENDING], edx
+        lea     rdi, [rbx+J_GEN]
         inc     dword [rdi]             ; published (stores are seen in order)
         call    sys_futex_wake          ; wake edx workers
 .own:
         xor     eax, eax                ; the main thread's share: k = 0
         call    mm_share
-        lea     rdi, [job_pending]
+        lea     rdi, [rbx+J_PENDING]
+        pop     rbx
 .wait:
         mov     edx, [rdi]
         test    edx, edx
@@ -128,23 +130,21 @@ wait_change:
 ; job_tokens tokens per kernel call (its weights come from memory once, then from the cache).
 ; With job_gate set, each chunk done then gets gate = gelu_tanh(gate) * xout on its rows, in
 ; the cache and on every thread (GEGLU: the same operations as one geglu call over all).
-;   in: eax k, r9 job_vars   out: those rows of xout
+;   in: eax k, rbx job_vars   out: those rows of xout
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 MM_CHUNK = 16
 mm_share:
-        push    rbx
         push    rbp
         push    r12
         push    r13
-        mov     r12, r9
-        mov     ecx, [r12+J_T]
-        mov     ebp, [r12+J_D]
-        xchg    ebx, eax
+        mov     ecx, [rbx+J_T]
+        mov     ebp, [rbx+J_D]
+        mov     r12d, eax
         lea     eax, [rbp+rcx-1]
         xor     edx, edx
         div     ecx                     ; c
-        imul    ebx, eax                ; the chunk's first row
-        sub     ebp, ebx                ; rows left
+        imul    r12d, eax               ; the chunk's first row
+        sub     ebp, r12d               ; rows left
         jbe     .done                   ; none for k
         cmp     ebp, eax
         cmova   ebp, eax
@@ -155,45 +155,45 @@ mm_share:
         pop     r8
         cmp     ebp, r8d
         cmovb   r8d, ebp                ; rows
-        mov     eax, [r12+J_D]
+        mov     eax, [rbx+J_D]
         shl     eax, 2
         push    rax                     ; the kernel's ostride: bytes of an xout row
         imul    eax, r13d
-        lea     eax, [rax+rbx*4]
-        mov     rdi, [r12+J_OUT]
+        lea     eax, [rax+r12*4]
+        mov     rdi, [rbx+J_OUT]
         add     rdi, rax                ; xout + (t d + row) * 4
-        mov     ecx, [r12+J_N]
+        mov     ecx, [rbx+J_N]
         mov     eax, r13d
         imul    eax, ecx
-        mov     rsi, [r12+J_X]
+        mov     rsi, [rbx+J_X]
         lea     rsi, [rsi+rax*4]        ; x + t n * 4
-        mov     eax, ebx
+        mov     eax, r12d
         imul    rax, rcx
-        mov     rdx, [r12+J_W]
+        mov     rdx, [rbx+J_W]
         lea     rdx, [rdx+rax*2]        ; W + row n * 2
-        mov     eax, [r12+J_B]
+        mov     eax, [rbx+J_B]
         sub     eax, r13d
-        cmp     eax, [r12+J_TOKENS]
-        cmova   eax, [r12+J_TOKENS]
+        cmp     eax, [rbx+J_TOKENS]
+        cmova   eax, [rbx+J_TOKENS]
         push    rax                     ; the kernel's tokens
-        mov     r9d, [r12+J_ACC]
-        call    qword [r12+J_KERNEL]
+        mov     r9d, [rbx+J_ACC]
+        call    qword [rbx+J_KERNEL]
         pop     rax
         pop     rcx
         add     r13d, eax
-        cmp     r13d, [r12+J_B]
+        cmp     r13d, [rbx+J_B]
         jb      .token
-        cmp     qword [r12+J_GATE], 0
+        cmp     qword [rbx+J_GATE], 0
         je      .next
 .gelu:                                  ; the chunk's rows of every token, from the last
         dec     r13d
         js      .next
-        mov     eax, [r12+J_D]
+        mov     eax, [rbx+J_D]
         imul    eax, r13d
-        add     eax, ebx                ; t d + row
-        mov     rdi, [r12+J_GATE]
+        add     eax, r12d               ; t d + row
+        mov     rdi, [rbx+J_GATE]
         lea     rdi, [rdi+rax*4]
-        mov     rsi, [r12+J_OUT]
+        mov     rsi, [rbx+J_OUT]
         lea     rsi, [rsi+rax*4]
         push    MM_CHUNK
         pop     rdx
@@ -202,12 +202,11 @@ mm_share:
         call    geglu                   ; gate = gelu_tanh(gate) * xout (kernels.asm)
         jmp     .gelu
 .next:
-        add     ebx, MM_CHUNK
+        add     r12d, MM_CHUNK
         sub     ebp, MM_CHUNK
         jg      .chunk
 .done:
         pop     r13
         pop     r12
         pop     rbp
-        pop     rbx
         ret

@@ -45,7 +45,7 @@ threads_start:
         jz      .done
         mov     edi, WORKER_STACK
         call    alloc
-        lea     rsi, [rax+WORKER_STACK-16]
+        lea     rsi, [rax+WORKER_STACK-8]
         lea     rcx, [worker]
         mov     [rsi], rcx              ; the child's `ret` in sys_clone enters worker
         mov     edi, CLONE_THREADS
@@ -61,9 +61,8 @@ threads_start:
 
 ; worker: a thread's whole life (never returns): sleep until job_gen moves, do share k,
 ; count job_pending down; the last one wakes the main thread.
-;   in: rbx job_vars, ebp k (1 .. T-1), rsp 8 mod 16 as after a call
+;   in: rbx job_vars, ebp k (1 .. T-1), rsp 0 mod 16 (entered by `ret`: no return address)
 worker:
-        push    rax                     ; aligns rsp for the calls
         xor     r12d, r12d              ; the last job done (job_gen starts at 0)
 .next:
         lea     rdi, [rbx+J_GEN]
@@ -75,8 +74,7 @@ worker:
         lock dec dword [rbx+J_PENDING]
         jnz     .next
         lea     rdi, [rbx+J_PENDING]
-        push    1
-        pop     rdx
+        mov     edx, ebp                ; k >= 1: wakes the main thread, its only waiter
         call    sys_futex_wake
         jmp     .next
 

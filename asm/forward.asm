@@ -2,7 +2,8 @@
 ; buffers once, forward runs one token through the layers. Arithmetic lives in kernels.asm.
 ; Registers inside forward: rbx = model header, rbp = fwd_vars (variables as [rbp+FV_*]),
 ; r12 = the next weight tensor (tensors are read in file order), r13 = head,
-; r14 = this layer's K block, r15 = byte offset of this position's row in a K or V block.
+; r14 = this layer's K block, r15 = byte offset of pos's row in a K or V block (then, in
+; attention, q_h of token t).
 
 BLOCK_SHIFT = 4
 BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feeds the prompt so)
@@ -123,8 +124,6 @@ forward:
         mov     rbx, [model_base]
         mov     [rbp+FV_B], edx
         mov     [rbp+FV_POS], ecx
-        mov     r15d, ecx
-        imul    r15, [rbp+FV_KV_ROW]
         mov     r13, rsi
         xor     r14d, r14d              ; t
 .embed:
@@ -150,6 +149,8 @@ forward:
         mov     eax, [rbx+HDR_LAYERS]
         mov     [rbp+FV_LAYERS_LEFT], eax
 .layer:
+        mov     r15d, [rbp+FV_POS]
+        imul    r15, [rbp+FV_KV_ROW]    ; pos's row in a K or V block
         call    fwd_norm                ; xb = rmsnorm(x, attn_norm)
         mov     rdi, [rbp+FV_Q]
         mov     r8d, [rbp+FV_Q_DIM]
@@ -161,24 +162,18 @@ forward:
         add     rdi, [rbp+FV_KV_BLOCK]
         mov     r8d, [rbp+FV_KV_DIM]
         call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos ..
-        and     dword [rbp+FV_T], 0
+        mov     r15, [rbp+FV_Q]         ; q_h of token t: runs over the whole of q
+        mov     eax, [rbp+FV_POS]
+        mov     [rbp+FV_N_T], eax
 .token:
-        mov     eax, [rbp+FV_T]
-        add     eax, [rbp+FV_POS]
-        inc     eax
-        mov     [rbp+FV_N_T], eax       ; positions token t attends
-        mov     eax, [rbp+FV_T]
-        imul    eax, [rbp+FV_Q_DIM]
-        shl     eax, 2
-        mov     [rbp+FV_TQ], eax        ; t's q and attention output: (t * H*hd) * 4 bytes in
-        mov     rdi, [rbp+FV_Q]
-        add     rdi, rax
+        mov     ecx, [rbp+FV_N_T]       ; pos + t
+        inc     dword [rbp+FV_N_T]      ; positions token t attends
+        mov     rdi, r15
         mov     esi, [rbx+HDR_HEADS]
         call    fwd_rope                ; q_t = rope(q_t)
-        mov     eax, [rbp+FV_T]
+        mov     eax, ecx
         imul    rax, [rbp+FV_KV_ROW]
-        lea     rdi, [r14+r15]
-        add     rdi, rax
+        lea     rdi, [r14+rax]
         mov     esi, [rbx+HDR_KV_HEADS]
         call    fwd_rope                ; k_t = rope(k_t)
         xor     r13d, r13d
@@ -188,14 +183,8 @@ forward:
         div     dword [rbp+FV_GROUP]
         imul    eax, [rbx+HDR_HEAD_DIM]
         lea     rdx, [r14+rax*4]        ; K_g: kv head g = h / group
-        mov     eax, r13d
-        imul    eax, [rbx+HDR_HEAD_DIM]
-        shl     eax, 2
-        add     eax, [rbp+FV_TQ]        ; q_h of token t in q, o_h in xb
-        push    rax
         push    rdx
-        mov     rsi, [rbp+FV_Q]
-        add     rsi, rax
+        mov     rsi, r15
         mov     rdi, [rbp+FV_ATT]
         mov     ecx, [rbx+HDR_HEAD_DIM]
         mov     r8d, [rbp+FV_N_T]
@@ -204,22 +193,24 @@ forward:
         mov     rdi, [rbp+FV_ATT]
         mov     esi, [rbp+FV_N_T]
         movss   xmm0, [rbp+FV_ATT_SCALE]
-        call    softmax                 ; att = softmax(att / sqrt(hd))
+        call    softmax                 ; att = softmax(att / sqrt(hd)); keeps rdi rsi
         pop     rdx
-        pop     rax
         add     rdx, [rbp+FV_KV_BLOCK]  ; V_g
-        mov     rdi, [rbp+FV_XB]
-        add     rdi, rax
-        mov     rsi, [rbp+FV_ATT]
-        mov     ecx, [rbp+FV_N_T]
+        mov     ecx, esi
+        mov     rsi, rdi
+        mov     rdi, r15
+        sub     rdi, [rbp+FV_Q]
+        add     rdi, [rbp+FV_XB]        ; o_h of token t in xb, where q_h is in q
         mov     r8d, [rbx+HDR_HEAD_DIM]
         mov     r9, [rbp+FV_KV_ROW]
         call    matvec_t_f32            ; xb_h = V_g^T (hd,n_t) @ att
+        mov     eax, [rbx+HDR_HEAD_DIM]
+        lea     r15, [r15+rax*4]
         inc     r13d
         cmp     r13d, [rbx+HDR_HEADS]
         jb      .head
-        inc     dword [rbp+FV_T]
-        mov     eax, [rbp+FV_T]
+        mov     eax, [rbp+FV_N_T]
+        sub     eax, [rbp+FV_POS]
         cmp     eax, [rbp+FV_B]
         jb      .token
         mov     rsi, [rbp+FV_XB]
@@ -242,26 +233,24 @@ forward:
         add     r14, [rbp+FV_KV_BLOCK]  ; the next layer's K block
         dec     dword [rbp+FV_LAYERS_LEFT]
         jnz     .layer
-        call    fwd_norm                ; xb = rmsnorm(x, final_norm)
-        mov     r12, [rbp+FV_EMBED]
+        call    fwd_norm                ; xb = rmsnorm(x, final_norm); rdi: the last token's
+        mov     rsi, rdi
         mov     rdi, [rbp+FV_LOGITS]
-        mov     rsi, [rbp+FV_XB]
+        mov     r12, [rbp+FV_EMBED]
         mov     r8d, [rbx+HDR_VOCAB]
-        mov     ecx, [rbx+HDR_DIM]
         cmp     dword [logits_fd], 0
-        jne     .logits                 ; --logits: every token's row
-        mov     eax, [rbp+FV_B]
-        mov     edx, [rbp+FV_POS]
-        add     edx, eax
-        cmp     edx, [rsp]
+        jne     .all                    ; --logits: every token's row
+        mov     eax, [rbp+FV_N_T]       ; pos + B
+        cmp     eax, [rsp]
         jb      .done                   ; a block before the prompt's end: none
-        dec     eax                     ; else the last token's (all sampling needs)
-        mov     edx, eax
+        mov     eax, [rbp+FV_B]         ; else the last token's (all sampling needs)
+        dec     eax
         imul    eax, r8d
         lea     rdi, [rdi+rax*4]
-        imul    edx, ecx
-        lea     rsi, [rsi+rdx*4]
         mov     byte [rbp+FV_B], 1      ; (B <= BLOCK: the upper bytes are 0)
+        jmp     .logits
+.all:
+        mov     rsi, [rbp+FV_XB]
 .logits:
         call    fwd_matmul              ; logits = embed (vocab,d) @ xb
 .done:
@@ -279,25 +268,24 @@ forward:
 ; they end in.
 
 ; fwd_norm: xb_t = rmsnorm(x_t, w) for every token t of the block, w the d float32 at r12.
-;   in: rbx header, rbp fwd_vars, r12 w   out: xb; r12 past w (64-byte aligned)
+;   in: rbx header, rbp fwd_vars, r12 w   out: xb; rdi the last token's xb, ecx d; r12 past
+;   w (64-byte aligned)
 ;   clobbers: rax rcx rdx rsi rdi r13 xmm0
 fwd_norm:
-        xor     r13d, r13d
-.token:
-        mov     ecx, [rbx+HDR_DIM]
-        mov     eax, r13d
-        imul    eax, ecx
-        shl     eax, 2
         mov     rdi, [rbp+FV_XB]
-        add     rdi, rax
         mov     rsi, [rbp+FV_X]
-        add     rsi, rax
+        mov     ecx, [rbx+HDR_DIM]
         movss   xmm0, [rbx+HDR_EPS]
         mov     rdx, r12
-        call    rmsnorm
-        inc     r13d
-        cmp     r13d, [rbp+FV_B]
-        jb      .token
+        mov     r13d, [rbp+FV_B]
+.token:
+        call    rmsnorm                 ; (keeps all but rax)
+        dec     r13d
+        jz      .done
+        lea     rdi, [rdi+rcx*4]
+        lea     rsi, [rsi+rcx*4]
+        jmp     .token
+.done:
         lea     r12, [r12+rcx*4+TENSOR_ALIGN-1]
         and     r12, -TENSOR_ALIGN
         ret
@@ -326,11 +314,9 @@ fwd_matmul:
         mov     eax, [rbp+FV_B]
         jmp     par_matmul              ; threads.asm
 
-; fwd_rope: rope on n heads of x at this position.   in: rdi x, esi n
+; fwd_rope: rope on n heads of x at position pos.   in: rdi x, esi n, ecx pos (kept)
 fwd_rope:
         mov     edx, [rbx+HDR_HEAD_DIM]
-        mov     ecx, [rbp+FV_N_T]
-        dec     ecx
         movss   xmm0, [rbx+HDR_ROPE_THETA]
         jmp     rope
 

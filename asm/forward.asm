@@ -27,12 +27,11 @@ model_setup:
         mov     [rbp+FV_Q_DIM], eax
         imul    ecx, [rbx+HDR_KV_HEADS]
         mov     [rbp+FV_KV_DIM], ecx
+        xor     edx, edx
+        div     ecx                     ; H hd / (K hd)
+        mov     [rbp+FV_GROUP], eax
         shl     ecx, 2
         mov     [rbp+FV_KV_ROW], rcx
-        mov     eax, [rbx+HDR_HEADS]
-        xor     edx, edx
-        div     dword [rbx+HDR_KV_HEADS]
-        mov     [rbp+FV_GROUP], eax
         fild    dword [rbx+HDR_HEAD_DIM]
         fsqrt
         fld1
@@ -124,26 +123,25 @@ forward:
         mov     rbx, [model_base]
         mov     [rbp+FV_B], edx
         mov     [rbp+FV_POS], ecx
-        mov     r13, rsi
-        xor     r14d, r14d              ; t
+        mov     r13, rsi                ; ids
+        lea     rsi, [rbx+HDR_EMBED_SCALE]
+        xor     r9d, r9d
+        mov     r15, [rbp+FV_X]         ; x_t
+        mov     r14d, edx               ; tokens left
 .embed:
         mov     r8d, [rbx+HDR_DIM]
-        mov     eax, [r13+r14*4]
+        mov     eax, [r13]
+        add     r13, 4
         imul    rax, r8
         mov     rdx, [rbp+FV_EMBED]
         lea     rdx, [rdx+rax*2]
-        mov     eax, r14d
-        imul    eax, r8d
-        mov     rdi, [rbp+FV_X]
-        lea     rdi, [rdi+rax*4]
-        lea     rsi, [rbx+HDR_EMBED_SCALE]
+        mov     rdi, r15
+        lea     r15, [r15+r8*4]
         push    1
         pop     rcx
-        xor     r9d, r9d
         call    matmul_f16              ; x_t = embed[token t] (d,1) @ [embed_scale]: exact
-        inc     r14d
-        cmp     r14d, [rbp+FV_B]
-        jb      .embed
+        dec     r14d                    ; (matmul_f16 keeps rsi and r9)
+        jnz     .embed
         mov     r12, [rbp+FV_LAYER0]
         mov     r14, [rbp+FV_KV]
         mov     eax, [rbx+HDR_LAYERS]
@@ -224,8 +222,8 @@ forward:
         mov     [job_gate], rax
         mov     rdi, [rbp+FV_HB2]
         mov     r8d, [rbx+HDR_FFN]
-        call    fwd_matmul_xb           ; hb2 = up @ xb, then hb = gelu_tanh(hb) * hb2
-        and     qword [job_gate], 0
+        call    fwd_matmul_xb           ; hb2 = up @ xb, then hb = gelu_tanh(hb) * hb2 (and
+                                        ; job_gate = 0 again)
         mov     rsi, [rbp+FV_HB]
         mov     ecx, [rbx+HDR_FFN]
         call    fwd_residual            ; x += down @ hb

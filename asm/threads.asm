@@ -80,8 +80,9 @@ worker:
 
 ; par_matmul: matmul_f16's product for B tokens, by the chosen kernel (cpu.asm), rows split
 ; over T threads: xout (B,d) = rows of W (d,n) @ each of x (B,n).
-;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16), eax B
-;   out: xout   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
+;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16), eax B,
+;   job_gate (mm_share)   out: xout; job_gate = 0 again
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 par_matmul:
         push    rbx
         lea     rbx, [job_vars]
@@ -103,13 +104,16 @@ par_matmul:
         xor     eax, eax                ; the main thread's share: k = 0
         call    mm_share
         lea     rdi, [rbx+J_PENDING]
-        pop     rbx
 .wait:
         mov     edx, [rdi]
         test    edx, edx
-        jz      wait_change.ret
+        jz      .done
         call    wait_change
         jmp     .wait
+.done:
+        and     qword [rbx+J_GATE], 0   ; a gate serves one product
+        pop     rbx
+        ret
 
 ; wait_change: sleep until the dword at rdi is no longer edx (FUTEX_WAIT; wakes re-check).
 ;   in: rdi address, edx value   clobbers: rax rcx rsi r10 r11

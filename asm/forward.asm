@@ -41,19 +41,16 @@ model_setup:
         mov     ecx, [rbx+HDR_DIM]
         push    2                       ; a norm: d float32 take the room of 2d halves
         pop     rax
-        call    tensor_bytes
+        xor     esi, esi                ; a layer's
+        call    tensor_bytes            ; its 2 norms
         mov     rdi, rax                ; final norm
-        lea     rsi, [rax*2]
         mov     eax, [rbp+FV_Q_DIM]
-        call    tensor_bytes
-        lea     rsi, [rsi+rax*2]
+        call    tensor_bytes            ; wq wo
         mov     eax, [rbp+FV_KV_DIM]
-        call    tensor_bytes
-        lea     rsi, [rsi+rax*2]
+        call    tensor_bytes            ; wk wv
         mov     eax, [rbx+HDR_FFN]
-        call    tensor_bytes
-        add     rsi, rax
-        lea     rsi, [rsi+rax*2]
+        call    tensor_bytes            ; gate up
+        add     rsi, rax                ; down
         mov     eax, [rbx+HDR_LAYERS]
         imul    rsi, rax
         add     rdi, rsi
@@ -148,6 +145,7 @@ forward:
         mov     [rbp+FV_LAYERS_LEFT], eax
 .layer:
         mov     r15d, [rbp+FV_POS]
+        mov     [rbp+FV_N_T], r15d      ; (the token loop's start)
         imul    r15, [rbp+FV_KV_ROW]    ; pos's row in a K or V block
         call    fwd_norm                ; xb = rmsnorm(x, attn_norm)
         mov     rdi, [rbp+FV_Q]
@@ -161,8 +159,6 @@ forward:
         mov     r8d, [rbp+FV_KV_DIM]
         call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos ..
         mov     r15, [rbp+FV_Q]         ; q_h of token t: runs over the whole of q
-        mov     eax, [rbp+FV_POS]
-        mov     [rbp+FV_N_T], eax
 .token:
         mov     ecx, [rbp+FV_N_T]       ; pos + t
         inc     dword [rbp+FV_N_T]      ; positions token t attends
@@ -207,9 +203,8 @@ forward:
         inc     r13d
         cmp     r13d, [rbx+HDR_HEADS]
         jb      .head
-        mov     eax, [rbp+FV_N_T]
-        sub     eax, [rbp+FV_POS]
-        cmp     eax, [rbp+FV_B]
+        sub     ecx, [rbp+FV_POS]       ; n_t - pos (matvec_t_f32 keeps ecx = n_t)
+        cmp     ecx, [rbp+FV_B]
         jb      .token
         mov     rsi, [rbp+FV_XB]
         mov     ecx, [rbp+FV_Q_DIM]
@@ -318,10 +313,13 @@ fwd_rope:
         movss   xmm0, [rbx+HDR_ROPE_THETA]
         jmp     rope
 
-; tensor_bytes: the room a (rows, cols) f16 tensor takes in the weights, padding included.
-;   in: eax rows, ecx cols (upper halves zero)   out: rax   clobbers: nothing else
+; tensor_bytes: the room a (rows, cols) f16 tensor takes in the weights, padding included,
+; added twice to rsi (a pair of such tensors).
+;   in: eax rows, ecx cols (upper halves zero), rsi   out: rax; rsi + 2 rax
+;   clobbers: nothing else
 tensor_bytes:
         imul    rax, rcx
         lea     rax, [rax*2+TENSOR_ALIGN-1]
         and     rax, -TENSOR_ALIGN
+        lea     rsi, [rsi+rax*2]
         ret

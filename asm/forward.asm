@@ -183,11 +183,12 @@ forward:
         mov     ecx, [rbx+HDR_HEAD_DIM]
         mov     r8d, [rbp+FV_N_T]
         mov     r9, [rbp+FV_KV_ROW]
-        call    matvec_f32              ; att = K_g (n_t,hd) @ q_h
+        call    matvec_f32              ; att = K_g (n_t,hd) @ q_h; keeps ecx rsi
+        mov     r8d, ecx                ; hd
         mov     rdi, [rbp+FV_ATT]
         mov     esi, [rbp+FV_N_T]
         movss   xmm0, [rbp+FV_ATT_SCALE]
-        call    softmax                 ; att = softmax(att / sqrt(hd)); keeps rdi rsi
+        call    softmax                 ; att = softmax(att / sqrt(hd)); keeps rdi rsi r8
         pop     rdx
         add     rdx, [rbp+FV_KV_BLOCK]  ; V_g
         mov     ecx, esi
@@ -195,7 +196,6 @@ forward:
         mov     rdi, r15
         sub     rdi, [rbp+FV_Q]
         add     rdi, [rbp+FV_XB]        ; o_h of token t in xb, where q_h is in q
-        mov     r8d, [rbx+HDR_HEAD_DIM]
         mov     r9, [rbp+FV_KV_ROW]
         call    matvec_t_f32            ; xb_h = V_g^T (hd,n_t) @ att
         mov     eax, [rbx+HDR_HEAD_DIM]

@@ -136,20 +136,22 @@ wait_change:
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 MM_CHUNK = 16
 mm_share:
+        xchg    esi, eax
+        mov     ecx, [rbx+J_T]
+        mov     edi, [rbx+J_D]
+        lea     eax, [rdi+rcx-1]
+        xor     edx, edx
+        div     ecx                     ; c
+        imul    esi, eax                ; the first row
+        sub     edi, esi                ; rows left
+        jbe     wait_change.ret         ; none for k
+        cmp     edi, eax
+        cmova   edi, eax
         push    rbp
         push    r12
         push    r13
-        mov     ecx, [rbx+J_T]
-        mov     ebp, [rbx+J_D]
-        mov     r12d, eax
-        lea     eax, [rbp+rcx-1]
-        xor     edx, edx
-        div     ecx                     ; c
-        imul    r12d, eax               ; the chunk's first row
-        sub     ebp, r12d               ; rows left
-        jbe     .done                   ; none for k
-        cmp     ebp, eax
-        cmova   ebp, eax
+        mov     ebp, edi
+        mov     r12d, esi               ; the chunk's first row
 .chunk:
         xor     r13d, r13d              ; token
 .token:

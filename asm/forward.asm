@@ -193,9 +193,9 @@ forward:
         add     rdx, [rbp+FV_KV_BLOCK]  ; V_g
         mov     ecx, esi
         mov     rsi, rdi
-        mov     rdi, r15
-        sub     rdi, [rbp+FV_Q]
-        add     rdi, [rbp+FV_XB]        ; o_h of token t in xb, where q_h is in q
+        mov     rdi, [rbp+FV_Q]
+        sub     rdi, rsi                ; xb - q (att - q = q - xb: one S apart)
+        add     rdi, r15                ; o_h of token t in xb, where q_h is in q
         mov     r9, [rbp+FV_KV_ROW]
         call    matvec_t_f32            ; xb_h = V_g^T (hd,n_t) @ att
         mov     eax, [rbx+HDR_HEAD_DIM]

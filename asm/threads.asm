@@ -156,9 +156,10 @@ mm_share:
         xor     r13d, r13d              ; token
 .token:
         push    MM_CHUNK
-        pop     r8
-        cmp     ebp, r8d
-        cmovb   r8d, ebp                ; rows
+        pop     rax
+        cmp     ebp, eax
+        cmovb   eax, ebp
+        xchg    eax, r8d                ; rows
         mov     eax, [rbx+J_D]
         shl     eax, 2
         push    rax                     ; the kernel's ostride: bytes of an xout row

@@ -162,14 +162,7 @@ forward:
 .token:
         mov     ecx, [rbp+FV_N_T]       ; pos + t
         inc     dword [rbp+FV_N_T]      ; positions token t attends
-        mov     rdi, r15
-        mov     esi, [rbx+HDR_HEADS]
-        call    fwd_rope                ; q_t = rope(q_t)
-        mov     eax, ecx
-        imul    rax, [rbp+FV_KV_ROW]
-        lea     rdi, [r14+rax]
-        mov     esi, [rbx+HDR_KV_HEADS]
-        call    fwd_rope                ; k_t = rope(k_t)
+        call    fwd_ropes               ; q_t, k_t = rope(q_t), rope(k_t)
         xor     r13d, r13d
 .head:
         mov     eax, r13d
@@ -257,7 +250,7 @@ forward:
         pop     rbx
         ret
 
-; The helpers below use forward's registers (rbx rbp r12 r13 r14) and clobber as the kernel
+; The helpers below use forward's registers (rbx rbp r12 r13 r14 r15) and clobber as the kernel
 ; they end in.
 
 ; fwd_norm: xb_t = rmsnorm(x_t, w) for every token t of the block, w the d float32 at r12.
@@ -307,6 +300,17 @@ fwd_matmul:
         mov     eax, [rbp+FV_B]
         jmp     par_matmul              ; threads.asm
 
+; fwd_ropes: rope on q_t (H heads) and on k_t (K heads, in the K cache) at position pos.
+;   in: r15 q_t, r14 K block, ecx pos (kept)
+fwd_ropes:
+        push    rcx                     ; (aligns rsp for the call)
+        mov     rdi, r15
+        mov     esi, [rbx+HDR_HEADS]
+        call    fwd_rope
+        pop     rax
+        imul    rax, [rbp+FV_KV_ROW]
+        lea     rdi, [r14+rax]
+        mov     esi, [rbx+HDR_KV_HEADS]
 ; fwd_rope: rope on n heads of x at position pos.   in: rdi x, esi n, ecx pos (kept)
 fwd_rope:
         mov     edx, [rbx+HDR_HEAD_DIM]

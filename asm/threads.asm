@@ -189,7 +189,15 @@ mm_share:
         cmp     r13d, [rbx+J_B]
         jb      .token
         cmp     qword [rbx+J_GATE], 0
-        je      .next
+        jne     .gelu
+.next:
+        add     r12d, MM_CHUNK
+        sub     ebp, MM_CHUNK
+        jg      .chunk
+        pop     r13
+        pop     r12
+        pop     rbp
+        ret
 .gelu:                                  ; the chunk's rows of every token, from the last
         dec     r13d
         js      .next
@@ -206,12 +214,3 @@ mm_share:
         cmovb   edx, ebp
         call    geglu                   ; gate = gelu_tanh(gate) * xout (kernels.asm)
         jmp     .gelu
-.next:
-        add     r12d, MM_CHUNK
-        sub     ebp, MM_CHUNK
-        jg      .chunk
-.done:
-        pop     r13
-        pop     r12
-        pop     rbp
-        ret

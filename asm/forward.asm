@@ -73,7 +73,7 @@ model_setup:
         add     eax, ecx
         add     eax, [rbx+HDR_VOCAB]
         add     eax, 15
-        and     eax, -16
+        and     al, -16
         shl     eax, 2 + BLOCK_SHIFT    ; S: holds any vector for a block, a multiple of 64
         imul    rcx, [rbp+FV_KV_ROW]
         mov     [rbp+FV_KV_BLOCK], rcx
@@ -324,6 +324,6 @@ fwd_rope:
 tensor_bytes:
         imul    rax, rcx
         lea     rax, [rax*2+TENSOR_ALIGN-1]
-        and     rax, -TENSOR_ALIGN
+        and     al, -TENSOR_ALIGN       ; (the upper bytes: unchanged, as by and rax)
         lea     rsi, [rsi+rax*2]
         ret

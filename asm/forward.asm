@@ -2,8 +2,8 @@
 ; buffers once, forward runs one token through the layers. Arithmetic lives in kernels.asm.
 ; Registers inside forward: rbx = model header, rbp = fwd_vars (variables as [rbp+FV_*]),
 ; r12 = the next weight tensor (tensors are read in file order), r13 = head,
-; r14 = this layer's K block, r15 = byte offset of pos's row in a K or V block (then, in
-; attention, q_h of token t).
+; r14 = this layer's K block, r15 = byte offset of pos's row in a K or V block (then q_h of
+; token t in attention, hb in the feed-forward).
 
 BLOCK_SHIFT = 4
 BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feeds the prompt so)
@@ -203,16 +203,16 @@ forward:
         mov     ecx, [rbp+FV_Q_DIM]
         call    fwd_residual            ; x += wo @ xb
         call    fwd_norm                ; xb = rmsnorm(x, ffn_norm)
-        mov     rdi, [rbp+FV_HB]
+        mov     r15, [rbp+FV_HB]
+        mov     rdi, r15
         mov     r8d, [rbx+HDR_FFN]
         call    fwd_matmul_xb           ; hb = gate @ xb
-        mov     rax, [rbp+FV_HB]
-        mov     [job_gate], rax
+        mov     [job_gate], r15
         mov     rdi, [rbp+FV_HB2]
         mov     r8d, [rbx+HDR_FFN]
         call    fwd_matmul_xb           ; hb2 = up @ xb, then hb = gelu_tanh(hb) * hb2 (and
                                         ; job_gate = 0 again)
-        mov     rsi, [rbp+FV_HB]
+        mov     rsi, r15
         mov     ecx, [rbx+HDR_FFN]
         call    fwd_residual            ; x += down @ hb
         add     r14, [rbp+FV_KV_BLOCK]

@@ -14,7 +14,7 @@ CPU_MASK_BYTES = 128            ; room for 1024 CPUs
 ; threads_start: resolve T (-t, else the CPUs this process may run on: sched_getaffinity;
 ; 1 if that fails) and start the T - 1 workers, each on its own stack from alloc. A worker
 ; inherits the registers of the clone: rbx job_vars, ebp its index.
-;   in: n_threads (0: not given)   out: n_threads = job_t = T
+;   in: n_threads (0: not given)   out: job_t = T
 ;   clobbers: rax rcx rdx rsi rdi r8-r11   (fatal "cannot start threads" if clone fails)
 threads_start:
         push    rbx
@@ -37,7 +37,6 @@ threads_start:
 .counted:
         cmp     ebp, 1
         adc     ebp, 0                  ; at least 1
-        mov     [n_threads], ebp
 .spawn:
         mov     [rbx+J_T], ebp
 .worker:

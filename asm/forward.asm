@@ -1,9 +1,9 @@
 ; forward.asm: the Gemma graph (../shared/GEMMA.md): model_setup lays out the weights and
 ; buffers once, forward runs one token through the layers. Arithmetic lives in kernels.asm.
 ; Registers inside forward: rbx = model header, rbp = fwd_vars (variables as [rbp+FV_*]),
-; r12 = the next weight tensor (tensors are read in file order), r13 = head,
-; r14 = this layer's K block, r15 = byte offset of pos's row in a K or V block (then q_h of
-; token t in attention, hb in the feed-forward).
+; r12 = the next weight tensor (tensors are read in file order), r13 = head (before the
+; attention: the byte offset of pos's row in a K or V block), r14 = this layer's K block,
+; r15 = q_h of token t in the attention, hb in the feed-forward.
 
 BLOCK_SHIFT = 4
 BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feeds the prompt so)
@@ -144,21 +144,21 @@ forward:
         mov     eax, [rbx+HDR_LAYERS]
         mov     [rbp+FV_LAYERS_LEFT], eax
 .layer:
-        mov     r15d, [rbp+FV_POS]
-        mov     [rbp+FV_N_T], r15d      ; (the token loop's start)
-        imul    r15, [rbp+FV_KV_ROW]    ; pos's row in a K or V block
         call    fwd_norm                ; xb = rmsnorm(x, attn_norm)
-        mov     rdi, [rbp+FV_Q]
+        mov     r13d, [rbp+FV_POS]
+        mov     [rbp+FV_N_T], r13d      ; (the token loop's start)
+        imul    r13, [rbp+FV_KV_ROW]    ; pos's row in a K or V block
+        mov     r15, [rbp+FV_Q]         ; q_h of token t: runs over the whole of q
+        mov     rdi, r15
         mov     r8d, [rbp+FV_Q_DIM]
         call    fwd_matmul_xb           ; q = wq @ xb
-        lea     rdi, [r14+r15]
+        lea     rdi, [r14+r13]
         mov     r8d, [rbp+FV_KV_DIM]
         call    fwd_matmul_xb           ; k = wk @ xb, into the K cache at pos ..
-        lea     rdi, [r14+r15]
+        lea     rdi, [r14+r13]
         add     rdi, [rbp+FV_KV_BLOCK]
         mov     r8d, [rbp+FV_KV_DIM]
         call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos ..
-        mov     r15, [rbp+FV_Q]         ; q_h of token t: runs over the whole of q
 .token:
         mov     ecx, [rbp+FV_N_T]       ; pos + t
         inc     dword [rbp+FV_N_T]      ; positions token t attends

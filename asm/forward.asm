@@ -120,15 +120,13 @@ forward:
         mov     rbx, [model_base]
         mov     [rbp+FV_B], edx
         mov     [rbp+FV_POS], ecx
-        mov     r13, rsi                ; ids
-        lea     rsi, [rbx+HDR_EMBED_SCALE]
+        lea     r13, [rbx+HDR_EMBED_SCALE]
         xor     r9d, r9d
         mov     r15, [rbp+FV_X]         ; x_t
         mov     r14d, edx               ; tokens left
 .embed:
         mov     r8d, [rbx+HDR_DIM]
-        mov     eax, [r13]
-        add     r13, 4
+        lodsd                           ; token t
         imul    rax, r8
         mov     rdx, [rbp+FV_EMBED]
         lea     rdx, [rdx+rax*2]
@@ -136,8 +134,10 @@ forward:
         lea     r15, [r15+r8*4]
         push    1
         pop     rcx
+        xchg    rsi, r13
         call    matmul_f16              ; x_t = embed[token t] (d,1) @ [embed_scale]: exact
-        dec     r14d                    ; (matmul_f16 keeps rsi and r9)
+        xchg    rsi, r13                ; (matmul_f16 keeps rsi and r9)
+        dec     r14d
         jnz     .embed
         mov     r12, [rbp+FV_LAYER0]
         mov     r14, [rbp+FV_KV]

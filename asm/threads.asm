@@ -110,7 +110,7 @@ par_matmul:
         call    wait_change
         jmp     .wait
 .done:
-        and     qword [rbx+J_GATE], 0   ; a gate serves one product
+        mov     [rbx+J_GATE], rdx       ; 0: a gate serves one product
         pop     rbx
         ret
 

@@ -120,7 +120,6 @@ forward:
         mov     rbx, [model_base]
         mov     [rbp+FV_B], edx
         mov     [rbp+FV_POS], ecx
-        lea     r13, [rbx+HDR_EMBED_SCALE]
         xor     r9d, r9d
         mov     r15, [rbp+FV_X]         ; x_t
         mov     r14d, edx               ; tokens left
@@ -134,9 +133,12 @@ forward:
         lea     r15, [r15+r8*4]
         push    1
         pop     rcx
-        xchg    rsi, r13
+        push    rsi                     ; ids (twice: rsp stays 16-aligned)
+        push    rsi
+        lea     rsi, [rbx+HDR_EMBED_SCALE]
         call    matmul_f16              ; x_t = embed[token t] (d,1) @ [embed_scale]: exact
-        xchg    rsi, r13                ; (matmul_f16 keeps rsi and r9)
+        pop     rsi                     ; (matmul_f16 keeps r9)
+        pop     rsi
         dec     r14d
         jnz     .embed
         mov     r12, [rbp+FV_LAYER0]

@@ -167,15 +167,15 @@ forward:
         call    fwd_ropes               ; q_t, k_t = rope(q_t), rope(k_t)
         xor     r13d, r13d
 .head:
+        mov     ecx, [rbx+HDR_HEAD_DIM]
         mov     eax, r13d
         xor     edx, edx
         div     dword [rbp+FV_GROUP]
-        imul    eax, [rbx+HDR_HEAD_DIM]
+        imul    eax, ecx
         lea     rdx, [r14+rax*4]        ; K_g: kv head g = h / group
         push    rdx
         mov     rsi, r15
         mov     rdi, [rbp+FV_ATT]
-        mov     ecx, [rbx+HDR_HEAD_DIM]
         mov     r8d, [rbp+FV_N_T]
         mov     r9, [rbp+FV_KV_ROW]
         call    matvec_f32              ; att = K_g (n_t,hd) @ q_h; keeps ecx rsi
@@ -191,10 +191,9 @@ forward:
         mov     rdi, [rbp+FV_Q]
         sub     rdi, rsi                ; xb - q (att - q = q - xb: one S apart)
         add     rdi, r15                ; o_h of token t in xb, where q_h is in q
+        lea     r15, [r15+r8*4]         ; the next q_h
         mov     r9, [rbp+FV_KV_ROW]
         call    matvec_t_f32            ; xb_h = V_g^T (hd,n_t) @ att
-        mov     eax, [rbx+HDR_HEAD_DIM]
-        lea     r15, [r15+rax*4]
         inc     r13d
         cmp     r13d, [rbx+HDR_HEADS]
         jb      .head

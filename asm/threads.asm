@@ -68,7 +68,7 @@ worker:
         mov     edx, r12d
         call    wait_change
         mov     r12d, [rdi]
-        mov     eax, ebp
+        mov     esi, ebp
         call    mm_share
         lock dec dword [rbx+J_PENDING]
         jnz     .next
@@ -100,7 +100,7 @@ par_matmul:
         inc     dword [rdi]             ; published (stores are seen in order)
         call    sys_futex_wake          ; wake edx workers
 .own:
-        xor     eax, eax                ; the main thread's share: k = 0
+        xor     esi, esi                ; the main thread's share: k = 0
         call    mm_share
         lea     rdi, [rbx+J_PENDING]
 .wait:
@@ -131,11 +131,10 @@ wait_change:
 ; job_tokens tokens per kernel call (its weights come from memory once, then from the cache).
 ; With job_gate set, each chunk done then gets gate = gelu_tanh(gate) * xout on its rows, in
 ; the cache and on every thread (GEGLU: the same operations as one geglu call over all).
-;   in: eax k, rbx job_vars   out: those rows of xout
+;   in: esi k, rbx job_vars   out: those rows of xout
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 MM_CHUNK = 16
 mm_share:
-        xchg    esi, eax
         mov     ecx, [rbx+J_T]
         mov     edi, [rbx+J_D]
         lea     eax, [rdi+rcx-1]
@@ -149,25 +148,25 @@ mm_share:
         push    rbp
         push    r12
         push    r13
-        mov     ebp, edi
+        mov     r13d, edi               ; rows left
         mov     r12d, esi               ; the chunk's first row
 .chunk:
-        xor     r13d, r13d              ; token
+        xor     ebp, ebp                ; token
 .token:
         push    MM_CHUNK
         pop     rax
-        cmp     ebp, eax
-        cmovb   eax, ebp
+        cmp     r13d, eax
+        cmovb   eax, r13d
         xchg    eax, r8d                ; rows
         mov     eax, [rbx+J_D]
         shl     eax, 2
         push    rax                     ; the kernel's ostride: bytes of an xout row
-        imul    eax, r13d
+        imul    eax, ebp
         lea     eax, [rax+r12*4]
         mov     rdi, [rbx+J_OUT]
         add     rdi, rax                ; xout + (t d + row) * 4
         mov     ecx, [rbx+J_N]
-        mov     eax, r13d
+        mov     eax, ebp
         imul    eax, ecx
         mov     rsi, [rbx+J_X]
         lea     rsi, [rsi+rax*4]        ; x + t n * 4
@@ -176,7 +175,7 @@ mm_share:
         mov     rdx, [rbx+J_W]
         lea     rdx, [rdx+rax*2]        ; W + row n * 2
         mov     eax, [rbx+J_B]
-        sub     eax, r13d
+        sub     eax, ebp
         cmp     eax, [rbx+J_TOKENS]
         cmova   eax, [rbx+J_TOKENS]
         push    rax                     ; the kernel's tokens
@@ -184,24 +183,24 @@ mm_share:
         call    qword [rbx+J_KERNEL]
         pop     rax
         pop     rcx
-        add     r13d, eax
-        cmp     r13d, [rbx+J_B]
+        add     ebp, eax
+        cmp     ebp, [rbx+J_B]
         jb      .token
         cmp     qword [rbx+J_GATE], 0
         jne     .gelu
 .next:
         add     r12d, MM_CHUNK
-        sub     ebp, MM_CHUNK
+        sub     r13d, MM_CHUNK
         jg      .chunk
         pop     r13
         pop     r12
         pop     rbp
         ret
 .gelu:                                  ; the chunk's rows of every token, from the last
-        dec     r13d
+        dec     ebp
         js      .next
         mov     eax, [rbx+J_D]
-        imul    eax, r13d
+        imul    eax, ebp
         add     eax, r12d               ; t d + row
         mov     rdi, [rbx+J_GATE]
         lea     rdi, [rdi+rax*4]
@@ -209,7 +208,7 @@ mm_share:
         lea     rsi, [rsi+rax*4]
         push    MM_CHUNK
         pop     rdx
-        cmp     ebp, edx
-        cmovb   edx, ebp
+        cmp     r13d, edx
+        cmovb   edx, r13d
         call    geglu                   ; gate = gelu_tanh(gate) * xout (kernels.asm)
         jmp     .gelu

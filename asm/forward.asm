@@ -289,15 +289,17 @@ fwd_matmul_xb:
         mov     ecx, [rbx+HDR_DIM]
 ; fwd_matmul: xout = W (rows,n) @ x (n,), W at r12; r12 moves past W. Every matrix product
 ; of the forward pass goes through here, on to par_matmul (threads.asm: rows split over the
-; threads, each share by the kernel cpu_setup chose).   in: rdi xout, rsi x, ecx n, r8d rows
+; threads, each share by the kernel cpu_setup chose).
+;   in: rdi xout, rsi x, ecx n (rcx's upper half zero), r8d rows
 fwd_matmul:
         xor     r9d, r9d
 .w:
+        mov     eax, r8d
+        push    rsi                     ; (aligns rsp for the call)
+        call    tensor_bytes            ; W's room
+        pop     rsi
         mov     rdx, r12
-        mov     eax, ecx
-        imul    rax, r8
-        lea     r12, [r12+rax*2+TENSOR_ALIGN-1]
-        and     r12, -TENSOR_ALIGN
+        add     r12, rax
         mov     eax, [rbp+FV_B]
         jmp     par_matmul              ; threads.asm
 

@@ -163,8 +163,8 @@ mm_share:
         push    rax                     ; the kernel's ostride: bytes of an xout row
         imul    eax, ebp
         lea     eax, [rax+r12*4]
-        mov     rdi, [rbx+J_OUT]
-        add     rdi, rax                ; xout + (t d + row) * 4
+        add     rax, [rbx+J_OUT]
+        xchg    rdi, rax                ; xout + (t d + row) * 4
         mov     ecx, [rbx+J_N]
         mov     eax, ebp
         imul    eax, ecx

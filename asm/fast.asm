@@ -1,5 +1,6 @@
-; fast.asm: the fast instruction-set level of the hot kernel (AVX + FMA + F16C, VEX encoded),
-; chosen at start-up by cpu.asm. Never executed on a CPU without them and OS-saved YMM state.
+; fast.asm: the fast instruction-set levels of the hot kernel, chosen at start-up by cpu.asm:
+; AVX + FMA + F16C (VEX encoded), and AVX-512F on top for prompt blocks (EVEX). Never executed
+; on a CPU without them and the OS saving their register state.
 
 ; matmul_f16_avx2: matmul_f16's product (kernels.asm) for k tokens at once, with fused
 ; multiply-adds, for n a multiple of 16: xout_t (d,) = W (d,n) f16 @ x_t (n,) for t < k,
@@ -58,6 +59,19 @@ matmul_f16_avx2:
         add     rdx, 32
         jmp     r9
 .sum:
+        sub     rsi, r10                ; x again
+        call    .finish
+        dec     r8d
+        jnz     .row
+        vzeroupper
+        pop     r9
+        ret
+; .finish: one row's results for its k tokens from its chains (token t's chain 0 in ymm t,
+; chain 1 in ymm 4+t), stored (or added) at rdi + t ostride; rdi moves to the next row's.
+;   in: [rsp+8] accumulate, [rsp+24] k, [rsp+32] ostride (the callers' frames)
+;   clobbers: rax xmm0-xmm3 (upper halves)
+.finish:
+        push    rcx
         vaddps  ymm0, ymm0, ymm4        ; l: per token, both chains
         vaddps  ymm1, ymm1, ymm5
         vaddps  ymm2, ymm2, ymm6
@@ -67,22 +81,85 @@ matmul_f16_avx2:
         vhaddps ymm0, ymm0, ymm2        ; tokens 0-3: lanes 0-3 summed, then lanes 4-7
         vextractf128 xmm1, ymm0, 1
         vaddps  xmm0, xmm0, xmm1        ; the row's sums for tokens 0-3
-        sub     rsi, r10                ; x again
         mov     rcx, rdi
-        mov     eax, [rsp+16]           ; k
+        mov     eax, [rsp+32]           ; k
 .put:
-        cmp     dword [rsp], 0
+        cmp     dword [rsp+16], 0
         je      .store
         vaddss  xmm0, xmm0, [rcx]
 .store:
         vmovss  [rcx], xmm0
         vpermilps xmm0, xmm0, 0x39      ; the next token's sum to lane 0
-        add     rcx, [rsp+24]
+        add     rcx, [rsp+40]
         dec     eax
         jnz     .put
         add     rdi, 4
+        pop     rcx
+        ret
+
+; matmul_f16_avx512: matmul_f16_avx2's product, bit for bit, two rows at a time when k = 4
+; (prompt blocks), with AVX-512F. One zmm accumulator per (row, token) holds both chains of
+; matmul_f16_avx2 (lanes 0-7 chain 0, lanes 8-15 chain 1: 16 halves converted at once, the
+; same fused multiply-adds lane by lane), and each load of 16 x columns serves both rows: 8
+; accumulators, 2 conversions and 4 x loads per 8 FMAs of 16 lanes. The sums then go through
+; matmul_f16_avx2's .finish, a row at a time. k < 4 (decode: one row stream reads memory
+; faster) and an odd last row go to matmul_f16_avx2. Addresses carry no displacement (the
+; builder refuses them in EVEX code: keystone mis-encodes them).
+;   in, out, clobbers: as matmul_f16_avx2 (zmm0-zmm15 too)
+matmul_f16_avx512:
+        cmp     dword [rsp+8], FAST_TOKENS
+        jb      matmul_f16_avx2
+        push    r9                      ; [rsp]: accumulate; k at [rsp+16], ostride [rsp+24]
+        imul    r10d, ecx, 4            ; s: bytes of an x_t
+        lea     r9d, [rcx+rcx]          ; 2n: row b's offset from row a
+.pair:
+        cmp     r8d, 1
+        jb      .done
+        je      .last
+        lea     r11, [r10+r10*2]        ; 3s
+        vzeroall                        ; zmm0-3: row a, tokens 0-3; zmm8-11: row b
+        mov     eax, r10d               ; bytes of x_t to go
+.col:
+        prefetcht0 [rdx+PREFETCH_AHEAD]
+        vcvtph2ps zmm12, [rdx]          ; row a's 16 halves, exact
+        vcvtph2ps zmm13, [rdx+r9]       ; row b's
+        add     rdx, 32
+        vmovups zmm14, [rsi]
+        vfmadd231ps zmm0, zmm12, zmm14
+        vfmadd231ps zmm8, zmm13, zmm14
+        vmovups zmm14, [rsi+r10]
+        vfmadd231ps zmm1, zmm12, zmm14
+        vfmadd231ps zmm9, zmm13, zmm14
+        vmovups zmm14, [rsi+r10*2]
+        vfmadd231ps zmm2, zmm12, zmm14
+        vfmadd231ps zmm10, zmm13, zmm14
+        vmovups zmm14, [rsi+r11]
+        vfmadd231ps zmm3, zmm12, zmm14
+        vfmadd231ps zmm11, zmm13, zmm14
+        add     rsi, 64
+        sub     eax, 64
+        jnz     .col
+        sub     rsi, r10                ; x again
+        add     rdx, r9                 ; past row b
+        xor     r11d, r11d              ; row a, then row b
+.half:
+        vextractf64x4 ymm4, zmm0, 1     ; chain 1 of each token
+        vextractf64x4 ymm5, zmm1, 1
+        vextractf64x4 ymm6, zmm2, 1
+        vextractf64x4 ymm7, zmm3, 1
+        call    matmul_f16_avx2.finish
+        vmovaps zmm0, zmm8              ; row b's accumulators in row a's place
+        vmovaps zmm1, zmm9
+        vmovaps zmm2, zmm10
+        vmovaps zmm3, zmm11
         dec     r8d
-        jnz     .row
+        btc     r11d, 0
+        jnc     .half
+        jmp     .pair
+.last:
+        pop     r9
+        jmp     matmul_f16_avx2         ; one row left
+.done:
         vzeroupper
         pop     r9
         ret

@@ -196,31 +196,46 @@ softmax:
         pop     rax
         ret
 
-; geglu: hb (n,), hb2 (n,) -> hb (n,) = gelu_tanh(hb) * hb2, where
-; gelu_tanh(z) = 0.5 z (1 + tanh(u)) = z / (1 + exp(-2u)), u = sqrt(2/pi) (z + 0.044715 z^3),
-; with 0.044715 and sqrt(2/pi) as float32 constants (as torch), all in x87 extended precision,
-; rounded once: within 1 ulp float32 of that formula's exact value.
-;   in: rdi hb, rsi hb2, edx n   out: hb   clobbers: rax rcx (calls exp_x87)
+; geglu: hb (n,), hb2 (n,) -> hb (n,) = gelu_tanh(hb) * hb2 in float32 arithmetic, as torch's:
+; gelu_tanh(z) = 0.5 z (1 + tanh(u)) = z / (1 + exp(-2u)), u = sqrt(2/pi) (z + 0.044715 z^3);
+; exp(-2u) = 2^y, y = z (1 + kappa z^2) c, c = float32(-2 sqrt(2/pi) log2(e)), kappa = float32
+; 0.044715, y clamped to [-126, 126]; 2^y = p(f) 2^n, n = round(y), f = y - n (exact) in
+; [-1/2, 1/2], p of degree 6 (within 1.7 ulp of 2^f). Error below 4 u |z hb2| (u = 2^-24; y's
+; rounding makes it grow with |y| relative to tiny results, as torch's); z = 0 gives 0.
+;   in: rdi hb, rsi hb2, edx n   out: hb   clobbers: rax rcx rdx xmm0-xmm3
 geglu:
-        push    rax                     ; aligns rsp for the call
         mov     ecx, edx
+        lea     rdx, [gelu_c]
 .unit:
-        fld     dword [rdi+rcx*4-4]     ; z
-        fld     st0
-        fmul    st0, st0
-        fmul    dword [gelu_kappa]
-        fld1
-        faddp
-        fmul    st0, st1                ; z + 0.044715 z^3
-        fmul    dword [gelu_m2beta]     ; -2u
-        call    exp_x87
-        fld1
-        faddp
-        fdivp                           ; z / (1 + exp(-2u))
-        fmul    dword [rsi+rcx*4-4]
-        fstp    dword [rdi+rcx*4-4]
-        loop    .unit
+        movss   xmm0, [rdi+rcx*4-4]     ; z
+        movaps  xmm1, xmm0
+        mulss   xmm1, xmm0
+        mulss   xmm1, [rdx+GC_KAPPA]
+        addss   xmm1, [rdx+GC_ONE]
+        mulss   xmm1, xmm0              ; z (1 + kappa z^2)
+        mulss   xmm1, [rdx]             ; y
+        minss   xmm1, [rdx+GC_MAX]
+        maxss   xmm1, [rdx+GC_MIN]
+        cvtss2si eax, xmm1              ; n (MXCSR: to nearest)
+        cvtsi2ss xmm2, eax
+        subss   xmm1, xmm2              ; f
+        shl     eax, 23
+        add     eax, 0x3F800000
+        movd    xmm3, eax               ; 2^n
+        movss   xmm2, [rdx+GC_ONE+24]   ; c6
+        push    5
         pop     rax
+.horner:
+        mulss   xmm2, xmm1
+        addss   xmm2, [rdx+rax*4+GC_ONE] ; c5 .. c0
+        dec     eax
+        jns     .horner
+        mulss   xmm2, xmm3              ; 2^y
+        addss   xmm2, [rdx+GC_ONE]
+        divss   xmm0, xmm2              ; gelu_tanh(z)
+        mulss   xmm0, [rsi+rcx*4-4]
+        movss   [rdi+rcx*4-4], xmm0
+        loop    .unit
         ret
 
 ; rope: rotate each of the n_heads heads of x (n_heads, hd) by position pos, half-split pairs
@@ -282,7 +297,14 @@ rope:
         pop     rcx
         ret
 
-gelu_kappa:
-        dd      0.044715
-gelu_m2beta:
-        dd      -1.5957691216           ; -2 sqrt(2/pi)
+GC_KAPPA = 4
+GC_MAX = 8
+GC_ONE = 12                             ; p's coefficients c0 = 1 .. c6 from here
+GC_MIN = 40
+gelu_c:
+        dd      -2.3022082              ; c = -2 sqrt(2/pi) log2(e)
+        dd      0.044715                ; kappa
+        dd      126.0
+        dd      1.0, 0.69314718, 0.24022646, 0.055503286     ; p(f) ~ 2^f on [-1/2, 1/2]
+        dd      0.0096184891, 0.0013399930, 0.00015345792    ; (a relative-error fit)
+        dd      -126.0

@@ -291,7 +291,7 @@ def test_softmax(emu, cpu, n, s, spread):
 # --- geglu -----------------------------------------------------------------------------------
 
 GELU_KAPPA = float(F32(0.044715))            # the float32 constants, as in transformers' kernel
-GELU_M2BETA = float(F32(-2 * math.sqrt(2 / math.pi)))
+GELU_M2BETA = float(F32(-2 * math.sqrt(2 / math.pi)))   # (the kernel folds in log2(e))
 
 
 def geglu_exact(hb: np.ndarray, hb2: np.ndarray) -> np.ndarray:
@@ -312,8 +312,11 @@ def test_geglu(emu, cpu, n, edge):
     what = f"geglu n={n}"
 
     def twin(label, outs):
-        # the header: extended precision throughout, rounded once: within 1 ulp float32
-        check(label, outs[0], exact, ulp(exact))
+        # the header: float32 arithmetic, as torch's. The exponent y is rounded to float32 (as
+        # torch rounds tanh's argument), so far from 0 the result's relative error grows with
+        # |y|; its error stays below 4 u |z hb2| (u = 2^-24): 2.9 u at most, measured over
+        # 400,000 values at scales 0.01 .. 100. z = 0 gives 0 exactly.
+        check(label, outs[0], exact, 4 * 2.0**-24 * np.abs(hb.astype(np.float64) * hb2))
 
     run_everywhere(emu, cpu, "geglu", (Out(hb.copy(), "hb"), In(hb2, "hb2"), n), what, twin)
 

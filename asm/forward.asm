@@ -163,43 +163,17 @@ forward:
         call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos ..
 .token:
         mov     ecx, [rbp+FV_N_T]       ; pos + t
-        inc     dword [rbp+FV_N_T]      ; positions token t attends
-        call    fwd_ropes               ; q_t, k_t = rope(q_t), rope(k_t)
-        xor     r13d, r13d
-.head:
-        mov     ecx, [rbx+HDR_HEAD_DIM]
-        mov     eax, r13d
-        xor     edx, edx
-        div     dword [rbp+FV_GROUP]
-        imul    eax, ecx
-        lea     rdx, [r14+rax*4]        ; K_g: kv head g = h / group
-        push    rdx
-        mov     rsi, r15
-        mov     rdi, [rbp+FV_ATT]
-        mov     r8d, [rbp+FV_N_T]
-        mov     r9, [rbp+FV_KV_ROW]
-        call    matvec_f32              ; att = K_g (n_t,hd) @ q_h; keeps ecx rsi
-        mov     r8d, ecx                ; hd
-        mov     rdi, [rbp+FV_ATT]
-        mov     esi, [rbp+FV_N_T]
-        movss   xmm0, [rbp+FV_ATT_SCALE]
-        call    softmax                 ; att = softmax(att / sqrt(hd)); keeps rdi rsi r8
-        pop     rdx
-        add     rdx, [rbp+FV_KV_BLOCK]  ; V_g
-        mov     ecx, esi
-        mov     rsi, rdi
-        mov     rdi, [rbp+FV_Q]
-        sub     rdi, rsi                ; xb - q (att - q = q - xb: one S apart)
-        add     rdi, r15                ; o_h of token t in xb, where q_h is in q
-        lea     r15, [r15+r8*4]         ; the next q_h
-        mov     r9, [rbp+FV_KV_ROW]
-        call    matvec_t_f32            ; xb_h = V_g^T (hd,n_t) @ att
-        inc     r13d
-        cmp     r13d, [rbx+HDR_HEADS]
-        jb      .head
-        sub     ecx, [rbp+FV_POS]       ; n_t - pos (matvec_t_f32 keeps ecx = n_t)
+        inc     dword [rbp+FV_N_T]      ; (after the block: pos + B)
+        call    fwd_ropes               ; q_t, k_t = rope(q_t), rope(k_t); keeps ecx
+        mov     eax, [rbp+FV_Q_DIM]
+        lea     r15, [r15+rax*4]        ; the next q_t
+        sub     ecx, [rbp+FV_POS]
+        inc     ecx
         cmp     ecx, [rbp+FV_B]
         jb      .token
+        mov     [rbp+FV_KLAYER], r14
+        lea     rax, [att_share]
+        call    par_run                 ; xb_h = attention of every token and head (threads)
         mov     rsi, [rbp+FV_XB]
         mov     ecx, [rbp+FV_Q_DIM]
         call    fwd_residual            ; x += wo @ xb
@@ -319,6 +293,95 @@ fwd_rope:
         mov     edx, [rbx+HDR_HEAD_DIM]
         movss   xmm0, [rbx+HDR_ROPE_THETA]
         jmp     rope
+
+; att_share: thread k's attention tasks of the block forward published (a share function of
+; par_run, threads.asm). Task i = t H + h (token t, query head h of kv head g = h / group),
+; i in [k c, min(B H, (k+1) c)), c = ceil(B H / min(T, BLOCK)): att = K_g (n_t,hd) @ q_h,
+; n_t = pos + t + 1 (the block's earlier rows are in the cache, roped), att = softmax(att /
+; sqrt(hd)), o_h = V_g^T att into xb (where q_h is in q). Thread k's att is att + k ctx floats
+; (room for BLOCK threads; threads k >= BLOCK get no tasks). Each task as one thread would.
+;   in: esi k (rbx job_vars: unused)   out: o_h of those tasks
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm2 (keeps rbx rbp r12-r15)
+att_share:
+        push    rbx
+        push    rbp
+        push    r12
+        push    r13
+        push    r14
+        push    r15
+        push    rax                     ; aligns rsp for the calls (with 2 pushes per task)
+        lea     rbp, [fwd_vars]
+        mov     rbx, [model_base]
+        mov     r15d, [ctx_len]
+        imul    r15d, esi
+        shl     r15, 2
+        add     r15, [rbp+FV_ATT]       ; thread k's att
+        mov     ecx, [job_t]
+        push    BLOCK
+        pop     rax
+        cmp     ecx, eax
+        cmova   ecx, eax                ; min(T, BLOCK)
+        mov     r14d, [rbp+FV_B]
+        imul    r14d, [rbx+HDR_HEADS]   ; B H tasks
+        lea     eax, [r14+rcx-1]
+        xor     edx, edx
+        div     ecx                     ; c
+        imul    esi, eax
+        mov     r13d, esi               ; i = k c
+        add     eax, esi
+        cmp     r14d, eax
+        cmova   r14d, eax               ; the end: min(B H, (k+1) c)
+.task:
+        cmp     r13d, r14d
+        jae     .done
+        mov     eax, r13d
+        xor     edx, edx
+        div     dword [rbx+HDR_HEADS]   ; t, h
+        add     eax, [rbp+FV_POS]
+        inc     eax
+        mov     r12d, eax               ; n_t
+        xchg    eax, edx
+        cdq
+        div     dword [rbp+FV_GROUP]    ; g
+        mov     ecx, [rbx+HDR_HEAD_DIM]
+        imul    eax, ecx
+        mov     rdx, [rbp+FV_KLAYER]
+        lea     rdx, [rdx+rax*4]        ; K_g
+        push    rdx
+        mov     eax, r13d
+        imul    eax, ecx                ; i hd: q_h's and o_h's offset in floats
+        push    rax
+        mov     rsi, [rbp+FV_Q]
+        lea     rsi, [rsi+rax*4]        ; q_h
+        mov     rdi, r15
+        mov     r8d, r12d
+        mov     r9, [rbp+FV_KV_ROW]
+        call    matvec_f32              ; att = K_g (n_t,hd) @ q_h; keeps ecx
+        mov     r8d, ecx                ; hd
+        mov     rdi, r15
+        mov     esi, r12d
+        movss   xmm0, [rbp+FV_ATT_SCALE]
+        call    softmax                 ; att = softmax(att / sqrt(hd)); keeps rdi rsi r8
+        pop     rax
+        pop     rdx
+        add     rdx, [rbp+FV_KV_BLOCK]  ; V_g
+        mov     ecx, esi
+        mov     rsi, rdi
+        mov     rdi, [rbp+FV_XB]
+        lea     rdi, [rdi+rax*4]        ; o_h
+        mov     r9, [rbp+FV_KV_ROW]
+        call    matvec_t_f32            ; o_h = V_g^T (hd,n_t) @ att
+        inc     r13d
+        jmp     .task
+.done:
+        pop     rax
+        pop     r15
+        pop     r14
+        pop     r13
+        pop     r12
+        pop     rbp
+        pop     rbx
+        ret
 
 ; tensor_bytes: the room a (rows, cols) f16 tensor takes in the weights, padding included,
 ; added twice to rsi (a pair of such tensors).

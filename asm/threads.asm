@@ -1,6 +1,7 @@
 ; threads.asm: the matrix products split by rows over T threads (clone(2) sharing everything),
-; synchronised by futexes. The main thread publishes a product in job_vars (vars.asm), bumps
-; job_gen and wakes the workers; every thread does its share of the rows (mm_share); each
+; and the attention split by (token, head) (forward.asm's att_share), synchronised by futexes.
+; The main thread publishes the work in job_vars (vars.asm), bumps job_gen and wakes the
+; workers; every thread does its share (job_share: mm_share, att_share); each
 ; worker counts job_pending down and the last one wakes the main thread, which sleeps until
 ; it reaches 0. Between products the workers sleep on job_gen: nobody spins. T = 1 makes no
 ; thread and no futex call at all.
@@ -69,7 +70,7 @@ worker:
         call    wait_change
         mov     r12d, [rdi]
         mov     esi, ebp
-        call    mm_share
+        call    qword [rbx+J_SHARE]
         lock dec dword [rbx+J_PENDING]
         jnz     .next
         lea     rdi, [rbx+J_PENDING]
@@ -92,6 +93,19 @@ par_matmul:
         mov     [rbx+J_N], ecx
         mov     [rbx+J_D], r8d
         mov     [rbx+J_ACC], r9d
+        lea     rax, [mm_share]
+        jmp     par_run.go
+
+; par_run: every thread runs the share function for its k (this one k = 0, then it waits for
+; the others: job_pending reaches 0).
+;   in: rax the share function (SysV, esi k, rbx job_vars; keeps rbx rbp r12-r15), the work
+;   published in job_vars / fwd_vars   out: job_gate = 0
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
+par_run:
+        push    rbx
+        lea     rbx, [job_vars]
+.go:
+        mov     [rbx+J_SHARE], rax
         mov     edx, [rbx+J_T]
         dec     edx                     ; workers
         jz      .own
@@ -101,7 +115,7 @@ par_matmul:
         call    sys_futex_wake          ; wake edx workers
 .own:
         xor     esi, esi                ; the main thread's share: k = 0
-        call    mm_share
+        call    qword [rbx+J_SHARE]
         lea     rdi, [rbx+J_PENDING]
 .wait:
         mov     edx, [rdi]

@@ -53,9 +53,11 @@ V_WROTE         = wrote - front_base
 V_OUT_BUF       = out_buf - front_base
 
 ; ---- fast (W-fast): the instruction-set level and the threads ----------------------------
-; job_vars: the matrix product being computed (threads.asm); [job_vars + J_*].
+; job_vars: the work being shared out (threads.asm): a matrix product, or the attention;
+; [job_vars + J_*].
 job_vars:
-job_kernel:     rq 1            ; matmul_f16 or matmul_f16_avx2 (cpu.asm)
+job_share:      rq 1            ; each thread's share: mm_share or att_share (forward.asm)
+job_kernel:     rq 1            ; matmul_f16, matmul_f16_avx2 or matmul_f16_avx512 (cpu.asm)
 job_out:        rq 1            ; xout
 job_x:          rq 1            ; x
 job_w:          rq 1            ; W
@@ -82,6 +84,7 @@ J_GEN           = job_gen - job_vars
 J_PENDING       = job_pending - job_vars
 J_T             = job_t - job_vars
 J_B             = job_b - job_vars
+J_SHARE         = job_share - job_vars
 J_TOKENS        = job_tokens - job_vars
 
 ; ---- forward ----------------------------------------------------------------------------
@@ -107,8 +110,7 @@ fv_n_t:         rd 1            ; pos + 1: positions attended
 fv_layers_left: rd 1            ; layer countdown in forward
 fv_b:           rd 1            ; B: tokens in this block
 fv_pos:         rd 1            ; the block's first position
-fv_t:           rd 1            ; the token in the attention loop
-fv_tq:          rd 1            ; its q row's byte offset in q (and xb)
+fv_klayer:      rq 1            ; this layer's K block (for att_share)
 
 FV_X            = fv_x - fwd_vars
 FV_XB           = fv_xb - fwd_vars
@@ -130,5 +132,4 @@ FV_N_T          = fv_n_t - fwd_vars
 FV_LAYERS_LEFT  = fv_layers_left - fwd_vars
 FV_B            = fv_b - fwd_vars
 FV_POS          = fv_pos - fwd_vars
-FV_T            = fv_t - fwd_vars
-FV_TQ           = fv_tq - fwd_vars
+FV_KLAYER       = fv_klayer - fwd_vars

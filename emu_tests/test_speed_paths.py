@@ -218,9 +218,10 @@ def test_paths_and_thread_counts_agree_natively(gemma, models, tmp_path, name):
     model, vocab = models[name], vocab_of(models[name])
     base = run([], gemma.binary, model, ["--baseline", "-t", "1"], tmp_path / "base.f32")
     fast = run([], gemma.binary, model, ["-t", "1"], tmp_path / "fast.f32")
-    # 12 threads on the odd model: ceil(66 / 12) = 6 rows each, the 12th thread gets none
+    # 12 threads on the odd model: ceil(66 / 12) = 6 rows each, the 12th thread gets none;
+    # 20 threads: the attention's (token, head) tasks go to the first 16 (att_share) only
     runs = {"--baseline -t 2": base, "--baseline -t 3": base, "-t 2": fast, "-t 3": fast,
-            "-t 12": fast, "": fast}
+            "-t 12": fast, "-t 20": fast, "--baseline -t 20": base, "": fast}
     for flags, want in runs.items():
         got = run([], gemma.binary, model, flags.split(), tmp_path / "got.f32")
         same_run(f"{name} {flags or '(default)'} vs {'--baseline ' * (want is base)}-t 1",

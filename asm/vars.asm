@@ -14,7 +14,7 @@ opt_n:          rq 1            ; -n, low dword (0xFFFFFFFF: until EOS or a full
 opt_temp:       rq 1            ; --temp, float32 bits in the low dword
 opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
-n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves it)
+n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
 opt_tokens:     rq 1            ; --tokens, low byte; --baseline, byte 1 (cpu.asm)
 model_base:     rq 1            ; address of the read-only mapping of the model file
 model_size:     rq 1            ; its length in bytes
@@ -93,7 +93,7 @@ fwd_vars:
 fv_x:           rq 1            ; x (d,): the residual stream
 fv_xb:          rq 1            ; xb (max(d, H*hd),): normed x, then the heads' outputs
 fv_q:           rq 1            ; q (H*hd,)
-fv_att:         rq 1            ; att (ctx,): scores, then probabilities
+fv_att:         rq 1            ; att (BLOCK, ctx): per attention thread, scores then probabilities
 fv_hb:          rq 1            ; hb (ffn,)
 fv_hb2:         rq 1            ; hb2 (ffn,)
 fv_logits:      rq 1            ; logits (vocab,)

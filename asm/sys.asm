@@ -41,27 +41,18 @@ err_oom:
         call    fatal_here
         db      'out of memory', 0
 
-; fatal_here: fatal with the message that follows the call instruction.
-;   in: [rsp] -> the zero-terminated message after `call fatal_here`   out: never returns
+; fatal_here: print "gemma: MESSAGE\n" on stderr and exit with status 1 (EXIT_ERROR), the
+; message the zero-terminated text after `call fatal_here` (without the "gemma: " prefix and
+; the newline).   in: [rsp] -> the message   out: never returns
 fatal_here:
-        pop     rsi
-; fatal: print "gemma: MESSAGE\n" on stderr and exit with status 1 (EXIT_ERROR).
-;   in: rsi message (zero-terminated, without the "gemma: " prefix and the newline)
-;   out: never returns. (ebx is ignored: every error exits with EXIT_ERROR.)
-fatal:
         xor     ebx, ebx
-        db      0x3C                    ; cmp al, imm8: skips fatal_arg_here's pop rsi
-; fatal_arg_here: fatal_arg with the message that follows the call instruction.
+; fatal_arg_here: the same with an argument appended, "gemma: MESSAGEARGUMENT\n", the
+; argument cut at its first control byte (so that the message stays one line) and at 256
+; bytes.   in: [rsp] -> the message, rbx argument (zero-terminated) or 0   out: never returns
 fatal_arg_here:
-        pop     rsi
-; fatal_arg: the same with an argument appended, "gemma: MESSAGEARGUMENT\n", the argument
-; cut at its first control byte (so that the message stays one line) and at 256 bytes.
-;   in: rsi message, rbx argument (zero-terminated) or 0   out: never returns
-fatal_arg:
-        push    rsi
         lea     rsi, [msg_prefix]
         call    put_err
-        pop     rsi
+        pop     rsi                     ; the message
         call    put_err
         push    rbx
         pop     rsi

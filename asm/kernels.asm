@@ -21,7 +21,6 @@ matmul_f16:
         mov     eax, 0x77800000         ; 2^112
         movd    xmm7, eax
         shufps  xmm7, xmm7, 0
-        mov     ecx, ecx
 .row:
         xorps   xmm0, xmm0
         xorps   xmm4, xmm4
@@ -51,6 +50,7 @@ matmul_f16:
         addps   xmm0, xmm3
         cmp     eax, ecx
         jb      .col
+        lea     rdx, [rdx+rax*2]        ; the next row (eax = n, upper half zero)
         addps   xmm0, xmm4
         haddps  xmm0, xmm0
         haddps  xmm0, xmm0
@@ -60,7 +60,6 @@ matmul_f16:
 .store:
         movd    eax, xmm0
         stosd
-        lea     rdx, [rdx+rcx*2]
         dec     r8d
         jnz     .row
 .ret:

@@ -35,7 +35,6 @@ load_model:
         pop     rdi
         mov     esi, O_NONBLOCK
         call    sys_open
-        test    eax, eax
         js      err_cannot_read
         mov     r8d, eax                ; fd
         xchg    edi, eax
@@ -55,8 +54,7 @@ load_model:
         push    2                       ; MAP_PRIVATE
         pop     rcx
         call    sys_mmap_0              ; addr 0, offset 0
-        test    rax, rax                ; -errno; addresses are below 2^47
-        js      err_cannot_read
+        js      err_cannot_read         ; -errno; addresses are below 2^47
         mov     [rbp+V_BASE], rax
         xchg    rbx, rax
         push    rbx

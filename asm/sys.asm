@@ -33,8 +33,7 @@ alloc:
         pop     rcx
         or      r8, -1                  ; no file
         call    sys_mmap_0              ; addr 0, offset 0
-        test    rax, rax                ; -errno; addresses are below 2^47
-        js      err_oom
+        js      err_oom                 ; -errno; addresses are below 2^47
         ret
 
 err_oom:
@@ -87,8 +86,8 @@ write_until:
         jz      .measure
 
 ; Each wrapper loads its syscall number into al and joins sys_call (which zero-extends it).
-;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno
-;   clobbers: rcx r10 r11
+;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno, flags of
+;   test rax, rax (SF: failed)   clobbers: rcx r10 r11
 ; sys_write(fd, buf, len); sys_open(path, flags, mode); sys_fstat(fd, statbuf);
 ; sys_sigprocmask(how, set, oldset, setsize);
 ; sys_sched_getaffinity(pid, len, mask); sys_futex(addr, op, val, timeout);
@@ -136,9 +135,11 @@ sys_exit:
         mov     al, SYS_exit_group
 ; sys_call: the system call whose number is in al (a call used once loads al itself:
 ; madvise(addr, len, advice) in model.asm).
-;   in: al number, rdi rsi rdx rcx r8 r9   out: rax result or -errno   clobbers: rcx r10 r11
+;   in: al number, rdi rsi rdx rcx r8 r9   out: rax result or -errno, flags of test rax, rax
+;   clobbers: rcx r10 r11
 sys_call:
         movzx   eax, al
         mov     r10, rcx
         syscall
+        test    rax, rax                ; (callers branch on the sign: -errno)
         ret

@@ -21,25 +21,6 @@ EXIT_USAGE = 2                  ; no arguments (usage relies on EXIT_USAGE = STD
 
 EPIPE = 32                      ; write to a pipe nobody reads
 
-; alloc: a zeroed, private, anonymous read-write mapping.
-;   in: rdi bytes   out: rax address (fatal "out of memory" on failure)
-;   clobbers: rcx rdx rsi rdi r8-r11
-alloc:
-        push    rdi
-        pop     rsi
-        push    3                       ; PROT_READ | PROT_WRITE
-        pop     rdx
-        push    0x22                    ; MAP_PRIVATE | MAP_ANONYMOUS
-        pop     rcx
-        or      r8, -1                  ; no file
-        call    sys_mmap_0              ; addr 0, offset 0
-        js      err_oom                 ; -errno; addresses are below 2^47
-        ret
-
-err_oom:
-        call    fatal_here
-        db      'out of memory', 0
-
 ; fatal_here: print "gemma: MESSAGE\n" on stderr and exit with status 1 (EXIT_ERROR), the
 ; message the zero-terminated text after `call fatal_here` (without the "gemma: " prefix and
 ; the newline).   in: [rsp] -> the message   out: never returns
@@ -142,4 +123,24 @@ sys_call:
         mov     r10, rcx
         syscall
         test    rax, rax                ; (callers branch on the sign: -errno)
+.ret:
         ret
+
+; alloc: a zeroed, private, anonymous read-write mapping.
+;   in: rdi bytes   out: rax address (fatal "out of memory" on failure)
+;   clobbers: rcx rdx rsi rdi r8-r11
+alloc:
+        push    rdi
+        pop     rsi
+        push    3                       ; PROT_READ | PROT_WRITE
+        pop     rdx
+        push    0x22                    ; MAP_PRIVATE | MAP_ANONYMOUS
+        pop     rcx
+        or      r8, -1                  ; no file
+        call    sys_mmap_0              ; addr 0, offset 0
+        jns     sys_call.ret            ; (else -errno; addresses are below 2^47)
+
+err_oom:
+        call    fatal_here
+        db      'out of memory', 0
+

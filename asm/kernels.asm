@@ -15,12 +15,10 @@
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n, r8d d, r9d accumulate
 ;   out: xout   clobbers: rax rcx rdx rdi r8 r11 xmm0-xmm4 xmm6 xmm7
 matmul_f16:
-        mov     eax, 0x8FFFFFFF
-        movd    xmm6, eax
-        shufps  xmm6, xmm6, 0
-        mov     eax, 0x77800000         ; 2^112
-        movd    xmm7, eax
-        shufps  xmm7, xmm7, 0
+        mov     rax, 0x778000008FFFFFFF ; 2^112 (float32 bits), the mask
+        movq    xmm6, rax
+        pshufd  xmm7, xmm6, 0x55        ; 2^112 in every lane
+        shufps  xmm6, xmm6, 0           ; 0x8FFFFFFF in every lane
 .row:
         xorps   xmm0, xmm0
         xorps   xmm4, xmm4

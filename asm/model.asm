@@ -21,7 +21,8 @@ err_cannot_read:                        ; (before load_model: its jumps here are
 ; model_base, model_size and pieces_ptr, index_ptr, user_ptr, blob_ptr.
 ; Checks, in order: size >= the header (else truncated), magic, version, header_size,
 ; file_size == the real size (larger: truncated), dims nonzero and bounded (dim_bits:
-; every product the engine forms fits in 64 bits), eps/theta/scale finite and > 0,
+; every product the engine forms fits in 64 bits) and eps/theta/scale finite and > 0 (one
+; loop, the last field first),
 ; heads % kv_heads == 0, head_dim even, bos/eos/eot < vocab, byte_base + 256 <= vocab,
 ; sections in order and non-overlapping (pieces, index, user, blob, weights) ending at
 ; file_size, weights_off % 4096 == 0, every piece's bytes inside the blob, max_piece_len ==
@@ -85,21 +86,18 @@ check_header:                           ; (load_model, after the magic and the v
         ja      err_truncated
         jne     err_header
 
-        xor     edx, edx                ; vocab .. max_ctx: 1 <= field <= 2^bits;
-.field:                                 ; eps, rope_theta, embed_scale: 0 < bits <= FLT_MAX
+        push    10                      ; the 11 fields vocab .. embed_scale, last first:
+        pop     rdx                     ; 0 < bits <= FLT_MAX, and for vocab .. max_ctx
+.field:                                 ; 1 <= field <= 2^dim_bits (the floats shift by 31)
         mov     eax, [rbx+HDR_VOCAB+rdx*4]
         dec     eax
-        cmp     edx, 8
-        jae     .float
+        cmp     eax, 0x7F7FFFFF
+        jae     err_header
         mov     cl, [dim_bits+rdx]
         shr     eax, cl
         jnz     err_header
-.float:                                 ; (a dim's 0 passes)
-        cmp     eax, 0x7F7FFFFF
-        jae     err_header
-        inc     edx
-        cmp     edx, 11
-        jb      .field
+        dec     edx
+        jns     .field
         mov     eax, [rbx+HDR_HEADS]
         xor     edx, edx
         div     dword [rbx+HDR_KV_HEADS]
@@ -219,6 +217,8 @@ piece:
         ret
 
 ; dim_bits: vocab .. max_ctx may be at most 2^bits. These bounds keep every size the engine
-; computes (weights, KV cache, scratch) far below 2^64.
+; computes (weights, KV cache, scratch) far below 2^64. (31 for eps, rope_theta, embed_scale:
+; no bound beyond FLT_MAX.)
 dim_bits:
         db      24, 16, 16, 10, 10, 10, 16, 16  ; vocab dim ffn layers heads kv_heads head_dim max_ctx
+        db      31, 31, 31                      ; eps rope_theta embed_scale

@@ -133,8 +133,7 @@ check_tables:
         mov     eax, [rbx+HDR_N_INDEX]
         shl     rax, 2
         push    rax
-        mov     eax, r9d
-        shl     eax, 4                  ; vocab records of PIECE_REC bytes (vocab <= 2^24)
+        imul    eax, r9d, PIECE_REC     ; vocab records (vocab <= 2^24: no overflow)
         push    rax
         lea     rsi, [rbx+HDR_PIECES_OFF]
         lea     rdi, [rbp+V_PIECES]

@@ -47,7 +47,7 @@ threads_start:
         call    alloc
         lea     rsi, [rax+WORKER_STACK-8]
         lea     rcx, [worker]
-        mov     [rsi], rcx              ; the child's `ret` in sys_clone enters worker
+        mov     [rsi], rcx              ; the child's `ret` in sys_call enters worker
         mov     edi, CLONE_THREADS
         call    sys_clone
         test    eax, eax

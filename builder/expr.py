@@ -190,8 +190,8 @@ class Parser:
             if name == "$":
                 return ("cur",)
             if low in REGISTERS:
-                if REGISTERS[low].evex and not (low.startswith("zmm") and int(low[3:]) < 16):
-                    raise self.error(f"'{name}' is an AVX-512 register beyond zmm0-zmm15: "
+                if REGISTERS[low].evex and not low.startswith("zmm"):
+                    raise self.error(f"'{name}' is an AVX-512 register other than zmm0-zmm31: "
                                      "not in the FASM subset")
                 return ("reg", low)
             if low in SEGMENT_REGISTERS:

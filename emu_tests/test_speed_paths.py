@@ -30,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -317,6 +318,7 @@ def test_avx512_loop_runs_natively_unless_baseline(gemma, models):
     from emu_tests.harness.native import cpu_flags
     if "avx512f" not in cpu_flags():
         pytest.skip("this CPU lacks avx512f")
+    assert shutil.which("gdb"), "this test needs gdb (apt-get install -y gdb)"
     sym, image = gemma.symbols[WIDE], gemma.result.image
     start = sym["address"] - image.layout.text_addr
     code = image.text[start:start + sym["size"]]

@@ -374,14 +374,7 @@ att_share:
         inc     r13d
         jmp     .task
 .done:
-        pop     rax
-        pop     r15
-        pop     r14
-        pop     r13
-        pop     r12
-        pop     rbp
-        pop     rbx
-        ret
+        jmp     forward.done            ; the same pushes: forward's epilogue
 
 ; tensor_bytes: the room a (rows, cols) f16 tensor takes in the weights, padding included,
 ; added twice to rsi (a pair of such tensors).

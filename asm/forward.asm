@@ -109,15 +109,7 @@ model_setup:
 ;   row, and none at all for a block that ends before the prompt does
 ;   clobbers: rcx rdx rsi rdi r8-r11 xmm0-xmm15 (preserves rbx rbp r12-r15)
 forward:
-        push    rbx
-        push    rbp
-        push    r12
-        push    r13
-        push    r14
-        push    r15
-        push    r8                      ; [rsp]: the prompt's length; aligns rsp for calls
-        lea     rbp, [fwd_vars]
-        mov     rbx, [model_base]
+        call    fwd_frame               ; [rsp]: the prompt's length (r8)
         mov     [rbp+FV_B], edx
         mov     [rbp+FV_POS], ecx
         xor     r9d, r9d
@@ -303,15 +295,7 @@ fwd_rope:
 ;   in: esi k (rbx job_vars: unused)   out: o_h of those tasks
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm2 (keeps rbx rbp r12-r15)
 att_share:
-        push    rbx
-        push    rbp
-        push    r12
-        push    r13
-        push    r14
-        push    r15
-        push    rax                     ; aligns rsp for the calls (with 2 pushes per task)
-        lea     rbp, [fwd_vars]
-        mov     rbx, [model_base]
+        call    fwd_frame
         mov     r15d, [ctx_len]
         imul    r15d, esi
         shl     r15, 2
@@ -347,7 +331,7 @@ att_share:
         imul    eax, ecx
         mov     rdx, [rbp+FV_KLAYER]
         lea     rdx, [rdx+rax*4]        ; K_g
-        push    rdx
+        push    rdx                     ; (with rax: rsp stays 16-aligned for the calls)
         mov     eax, r13d
         imul    eax, ecx                ; i hd: q_h's and o_h's offset in floats
         push    rax
@@ -375,6 +359,22 @@ att_share:
         jmp     .task
 .done:
         jmp     forward.done            ; the same pushes: forward's epilogue
+
+; fwd_frame: the frame forward and att_share share (both leave through forward.done): pushes
+; rbx rbp r12-r15 and r8 (so rsp is 16-aligned for calls when the caller's was 8 mod 16).
+;   in: called first thing   out: rbp fwd_vars, rbx model header   clobbers: r11
+fwd_frame:
+        pop     r11                     ; the return address
+        push    rbx
+        push    rbp
+        push    r12
+        push    r13
+        push    r14
+        push    r15
+        push    r8
+        lea     rbp, [fwd_vars]
+        mov     rbx, [model_base]
+        jmp     r11
 
 ; tensor_bytes: the room a (rows, cols) f16 tensor takes in the weights, padding included,
 ; added twice to rsi (a pair of such tensors).

@@ -44,8 +44,8 @@ cpu_setup:
         test    al, XCR0_AVX512         ; (eax is XCR0 inverted)
         jnz     .chosen
         push    7
-        pop     rax
-        xor     ecx, ecx
+        pop     rax                     ; CPUID leaf 7,
+        xor     ecx, ecx                ; subleaf 0: extended features
         cpuid
         bt      ebx, CPUID7_AVX512F
         jnc     .chosen

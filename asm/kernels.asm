@@ -217,7 +217,7 @@ geglu:
         cvtsi2ss xmm2, eax
         subss   xmm1, xmm2              ; f
         shl     eax, 23
-        add     eax, 0x3F800000
+        add     eax, 0x3F800000         ; + 1.0's bits: n + 127 in the exponent
         movd    xmm3, eax               ; 2^n
         movss   xmm2, [rdx+GC_ONE+24]   ; c6
         push    5

@@ -2,7 +2,7 @@
 ; emu_tests/test_format_mirror.py checks every constant here against it.
 
 MODEL_MAGIC     = 0x4D5341414D4D4547        ; "GEMMAASM" read as a little-endian qword
-MODEL_VERSION   = 1
+MODEL_VERSION   = 2
 HEADER_SIZE     = 256
 PIECE_REC       = 16            ; per piece: u32 blob_off, u32 len, f32 score, u32 type
 TENSOR_ALIGN    = 64            ; every tensor offset (relative to weights_off)
@@ -21,7 +21,7 @@ HDR_KV_HEADS    = 36
 HDR_HEAD_DIM    = 40
 HDR_MAX_CTX     = 44
 HDR_EPS         = 48            ; f32
-HDR_ROPE_THETA  = 52            ; f32
+HDR_ATT_SCALE   = 52            ; f32: multiplies q.k
 HDR_EMBED_SCALE = 56            ; f32
 HDR_BOS         = 60
 HDR_EOS         = 64
@@ -38,6 +38,13 @@ HDR_BLOB_SIZE   = 120
 HDR_WEIGHTS_OFF = 128
 HDR_WEIGHTS_SIZE = 136
 HDR_FILE_SIZE   = 144
+HDR_FLAGS       = 152           ; u32: FLAG_* below
+HDR_ATT_SOFTCAP = 156           ; f32: 0 = none, else c: scores s -> c tanh(s / c)
+HDR_FINAL_SOFTCAP = 160         ; f32: the same on the logits
+
+; header flags: the optional norms every layer has
+FLAG_POST_NORMS = 1             ; post_attn_norm, post_ffn_norm (ffn_norm is then the pre-norm)
+FLAG_QK_NORM    = 2             ; q_norm, k_norm (head_dim each), on every head before rope
 
 ; piece record fields
 PIECE_BLOB_OFF  = 0

@@ -33,7 +33,7 @@ import numpy as np
 
 from builder.cli import Parser, run
 from builder.gguf_meta import GGUFError, read_gguf_meta
-from builder.modelfile import (NORMAL, USER_DEFINED, Dims, Header, ModelFormatError,
+from builder.modelfile import (NORMAL, USER_DEFINED, Dims, Header, LayerAttn, ModelFormatError,
                                TensorSpec, Vocab, tensor_layout, tensor_shapes, write_model)
 
 CHUNK_ELEMS = 1 << 22  # rows are read and converted ~4M values at a time
@@ -60,6 +60,7 @@ class Checkpoint:
     dims: Dims
     vocab: Vocab
     tensors: dict[str, SourceTensor]  # engine tensor name -> source
+    attn: list[LayerAttn]             # each layer's window and rope
 
 
 def read_rows(t: SourceTensor, rows: int) -> Iterator[np.ndarray]:
@@ -101,6 +102,15 @@ def check_dims(dims: Dims, where: object) -> None:
         dims.check()
     except ModelFormatError as e:
         raise ConvertError(f"{where}: {e}") from None
+
+
+def check_attn(attn: list[LayerAttn], where: object) -> list[LayerAttn]:
+    try:
+        for i, a in enumerate(attn):
+            a.check(f"layer {i}")
+    except ModelFormatError as e:
+        raise ConvertError(f"{where}: {e}") from None
+    return attn
 
 
 def _is(kind: type, v) -> bool:
@@ -239,9 +249,10 @@ def open_hf(src: Path) -> Checkpoint:
     heads, d = get("num_attention_heads"), get("hidden_size")
     dims = Dims(get("vocab_size"), d, get("intermediate_size"), get("num_hidden_layers"), heads,
                 get("num_key_value_heads", default=heads), get("head_dim", default=d // max(heads, 1)),
-                get("max_position_embeddings"), float(get("rms_norm_eps", float, 1e-6)),
-                float(get("rope_theta", float, field(rope_parameters, "rope_theta", float, where, 10000.0))))
+                get("max_position_embeddings"), float(get("rms_norm_eps", float, 1e-6)))
     check_dims(dims, where)
+    theta = float(get("rope_theta", float, field(rope_parameters, "rope_theta", float, where, 10000.0)))
+    attn = check_attn([LayerAttn(0, theta)] * dims.layers, where)
     vocab = sentencepiece_vocab(need("tokenizer.model"))
     if (src / "model.safetensors.index.json").is_file():
         try:
@@ -259,11 +270,11 @@ def open_hf(src: Path) -> Checkpoint:
         if not (src / name).is_file():
             raise ConvertError(f"{src}: no {name} (listed in model.safetensors.index.json)")
         found.update(safetensors_index(src / name))
-    wanted = {hf_name(n): n for n, _, _ in tensor_shapes(dims)}
+    wanted = {hf_name(n): n for n, _, _ in tensor_shapes(dims) if not n.endswith(("window", "rope"))}
     extra = sorted(set(found) - set(wanted) - {"lm_head.weight"})
     if extra:
         raise ConvertError(f"unexpected tensor {extra[0]} (is config.json right about the shapes?)")
-    return Checkpoint(dims, vocab, {e: found[h] for h, e in wanted.items() if h in found})
+    return Checkpoint(dims, vocab, {e: found[h] for h, e in wanted.items() if h in found}, attn)
 
 
 # ---- GGUF ---------------------------------------------------------------------------------
@@ -299,20 +310,20 @@ def open_gguf(src: Path) -> Checkpoint:
     dims = Dims(len(tokens), d, get("gemma.feed_forward_length"), get("gemma.block_count"),
                 heads, get("gemma.attention.head_count_kv", default=heads),
                 get("gemma.attention.key_length", default=d // max(heads, 1)), get("gemma.context_length"),
-                float(get("gemma.attention.layer_norm_rms_epsilon", float)),
-                float(get("gemma.rope.freq_base", float, 10000.0)))
+                float(get("gemma.attention.layer_norm_rms_epsilon", float)))
     check_dims(dims, src)
+    attn = check_attn([LayerAttn(0, float(get("gemma.rope.freq_base", float, 10000.0)))] * dims.layers, src)
     found = {}
     for t in meta.tensors.values():
         if t.type not in DTYPES:
             raise ConvertError(f"tensor {t.name} is {t.type}: quantized GGUF files are not supported "
                                "(convert an F16, BF16 or F32 GGUF)")
         found[t.name] = SourceTensor(t.name, src, t.offset, t.type, t.shape)
-    wanted = {gguf_name(n): n for n, _, _ in tensor_shapes(dims)}
+    wanted = {gguf_name(n): n for n, _, _ in tensor_shapes(dims) if not n.endswith(("window", "rope"))}
     extra = sorted(set(found) - set(wanted) - {"output.weight"})
     if extra:
         raise ConvertError(f"unexpected tensor {extra[0]} (are the gemma.* keys right about the shapes?)")
-    return Checkpoint(dims, vocab, {e: found[g] for g, e in wanted.items() if g in found})
+    return Checkpoint(dims, vocab, {e: found[g] for g, e in wanted.items() if g in found}, attn)
 
 
 # ---- driver -------------------------------------------------------------------------------
@@ -329,10 +340,11 @@ def convert(src: Path, out: Path, progress: bool = True) -> Header:
     """Convert src (HF directory or .gguf) to the model file out; on failure out is removed."""
     src, out = Path(src), Path(out)
     ckpt = open_checkpoint(src)
-    check_shapes(ckpt, tensor_layout(ckpt.dims), {"embed"})
+    check_shapes(ckpt, [s for s in tensor_layout(ckpt.dims) if s.name.rsplit(".", 1)[-1] not in ("window", "rope")],
+                 {"embed"})
     try:
         return write_model(out, ckpt.dims, ckpt.vocab, source_for(ckpt), progress,
-                           names={e: t.name for e, t in ckpt.tensors.items()})
+                           names={e: t.name for e, t in ckpt.tensors.items()}, attn=ckpt.attn)
     except BaseException:
         out.unlink(missing_ok=True)
         raise

@@ -1,12 +1,17 @@
 """The engine's model file, defined once: header, tokenizer tables, weights.
 
-Layout (little-endian; CONTRACTS.md and the README describe it field by field):
+Layout (little-endian; docs/format.md describes it field by field):
 header (256 bytes, HEADER_FIELDS) | pieces: vocab x PIECE (blob_off, len, score, type) |
 index: u32 ids of the NORMAL pieces sorted by their bytes | user: u32 ids of the
 USER_DEFINED pieces, longest first | blob: piece bytes | zero padding to a multiple of 4096 |
 weights: the tensors of `tensor_layout` in the order the forward pass reads them, each at an
 offset (relative to weights_off) that is a multiple of 64, FP16 matrices and FP32 norms
-holding 1 + w.
+holding 1 + w. Each layer starts with its attention's own parameters, as two small tensors:
+`window` (u32: 0 = full causal attention, w = only the last w positions, itself included) and
+`rope` (f32, head_dim/2: RoPE's inverse frequencies for that layer, scaling included), so
+per-layer sliding windows and rope thetas (Gemma 2 and 3) need no code keyed on a model.
+Header `flags` say which optional norms every layer has (POST_NORMS: Gemma 2/3's norms of
+the attention and feed-forward outputs; QK_NORM: Gemma 3's per-head q/k norms).
 
 `write_model` streams: it asks a source for each tensor's rows chunk by chunk, converts them
 (float -> FP16 with an overflow count, or FP32) and writes them, so a 5 GB model never sits in
@@ -19,18 +24,24 @@ import math
 import struct
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 MAGIC = b"GEMMAASM"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 256
 PIECE_REC = 16
 TENSOR_ALIGN = 64
 WEIGHTS_ALIGN = 4096
+FLT_MAX = float(np.finfo(np.float32).max)
 MAX_LAYERS = 1024  # sanity bound: a hostile header must not make readers build huge layouts
+
+# header flags: which optional norms every layer has
+POST_NORMS = 1   # post_attn_norm and post_ffn_norm (Gemma 2, 3); ffn_norm is then the pre-norm
+QK_NORM = 2      # q_norm and k_norm over head_dim, on every head before RoPE (Gemma 3)
+FLAGS = POST_NORMS | QK_NORM
 
 # sentencepiece piece types
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -48,7 +59,7 @@ HEADER_FIELDS: list[tuple[str, int, str]] = [
     ("head_dim", 40, "I"),
     ("max_ctx", 44, "I"),
     ("eps", 48, "f"),
-    ("rope_theta", 52, "f"),
+    ("att_scale", 52, "f"),
     ("embed_scale", 56, "f"),
     ("bos", 60, "I"),
     ("eos", 64, "I"),
@@ -65,6 +76,9 @@ HEADER_FIELDS: list[tuple[str, int, str]] = [
     ("weights_off", 128, "Q"),
     ("weights_size", 136, "Q"),
     ("file_size", 144, "Q"),
+    ("flags", 152, "I"),
+    ("att_softcap", 156, "f"),
+    ("final_softcap", 160, "f"),
 ]
 _HEADER = struct.Struct("<" + "".join(code for _, _, code in HEADER_FIELDS))
 PIECE = struct.Struct("<IIfI")  # blob_off, len, score, type
@@ -79,7 +93,11 @@ class ModelFormatError(Exception):
 
 @dataclass(frozen=True)
 class Dims:
-    """The shapes and scalars of a Gemma model."""
+    """The shapes and scalars of a Gemma model: everything the header holds about it.
+
+    att_scale multiplies q.k (0 given: float32(head_dim ** -0.5), Gemma 1's; Gemma 2 and 3 use
+    query_pre_attn_scalar ** -0.5); a soft-cap c (0: none) maps s to c tanh(s / c), on the
+    attention scores after scaling (att_softcap) and on the logits (final_softcap)."""
     vocab: int
     dim: int
     ffn: int
@@ -89,7 +107,14 @@ class Dims:
     head_dim: int
     max_ctx: int
     eps: float = 1e-6
-    rope_theta: float = 10000.0
+    flags: int = 0
+    att_scale: float = 0.0
+    att_softcap: float = 0.0
+    final_softcap: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.att_scale == 0 and isinstance(self.head_dim, int) and self.head_dim > 0:
+            object.__setattr__(self, "att_scale", float(np.float32(self.head_dim ** -0.5)))
 
     def check(self) -> None:
         for f in ("vocab", "dim", "ffn", "layers", "heads", "kv_heads", "head_dim", "max_ctx"):
@@ -102,8 +127,38 @@ class Dims:
             raise ModelFormatError(f"heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})")
         if self.head_dim % 2:
             raise ModelFormatError(f"head_dim ({self.head_dim}) is odd")
-        if not (self.eps > 0 and self.rope_theta > 0 and math.isfinite(self.rope_theta)):
-            raise ModelFormatError(f"eps ({self.eps}) and rope_theta ({self.rope_theta}) must be positive")
+        if not (self.eps > 0 and math.isfinite(self.eps)):
+            raise ModelFormatError(f"eps ({self.eps}) must be positive and finite")
+        if not (0 < self.att_scale <= FLT_MAX):
+            raise ModelFormatError(f"att_scale ({self.att_scale}) must be positive and finite")
+        for f in ("att_softcap", "final_softcap"):
+            if not 0 <= getattr(self, f) <= FLT_MAX:
+                raise ModelFormatError(f"{f} ({getattr(self, f)}) must be 0 (none) or positive and finite")
+        if self.flags & ~FLAGS:
+            raise ModelFormatError(f"flags {self.flags:#x} has unknown bits (known: {FLAGS:#x})")
+
+
+@dataclass(frozen=True)
+class LayerAttn:
+    """One layer's attention parameters, written as its `window` and `rope` tensors."""
+    window: int = 0             # 0: full causal attention; w: the last w positions only
+    rope_theta: float = 10000.0
+    rope_scale: float = 1.0     # linear RoPE scaling: inverse frequencies divided by it
+
+    def check(self, where: str) -> None:
+        if not (isinstance(self.window, int) and 0 <= self.window < 2**32):
+            raise ModelFormatError(f"{where}: sliding window {self.window} is out of range")
+        for f in ("rope_theta", "rope_scale"):
+            if not 0 < getattr(self, f) <= FLT_MAX:
+                raise ModelFormatError(f"{where}: {f} ({getattr(self, f)}) must be positive and finite")
+
+
+def rope_freqs(head_dim: int, attn: LayerAttn) -> np.ndarray:
+    """RoPE's inverse frequencies (head_dim/2,) float32, as transformers computes them in
+    float32: e = float32(2i / hd), f = float32(1 / float32(theta ** e)), then f / scale."""
+    e = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    power = (np.float64(np.float32(attn.rope_theta)) ** e.astype(np.float64)).astype(np.float32)
+    return (np.float32(1) / power) / np.float32(attn.rope_scale)
 
 
 @dataclass
@@ -138,7 +193,7 @@ class Header:
     head_dim: int
     max_ctx: int
     eps: float
-    rope_theta: float
+    att_scale: float
     embed_scale: float
     bos: int
     eos: int
@@ -155,11 +210,15 @@ class Header:
     weights_off: int
     weights_size: int
     file_size: int
+    flags: int
+    att_softcap: float
+    final_softcap: float
 
     @property
     def dims(self) -> Dims:
         return Dims(self.vocab, self.dim, self.ffn, self.layers, self.heads, self.kv_heads,
-                    self.head_dim, self.max_ctx, self.eps, self.rope_theta)
+                    self.head_dim, self.max_ctx, self.eps, self.flags, self.att_scale,
+                    self.att_softcap, self.final_softcap)
 
     def pack(self) -> bytes:
         values = [getattr(self, f.name) for f in fields(self)]
@@ -185,14 +244,19 @@ class TensorSpec:
     name: str
     offset: int  # relative to weights_off
     shape: tuple[int, ...]
-    dtype: str  # "f16" or "f32"
+    dtype: str  # "f16", "f32" or "u32"
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * (2 if self.dtype == "f16" else 4)
 
 
-LAYER_TENSORS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "gate", "up", "down")
+# Every tensor a layer may have, in file order (the order the forward pass reads them);
+# OPTIONAL says which header flag a tensor needs.
+LAYER_TENSORS = ("window", "rope", "attn_norm", "wq", "wk", "wv", "q_norm", "k_norm", "wo",
+                 "post_attn_norm", "ffn_norm", "gate", "up", "down", "post_ffn_norm")
+OPTIONAL = {"q_norm": QK_NORM, "k_norm": QK_NORM, "post_attn_norm": POST_NORMS,
+            "post_ffn_norm": POST_NORMS}
 
 
 def _align(n: int, a: int) -> int:
@@ -201,14 +265,23 @@ def _align(n: int, a: int) -> int:
 
 def tensor_shapes(d: Dims) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, dtype) of every tensor, in file order; names: embed, layers.L.X, final_norm."""
-    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
-    layer = {"attn_norm": (d.dim,), "wq": (q, d.dim), "wk": (kv, d.dim), "wv": (kv, d.dim),
-             "wo": (d.dim, q), "ffn_norm": (d.dim,), "gate": (d.ffn, d.dim),
-             "up": (d.ffn, d.dim), "down": (d.dim, d.ffn)}
+    q, kv, hd = d.heads * d.head_dim, d.kv_heads * d.head_dim, d.head_dim
+    layer = {"window": (1,), "rope": (hd // 2,), "attn_norm": (d.dim,), "wq": (q, d.dim),
+             "wk": (kv, d.dim), "wv": (kv, d.dim), "q_norm": (hd,), "k_norm": (hd,),
+             "wo": (d.dim, q), "post_attn_norm": (d.dim,), "ffn_norm": (d.dim,),
+             "gate": (d.ffn, d.dim), "up": (d.ffn, d.dim), "down": (d.dim, d.ffn),
+             "post_ffn_norm": (d.dim,)}
+    names = [n for n in LAYER_TENSORS if n not in OPTIONAL or d.flags & OPTIONAL[n]]
     out = [("embed", (d.vocab, d.dim), "f16")]
     for i in range(d.layers):
-        out += [(f"layers.{i}.{n}", layer[n], "f32" if n.endswith("norm") else "f16") for n in LAYER_TENSORS]
+        out += [(f"layers.{i}.{n}", layer[n], tensor_dtype(n)) for n in names]
     return out + [("final_norm", (d.dim,), "f32")]
+
+
+def tensor_dtype(name: str) -> str:
+    """The dtype of a tensor, by its (last) name: u32 window, f32 norms and rope, else f16."""
+    name = name.rsplit(".", 1)[-1]
+    return "u32" if name == "window" else "f32" if name == "rope" or name.endswith("norm") else "f16"
 
 
 def tensor_layout(header: Header | Dims) -> list[TensorSpec]:
@@ -285,13 +358,14 @@ def make_header(dims: Dims, vocab: Vocab) -> tuple[Header, Tables]:
     blob_off = user_off + len(t.user)
     weights_off = _align(blob_off + len(t.blob), WEIGHTS_ALIGN)
     wsize = weights_size(dims)
+    f32 = lambda v: float(np.float32(v))  # noqa: E731
     header = Header(
         VERSION, HEADER_SIZE, dims.vocab, dims.dim, dims.ffn, dims.layers, dims.heads,
-        dims.kv_heads, dims.head_dim, dims.max_ctx, float(np.float32(dims.eps)),
-        float(np.float32(dims.rope_theta)),
-        float(np.float32(math.sqrt(dims.dim))), vocab.bos, vocab.eos, vocab.eot, t.byte_base,
+        dims.kv_heads, dims.head_dim, dims.max_ctx, f32(dims.eps), f32(dims.att_scale),
+        f32(math.sqrt(dims.dim)), vocab.bos, vocab.eos, vocab.eot, t.byte_base,
         t.n_index, t.n_user, t.max_piece_len, pieces_off, index_off, user_off, blob_off,
-        len(t.blob), weights_off, wsize, weights_off + wsize)
+        len(t.blob), weights_off, wsize, weights_off + wsize, dims.flags,
+        f32(dims.att_softcap), f32(dims.final_softcap))
     return header, t
 
 
@@ -301,15 +375,31 @@ TensorSource = Callable[[TensorSpec], Iterable[np.ndarray]]
 
 
 def write_model(path: Path, dims: Dims, vocab: Vocab, source: TensorSource,
-                progress: bool = True, names: dict[str, str] | None = None) -> Header:
-    """Write a model file at path, streaming each tensor from source (see TensorSource).
+                progress: bool = True, names: dict[str, str] | None = None,
+                attn: Sequence[LayerAttn] | None = None) -> Header:
+    """Write a model file at path, streaming each tensor from source (see TensorSource);
+    each layer's `window` and `rope` come from attn (one LayerAttn per layer; default: full
+    attention, theta 10000, no scaling), not from source.
 
     Matrices are rounded to FP16 (round to nearest even); a value that overflows FP16 raises
     ModelFormatError naming the tensor (by `names[spec.name]` when given, e.g. the name in
     the checkpoint it came from), the count and the first place.
     """
     names = names or {}
+    attn = list(attn) if attn is not None else [LayerAttn()] * dims.layers
     header, t = make_header(dims, vocab)
+    if len(attn) != dims.layers:
+        raise ModelFormatError(f"{len(attn)} layers of attention parameters for {dims.layers} layers")
+    for i, a in enumerate(attn):
+        a.check(f"layer {i}")
+
+    def chunks(spec: TensorSpec) -> Iterable[np.ndarray]:
+        what = spec.name.rsplit(".", 1)[-1]
+        if what == "window":
+            return [np.array([attn[int(spec.name.split(".")[1])].window], np.uint32)]
+        if what == "rope":
+            return [rope_freqs(dims.head_dim, attn[int(spec.name.split(".")[1])])]
+        return source(spec)
     with open(path, "wb") as f, tqdm(total=header.weights_size, unit="B", unit_scale=True,
                                      desc=f"writing {Path(path).name}", disable=not progress,
                                      leave=False) as bar:
@@ -318,9 +408,11 @@ def write_model(path: Path, dims: Dims, vocab: Vocab, source: TensorSource,
             f.write(b"\0" * (header.weights_off + spec.offset - f.tell()))
             rows, cols = math.prod(spec.shape[:-1]), spec.shape[-1]
             done, overflow, first = 0, 0, None
-            for chunk in source(spec):
+            for chunk in chunks(spec):
                 chunk = np.asarray(chunk).reshape(-1, cols)
-                if spec.dtype == "f16":
+                if spec.dtype == "u32":
+                    out = chunk.astype("<u4")
+                elif spec.dtype == "f16":
                     with np.errstate(over="ignore"):
                         out = chunk.astype("<f2")
                     bad = np.isinf(out) & np.isfinite(chunk)
@@ -418,6 +510,6 @@ class ModelFile:
 
     def tensor(self, name: str) -> np.ndarray:
         s = self._layout[name]
-        dt = np.dtype("<f2" if s.dtype == "f16" else "<f4")
+        dt = np.dtype({"f16": "<f2", "f32": "<f4", "u32": "<u4"}[s.dtype])
         return np.frombuffer(self._map, dt, math.prod(s.shape), self.header.weights_off + s.offset).reshape(s.shape)
 

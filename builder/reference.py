@@ -1,20 +1,22 @@
-"""The Gemma (v1) forward pass in numpy float32, read from an engine model file: the twin the
-engine is tested against (GEMMA.md, "Forward pass"; proven against the fixtures' recorded
-transformers logits by emu_tests/test_reference.py).
+"""The Gemma (1, 2 and 3) forward pass in numpy float32, read from an engine model file: the
+twin the engine is tested against (docs/gemma.md; proven against the fixtures' recorded
+transformers logits by emu_tests/test_reference.py). Everything it needs comes from the file:
+the header's flags (post norms, q/k norms), attention scale and soft-caps, and each layer's
+window and RoPE frequencies.
 
     ref = Reference(ModelFile(path))
     logits = ref.forward(token, pos)          # positions 0, 1, 2, ... in order (KV cache)
     prompt_logits, steps, tokens = ref.generate(ids, n)   # greedy
 
 Weights are the file's FP16 values widened to float32; every activation and sum is float32.
-RoPE follows transformers in float32: inv_freq = 1 / theta ** (arange(0, hd, 2) / hd),
-angle = float32(p) * inv_freq, then cos / sin (half-split pairing).
+RoPE follows transformers in float32: angle = float32(p) * inv_freq (the layer's `rope`
+tensor), then cos / sin (half-split pairing).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from builder.modelfile import LAYER_TENSORS, ModelFile
+from builder.modelfile import POST_NORMS, QK_NORM, ModelFile, tensor_shapes
 
 F32 = np.float32
 WIDEN_LIMIT = 1 << 28  # bytes of FP16 weights up to which they are widened up front
@@ -35,8 +37,9 @@ def matvec(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.concatenate([np.asarray(w[i:i + step], F32) @ x for i in range(0, w.shape[0], step)])
 
 
-def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
-    return F32(1) / (F32(theta) ** (np.arange(0, head_dim, 2, dtype=F32) / F32(head_dim)))
+def softcap(x: np.ndarray, c: float) -> np.ndarray:
+    """c tanh(x / c) in float32 (transformers' order); c = 0: x unchanged."""
+    return np.tanh(x / F32(c)) * F32(c) if c else x
 
 
 def rope(x: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
@@ -57,9 +60,11 @@ class Reference:
         small = model.header.weights_size <= WIDEN_LIMIT
         get = (lambda name: model.tensor(name).astype(F32)) if small else model.tensor
         self.embed = get("embed")
-        self.layers = [{name: get(f"layers.{i}.{name}") for name in LAYER_TENSORS} for i in range(d.layers)]
+        self.layers = [{} for _ in range(d.layers)]
+        for name, _, _ in tensor_shapes(d)[1:-1]:
+            _, i, what = name.split(".")
+            self.layers[int(i)][what] = model.tensor(name) if what in ("window", "rope") else get(name)
         self.final_norm = get("final_norm")
-        self.inv_freq = rope_inv_freq(d.head_dim, d.rope_theta)
         self.reset()
 
     def reset(self) -> None:
@@ -74,24 +79,34 @@ class Reference:
         if pos != self.pos or not 0 <= pos < d.max_ctx or not 0 <= token < d.vocab:
             raise ValueError(f"forward(token={token}, pos={pos}): expected pos {self.pos}, token < {d.vocab}")
         group, hd = d.heads // d.kv_heads, d.head_dim
+        post = bool(d.flags & POST_NORMS)
         x = self.embed[token].astype(F32) * self.scale
         for i, w in enumerate(self.layers):
             h = rmsnorm(x, w["attn_norm"], d.eps)
-            q = rope(matvec(w["wq"], h).reshape(d.heads, hd), pos, self.inv_freq)
-            self.k_cache[i, pos] = rope(matvec(w["wk"], h).reshape(d.kv_heads, hd), pos, self.inv_freq)
+            q = matvec(w["wq"], h).reshape(d.heads, hd)
+            k = matvec(w["wk"], h).reshape(d.kv_heads, hd)
+            if d.flags & QK_NORM:
+                q = np.stack([rmsnorm(r, w["q_norm"], d.eps) for r in q])
+                k = np.stack([rmsnorm(r, w["k_norm"], d.eps) for r in k])
+            self.k_cache[i, pos] = rope(k, pos, w["rope"])
             self.v_cache[i, pos] = matvec(w["wv"], h).reshape(d.kv_heads, hd)
-            keys, values = self.k_cache[i, :pos + 1], self.v_cache[i, :pos + 1]  # [t, K, hd]
+            q = rope(q, pos, w["rope"])
+            window = int(w["window"][0])
+            start = max(0, pos + 1 - window) if window else 0  # attends start .. pos
+            keys, values = self.k_cache[i, start:pos + 1], self.v_cache[i, start:pos + 1]  # [t, K, hd]
             out = np.empty((d.heads, hd), F32)
             for j in range(d.heads):
                 kv = j // group
-                scores = (keys[:, kv] @ q[j]) / F32(np.sqrt(hd))
+                scores = softcap((keys[:, kv] @ q[j]) * F32(d.att_scale), d.att_softcap)
                 p = np.exp(scores - scores.max())
                 out[j] = (p / p.sum()) @ values[:, kv]
-            x = x + matvec(w["wo"], out.reshape(-1))
+            o = matvec(w["wo"], out.reshape(-1))
+            x = x + (rmsnorm(o, w["post_attn_norm"], d.eps) if post else o)
             h = rmsnorm(x, w["ffn_norm"], d.eps)
-            x = x + matvec(w["down"], gelu_tanh(matvec(w["gate"], h)) * matvec(w["up"], h))
+            o = matvec(w["down"], gelu_tanh(matvec(w["gate"], h)) * matvec(w["up"], h))
+            x = x + (rmsnorm(o, w["post_ffn_norm"], d.eps) if post else o)
         self.pos += 1
-        return matvec(self.embed, rmsnorm(x, self.final_norm, d.eps))
+        return softcap(matvec(self.embed, rmsnorm(x, self.final_norm, d.eps)), d.final_softcap)
 
     def generate(self, ids: list[int], steps: int, feed: list[int] | None = None):
         """Run the prompt, then `steps` greedy steps from the start of the cache.

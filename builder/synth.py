@@ -120,7 +120,7 @@ def write_gguf(path: Path, dims: Dims, vocab: Vocab, source, progress: bool = Tr
     w.add_key_length(dims.head_dim)
     w.add_value_length(dims.head_dim)
     w.add_layer_norm_rms_eps(dims.eps)
-    w.add_rope_freq_base(dims.rope_theta)
+    w.add_rope_freq_base(10000.0)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -138,7 +138,7 @@ def write_gguf(path: Path, dims: Dims, vocab: Vocab, source, progress: bool = Tr
     w.add_eot_token_id(vocab.eot)
     w.add_add_space_prefix(False)
     w.add_add_bos_token(True)
-    specs = tensor_layout(dims)
+    specs = [s for s in tensor_layout(dims) if s.dtype != "u32" and not s.name.endswith(".rope")]
     for s in specs:
         w.add_tensor_info(gguf_name(s.name), s.shape,
                           np.dtype(np.float16 if s.dtype == "f16" else np.float32), s.nbytes)

@@ -1,5 +1,5 @@
 """asm/format.asm mirrors builder/modelfile.py: every header offset, the magic, the version,
-the sizes and alignments, the piece record fields and the piece types."""
+the sizes and alignments, the header flags, the piece record fields and the piece types."""
 from __future__ import annotations
 
 import re
@@ -47,6 +47,8 @@ def test_scalars():
         "PIECE_USER": modelfile.USER_DEFINED,
         "PIECE_UNUSED": modelfile.UNUSED,
         "PIECE_BYTE": modelfile.BYTE,
+        "FLAG_POST_NORMS": modelfile.POST_NORMS,
+        "FLAG_QK_NORM": modelfile.QK_NORM,
     }
     wrong = [(k, v, asm.get(k)) for k, v in want.items() if asm.get(k) != v]
     assert not wrong, f"(name, modelfile.py, format.asm): {wrong}"

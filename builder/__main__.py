@@ -1,7 +1,7 @@
 """`python -m builder [COMMAND] ...`: the project's one command line.
 
 With no command (or options only) it builds `./gemma`; `convert`, `synth` and `bench` are the
-model and benchmark tools. Each command lives in its own module exposing
+model and benchmark tools; `demo` runs the real Gemma 3 270M model. Each command lives in its own module exposing
 `main(argv: list[str]) -> int`, imported only when chosen.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ COMMANDS = {
     "convert": "builder.convert",
     "synth": "builder.synth",
     "bench": "builder.bench",
+    "demo": "builder.demo",
 }
 
 

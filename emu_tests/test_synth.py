@@ -14,7 +14,8 @@ import pytest
 import sentencepiece as spm
 
 from builder import synth
-from builder.convert import convert, sentencepiece_vocab
+from builder.convert import convert
+from builder.convert_hf import sentencepiece_vocab
 from builder.modelfile import UNKNOWN, ModelFile, Vocab, tensor_layout, write_model
 from builder.reference import Reference
 from builder.tokenizer import Tokenizer

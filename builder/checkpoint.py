@@ -5,10 +5,12 @@ how config values are checked, and what each Gemma generation means for the mode
 read with plain file reads (seek + np.fromfile; no whole-file map) CHUNK_ELEMS values at a
 time. Plain types (F32, F16, BF16: bfloat16 -> float32 is a bit shift) convert exactly; GGUF
 quantized types (QUANTIZED) are dequantized by `gguf.quants.dequantize`, whose float32 is then
-rounded to FP16 by modelfile.write_model. Memory bound: one chunk is at most
-max(CHUNK_ELEMS, one row) values, i.e. 16 MB as float32 (4M values); dequantizing it takes a
-few float32 temporaries of that size (measured peak for Q4_K/Q6_K/Q5_0/Q8_0: under 8 chunks,
-~130 MB, whatever the tensor's size: emu_tests/test_convert.py checks it with tracemalloc).
+rounded to FP16 by modelfile.write_model. Memory bound: a chunk holds max(CHUNK_ELEMS, one
+row) values, 16 MB as float32; reading allocates at most 6 such chunks at a time (raw bytes,
+gguf's dequantization temporaries, the chunk the caller still holds), whatever the tensor's
+size: ~100 MB for the 5.6 GB (float32) embedding of Gemma 3 27B as for a norm. Measured peaks
+of traced allocations: 2.5-3.5 chunks with the default CHUNK_ELEMS, 2.5-4.7 with 64K-value
+chunks, over every type; emu_tests/test_convert.py holds reading to 6 with tracemalloc.
 
 Generations (`FLAGS`, `SLIDING_PERIOD`): Gemma 1 has neither post norms nor q/k norms and no
 sliding window; Gemma 2 adds the post-attention and post-feed-forward norms (its "ffn_norm" is

@@ -35,7 +35,7 @@ LLAMA_ROWS = ["llama.cpp prompt tokens/s", "llama.cpp decode tokens/s",
 
 def tiny_bytes() -> int:
     """The tiny preset's tensor bytes, counted from its dimensions (not from the file layout)."""
-    d = PRESETS["tiny"]
+    d = PRESETS["tiny"].dims
     q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
     layer = 2 * (q * d.dim + 2 * kv * d.dim + d.dim * q + 3 * d.ffn * d.dim) + 4 * 2 * d.dim
     return 2 * d.vocab * d.dim + d.layers * layer + 4 * d.dim
@@ -139,7 +139,7 @@ def test_damaged_cached_model_is_made_again(tmp_path):
     for name in ("tiny-seed3.bin", "tiny-seed3.gguf"):
         (tmp_path / name).write_bytes(b"GEMMAASM" + bytes(300))
     model, gguf = bench.model_paths(bench.Config(preset="tiny", seed=3, cache=tmp_path))
-    assert ModelFile(model).dims.vocab == PRESETS["tiny"].vocab
+    assert ModelFile(model).dims.vocab == PRESETS["tiny"].dims.vocab
     assert gguf.read_bytes()[:4] == b"GGUF"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-seed3.bin", "tiny-seed3.gguf"]
 

@@ -14,7 +14,8 @@ What GGUF does not store is fixed by architecture, as llama.cpp does:
   every 6th; window `{arch}.attention.sliding_window` (Gemma 2: default 4096; Gemma 3 without
   it: no sliding layers, freq_base everywhere; 0: no sliding layers in either);
 - RoPE: `{arch}.rope.freq_base` (default 10000) and linear scaling (`{arch}.rope.scaling.type`
-  "linear" + `.scaling.factor`, or the older `.rope.scale_linear`) on every layer, except
+  "linear", the default, or "none"; factor `.scaling.factor`, else the older `.rope.scale_linear`,
+  absent or 0 meaning none; other types are refused) on every layer, except
   Gemma 3's sliding layers: `gemma3.rope.freq_base_swa` (default 10000), no scaling;
 - attention scale head_dim ** -0.5, except the 27B shapes (Gemma 2 with 46 layers, Gemma 3
   with 62): (d / heads) ** -0.5 (integer division);
@@ -77,10 +78,11 @@ def layer_attn(arch: str, kv: dict, layers: int, where: object) -> list[LayerAtt
     else:
         sliding = sliding_by_period(SLIDING_PERIOD[arch] if pattern is None else pattern, layers, where,
                                     f"{arch}.attention.sliding_window_pattern")
-    kind = get("rope.scaling.type", str, "linear" if f"{arch}.rope.scale_linear" in kv else "none")
+    kind = get("rope.scaling.type", str, "linear")
     if kind not in ("none", "linear"):
         raise ConvertError(f"{where}: rope scaling type {kind!r} is not supported (only none and linear)")
-    scale = float(get("rope.scaling.factor", float, get("rope.scale_linear", float, 1.0))) if kind == "linear" else 1.0
+    factor = float(get("rope.scaling.factor", float, get("rope.scale_linear", float, 0.0)))
+    scale = factor if kind == "linear" and factor != 0 else 1.0  # llama.cpp: no factor (or 0) = none
     full = LayerAttn(0, float(get("rope.freq_base", float, 10000.0)), scale)
     swa = (LayerAttn(window, float(get("rope.freq_base_swa", float, 10000.0))) if arch == "gemma3"
            else LayerAttn(window, full.rope_theta, scale))

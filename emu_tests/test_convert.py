@@ -433,9 +433,15 @@ def test_gguf_gemma3_conventions(tmp_path):
     pattern = [True, False, True, True, False, False]
     assert [w for w, _ in convert_with("array", gemma3__attention__sliding_window_pattern=pattern)] == \
         [6 if p else 0 for p in pattern]
-    # linear scaling: full layers only
+    # linear scaling: full layers only; as llama.cpp, type linear by default, no factor (or 0) = none
     got = convert_with("linear", gemma3__rope__scaling__type="linear", gemma3__rope__scaling__factor=8.0)
     assert np.array_equal(got[5][1], full / np.float32(8)) and np.array_equal(got[0][1], swa)
+    got = convert_with("scale_linear", gemma3__rope__scale_linear=4.0)
+    assert np.array_equal(got[5][1], full / np.float32(4)) and np.array_equal(got[0][1], swa)
+    for name, values in {"no_factor": dict(gemma3__rope__scaling__type="linear"),
+                         "factor_0": dict(gemma3__rope__scaling__factor=0.0),
+                         "none": dict(gemma3__rope__scaling__type="none", gemma3__rope__scaling__factor=8.0)}.items():
+        assert np.array_equal(convert_with(name, **values)[5][1], full), name
 
 
 def test_gguf_gemma2_defaults(tmp_path):

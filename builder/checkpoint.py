@@ -130,7 +130,8 @@ def check_attn(attn: list[LayerAttn], where: object) -> list[LayerAttn]:
     return attn
 
 
-def _is(kind: type, v) -> bool:
+def is_kind(kind: type, v) -> bool:
+    """v is a kind (int, float: an int too, str), never a bool."""
     return not isinstance(v, bool) and (isinstance(v, kind) or (kind is float and isinstance(v, int)))
 
 
@@ -140,7 +141,7 @@ def field(table: dict, key: str, kind: type, where: object, default=None, array:
     value = default if value is None else value  # configs write null for "not set"
     if value is None:
         raise ConvertError(f"{where}: no {key}")
-    ok = (isinstance(value, list) and all(_is(kind, v) for v in value)) if array else _is(kind, value)
+    ok = (isinstance(value, list) and all(is_kind(kind, v) for v in value)) if array else is_kind(kind, value)
     if not ok:
         what = {int: "an integer", float: "a number", str: "a string"}[kind]
         raise ConvertError(f"{where}: {key} is not {'an array of ' + what.split()[1] + 's' if array else what}")
@@ -150,7 +151,7 @@ def field(table: dict, key: str, kind: type, where: object, default=None, array:
 def sliding_by_period(period: object, layers: int, where: object, key: str) -> list[bool]:
     """Which layers slide under a period p (transformers' and llama.cpp's rule: all but every
     p-th layer, i.e. layer i slides when i % p < p - 1)."""
-    if not (_is(int, period) and 1 <= period <= 1 << 20):
+    if not (is_kind(int, period) and 1 <= period <= 1 << 20):
         raise ConvertError(f"{where}: {key} {period!r} is not a positive integer")
     return [i % period < period - 1 for i in range(layers)]
 

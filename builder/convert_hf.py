@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator
 
 from builder.checkpoint import (FLAGS, PLAIN, SLIDING_PERIOD, Checkpoint, ConvertError, SourceTensor,
-                                _is, check_attn, check_dims, field, sliding_by_period, stored_tensors,
+                                check_attn, check_dims, field, is_kind, sliding_by_period, stored_tensors,
                                 tensor_name)
 from builder.modelfile import NORMAL, Dims, LayerAttn, Vocab
 
@@ -132,7 +132,7 @@ def safetensors_index(path: Path) -> dict[str, SourceTensor]:
             continue
         try:
             dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            if not isinstance(dtype, str) or not all(_is(int, x) and x >= 0 for x in (*shape, start, end)):
+            if not isinstance(dtype, str) or not all(is_kind(int, x) and x >= 0 for x in (*shape, start, end)):
                 raise ValueError
         except (KeyError, TypeError, ValueError):
             raise ConvertError(f"{path}: malformed header entry for tensor {name}") from None
@@ -166,7 +166,7 @@ def read_config(where: Path) -> tuple[str, dict, bool]:
     if config.get("use_bidirectional_attention") is True:
         raise ConvertError(f"{where}: use_bidirectional_attention is true (an embedding model, not a "
                            "causal language model)")
-    if config.get("tie_word_embeddings", True) is not True:
+    if config.get("tie_word_embeddings") not in (None, True):  # null: the default, tied
         raise ConvertError(f"{where}: tie_word_embeddings is not true (the engine's output is the embedding)")
     return generation, {**DEFAULTS[generation], **config}, model_type == "gemma3"
 

@@ -17,13 +17,15 @@ What is read beyond the shapes (DEFAULTS: what transformers assumes when a key i
 - soft-caps: attn_logit_softcapping, final_logit_softcapping (null: none);
 - sliding layers: layer_types ("sliding_attention" / "full_attention", one per layer), else
   sliding_window_pattern (a period), else the generation's default; window: sliding_window;
-- RoPE per layer: rope_parameters (one dict for every layer, or one per layer type), else the
-  older rope_theta, rope_local_base_freq (Gemma 3's sliding layers) and rope_scaling (Gemma 3:
-  full layers only); rope_type "default", or "linear" (inverse frequencies / factor);
+- RoPE per layer: rope_parameters (one per layer type; Gemma 1/2: or one dict for every
+  layer), else the older rope_theta, rope_local_base_freq (Gemma 3's sliding layers) and
+  rope_scaling (Gemma 3: full layers only); rope_type "default", or "linear" (inverse
+  frequencies / factor);
 - Gemma 3's vocabulary: config.json says 262208 rows, tokenizer.model has 262144 pieces: the
   tokenizer's count is the vocabulary and the embedding is cropped (as llama.cpp does).
 Refused with one line: other model types, use_bidirectional_attention (EmbeddingGemma is not
-a causal language model), untied embeddings, other rope types, malformed layer_types.
+a causal language model), untied embeddings, other rope types, a Gemma 3 rope_parameters that
+does not name the layer types, malformed layer_types.
 """
 from __future__ import annotations
 
@@ -206,6 +208,8 @@ def layer_attn(generation: str, cfg: dict, layers: int, where: object) -> list[L
             raise ConvertError(f"{where}: rope_parameters is not a JSON object")
         if set(params) & set(LAYER_KINDS):
             rope = {k: rope_of(params[k], where, f"rope_parameters.{k}") for k in LAYER_KINDS if k in params}
+        elif generation == "gemma3":  # one dict would not say which theta the sliding layers take
+            raise ConvertError(f"{where}: rope_parameters does not name full_attention and sliding_attention")
         else:
             rope = dict.fromkeys(LAYER_KINDS, rope_of(params, where, "rope_parameters"))
     else:

@@ -400,6 +400,8 @@ def test_rope_scaling_linear(tmp_path):
     (lambda c: c["rope_parameters"]["full_attention"].update(rope_type="yarn", factor=2.0),
      "rope type 'yarn': only 'default' and 'linear'"),
     (lambda c: c["rope_parameters"].pop("full_attention"), "rope_parameters has no full_attention"),
+    (lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+     "rope_parameters does not name full_attention and sliding_attention"),
     (lambda c: c.update(sliding_window=0), "sliding_window 0 must be positive"),
     (lambda c: c.update(tie_word_embeddings=False), "tie_word_embeddings is not true"),
     (lambda c: c.update(query_pre_attn_scalar=-4), "query_pre_attn_scalar -4 must be positive"),

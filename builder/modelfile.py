@@ -469,6 +469,8 @@ class ModelFile:
             raise ModelFormatError(f"file is {size} bytes but its header says {h.file_size}"
                                    + (" (truncated)" if size < h.file_size else ""))
         self.dims = h.dims
+        if not 0 < h.att_scale <= FLT_MAX:  # Dims would take 0 for its default
+            raise ModelFormatError(f"att_scale ({h.att_scale}) must be positive and finite")
         self.dims.check()
         expected = [("pieces_off", HEADER_SIZE), ("index_off", h.pieces_off + PIECE_REC * h.vocab),
                     ("user_off", h.index_off + 4 * h.n_index), ("blob_off", h.user_off + 4 * h.n_user),

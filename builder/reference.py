@@ -1,6 +1,6 @@
 """The Gemma (1, 2 and 3) forward pass in numpy float32, read from an engine model file: the
-twin the engine is tested against (docs/gemma.md; proven against the fixtures' recorded
-transformers logits by emu_tests/test_reference.py). Everything it needs comes from the file:
+twin the engine is tested against (docs/format.md, "What the file computes"; proven against
+the fixtures' recorded transformers logits by emu_tests/test_reference.py). Everything it needs comes from the file:
 the header's flags (post norms, q/k norms), attention scale and soft-caps, and each layer's
 window and RoPE frequencies.
 
@@ -73,8 +73,10 @@ class Reference:
         self.v_cache = np.zeros_like(self.k_cache)
         self.pos = 0
 
-    def forward(self, token: int, pos: int) -> np.ndarray:
-        """Logits [vocab] after feeding token at position pos (must be the next position)."""
+    def forward(self, token: int, pos: int, logits: bool = True) -> np.ndarray | None:
+        """Logits [vocab] after feeding token at position pos (must be the next position);
+        with logits=False only the cache is filled (no product with the vocabulary) and None
+        is returned."""
         d = self.dims
         if pos != self.pos or not 0 <= pos < d.max_ctx or not 0 <= token < d.vocab:
             raise ValueError(f"forward(token={token}, pos={pos}): expected pos {self.pos}, token < {d.vocab}")
@@ -106,17 +108,24 @@ class Reference:
             o = matvec(w["down"], gelu_tanh(matvec(w["gate"], h)) * matvec(w["up"], h))
             x = x + (rmsnorm(o, w["post_ffn_norm"], d.eps) if post else o)
         self.pos += 1
+        if not logits:
+            return None
         return softcap(matvec(self.embed, rmsnorm(x, self.final_norm, d.eps)), d.final_softcap)
 
-    def generate(self, ids: list[int], steps: int, feed: list[int] | None = None):
+    def generate(self, ids: list[int], steps: int, feed: list[int] | None = None,
+                 prompt_rows: bool = True):
         """Run the prompt, then `steps` greedy steps from the start of the cache.
 
         Returns (prompt_logits [len(ids), vocab], step_logits [steps, vocab], tokens): step k's
         logits choose token k (row 0 is the last prompt row); the token fed back after step k
-        is feed[k] when given (to follow a recorded sequence), else the argmax.
+        is feed[k] when given (to follow a recorded sequence), else the argmax. With
+        prompt_rows=False, prompt_logits is the last prompt row only ([1, vocab]): a long
+        prompt of a big vocabulary then costs its layers only.
         """
         self.reset()
-        prompt = np.stack([self.forward(t, p) for p, t in enumerate(ids)])
+        last = len(ids) - 1
+        prompt = np.stack([r for p, t in enumerate(ids)
+                           if (r := self.forward(t, p, prompt_rows or p == last)) is not None])
         logits, rows, tokens = prompt[-1], [], []
         for k in range(steps):
             rows.append(logits)

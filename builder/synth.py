@@ -1,11 +1,19 @@
-"""`python -m builder synth --preset {tiny,2b,7b} [--seed S] -o OUT [--gguf OUT.gguf]`:
-a random Gemma model of exactly a preset's shapes, with a valid tokenizer, no download needed.
+"""`python -m builder synth --preset NAME [--seed S] -o OUT [--gguf OUT.gguf]`: a random Gemma
+model of exactly a preset's shapes, with a valid tokenizer, no download needed.
+
+Presets (PRESETS): Gemma 1 `tiny`, `2b`, `7b`; Gemma 2 `tiny-g2`, `g2-2b`; Gemma 3 `tiny-g3`,
+`g3-270m`, `g3-1b`. A preset is the model's Dims (flags, attention scale and soft-caps
+included), each layer's attention (LayerAttn: window, rope theta) and its GGUF architecture;
+Gemma 2/3 presets follow llama.cpp's conventions for what GGUF does not store (Gemma 2: even
+layers slide, scale head_dim ** -0.5; Gemma 3: layer i full when (i+1) % 6 == 0, rope theta
+1e6 on full layers and 10000 on sliding ones), so their GGUF twin means the same model.
 
 Weights are N(0, 0.02) rounded to FP16 (norms: 1 + N(0, 0.1) in FP32), drawn per tensor and
 per chunk of rows from a generator seeded by (seed, tensor number), so they are generated
 chunk by chunk (a 5 GB model never sits in memory) and the same on every pass: `--gguf` writes
-the identical weights again as an F16 GGUF for llama.cpp (arch "gemma", norms 1 + w,
-tokenizer.ggml.model "llama"); converting that GGUF back gives the same model file.
+the identical weights again as an F16 GGUF for llama.cpp (arch gemma, gemma2 or gemma3 with
+their keys and tensor names, norms 1 + w, tokenizer.ggml.model "llama"); converting that GGUF
+back gives the same model file.
 
 The vocabulary looks like a SentencePiece BPE one: <pad> </s> <s> <unk>, <start_of_turn>,
 <end_of_turn>, user-defined whitespace pieces (tab, newline runs, runs of U+2581), the 256
@@ -17,6 +25,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -24,16 +33,54 @@ import numpy as np
 from tqdm import tqdm
 
 from builder.cli import Parser, run
-from builder.convert import gguf_name
+from builder.convert_gguf import gguf_name
+from builder.checkpoint import FLAGS, SLIDING_PERIOD
 from builder.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, UNKNOWN, USER_DEFINED, Dims, Header,
-                               ModelFormatError, TensorSpec, Vocab, make_header, tensor_layout,
+                               LayerAttn, ModelFormatError, TensorSpec, Vocab, make_header, tensor_layout,
                                write_model)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model to synthesize: shapes and header scalars, each layer's attention, GGUF arch."""
+    dims: Dims
+    attn: tuple[LayerAttn, ...]
+    arch: str  # "gemma", "gemma2" or "gemma3"
+
+
+def gemma1(**shapes) -> Preset:
+    dims = Dims(**shapes)
+    return Preset(dims, (LayerAttn(),) * dims.layers, "gemma")
+
+
+def gemma2(window: int, **shapes) -> Preset:
+    """Gemma 2: post norms, soft-caps 50 / 30, even layers slide (rope theta 10000)."""
+    dims = Dims(**shapes, flags=FLAGS["gemma2"], att_softcap=50.0, final_softcap=30.0)
+    p = SLIDING_PERIOD["gemma2"]
+    return Preset(dims, tuple(LayerAttn(window if i % p < p - 1 else 0) for i in range(dims.layers)), "gemma2")
+
+
+def gemma3(window: int, **shapes) -> Preset:
+    """Gemma 3: post and q/k norms, layer i full when (i+1) % 6 == 0 (theta 1e6, else 10000)."""
+    dims = Dims(**shapes, flags=FLAGS["gemma3"])
+    p = SLIDING_PERIOD["gemma3"]
+    return Preset(dims, tuple(LayerAttn(window, 10000.0) if i % p < p - 1 else LayerAttn(0, 1e6)
+                              for i in range(dims.layers)), "gemma3")
+
 
 PRESETS = {
     # GQA (2 query heads per kv head) and H*hd != d: what the fixtures (MQA, MHA) do not cover
-    "tiny": Dims(vocab=1024, dim=64, ffn=192, layers=2, heads=4, kv_heads=2, head_dim=24, max_ctx=512),
-    "2b": Dims(vocab=256000, dim=2048, ffn=16384, layers=18, heads=8, kv_heads=1, head_dim=256, max_ctx=8192),
-    "7b": Dims(vocab=256000, dim=3072, ffn=24576, layers=28, heads=16, kv_heads=16, head_dim=256, max_ctx=8192),
+    "tiny": gemma1(vocab=1024, dim=64, ffn=192, layers=2, heads=4, kv_heads=2, head_dim=24, max_ctx=512),
+    "2b": gemma1(vocab=256000, dim=2048, ffn=16384, layers=18, heads=8, kv_heads=1, head_dim=256, max_ctx=8192),
+    "7b": gemma1(vocab=256000, dim=3072, ffn=24576, layers=28, heads=16, kv_heads=16, head_dim=256, max_ctx=8192),
+    "tiny-g2": gemma2(5, vocab=1024, dim=64, ffn=192, layers=4, heads=4, kv_heads=2, head_dim=24, max_ctx=512),
+    "g2-2b": gemma2(4096, vocab=256000, dim=2304, ffn=9216, layers=26, heads=8, kv_heads=4, head_dim=256,
+                    max_ctx=8192),
+    "tiny-g3": gemma3(6, vocab=1024, dim=64, ffn=192, layers=6, heads=4, kv_heads=1, head_dim=32, max_ctx=512),
+    "g3-270m": gemma3(512, vocab=262144, dim=640, ffn=2048, layers=18, heads=4, kv_heads=1, head_dim=256,
+                      max_ctx=32768),
+    "g3-1b": gemma3(512, vocab=262144, dim=1152, ffn=6912, layers=26, heads=4, kv_heads=1, head_dim=256,
+                    max_ctx=32768),
 }
 WEIGHT_STD, NORM_STD = 0.02, 0.1
 CHUNK_ELEMS = 1 << 22
@@ -103,14 +150,15 @@ def _tensor_number(name: str) -> int:
 
 def synth_header(preset: str, seed: int = 0) -> Header:
     """The header `synth --preset` writes (no weights are generated)."""
-    dims = PRESETS[preset]
+    dims = PRESETS[preset].dims
     return make_header(dims, synth_vocab(dims.vocab, seed))[0]
 
 
-def write_gguf(path: Path, dims: Dims, vocab: Vocab, source, progress: bool = True) -> None:
-    """Write an F16 GGUF (llama.cpp's "gemma" layout) with the tensors of source, streamed."""
+def write_gguf(path: Path, preset: Preset, vocab: Vocab, source, progress: bool = True) -> None:
+    """Write an F16 GGUF (llama.cpp's layout of preset.arch) with the tensors of source, streamed."""
     import gguf
-    w = gguf.GGUFWriter(path, "gemma")
+    dims, attn = preset.dims, preset.attn
+    w = gguf.GGUFWriter(path, preset.arch)
     w.add_context_length(dims.max_ctx)
     w.add_embedding_length(dims.dim)
     w.add_block_count(dims.layers)
@@ -120,7 +168,15 @@ def write_gguf(path: Path, dims: Dims, vocab: Vocab, source, progress: bool = Tr
     w.add_key_length(dims.head_dim)
     w.add_value_length(dims.head_dim)
     w.add_layer_norm_rms_eps(dims.eps)
-    w.add_rope_freq_base(10000.0)
+    full = next((a for a in attn if not a.window), attn[0])
+    w.add_rope_freq_base(full.rope_theta)
+    if preset.arch != "gemma":
+        w.add_sliding_window(max(a.window for a in attn))
+    if preset.arch == "gemma3":
+        w.add_rope_freq_base_swa(next((a for a in attn if a.window), full).rope_theta)
+    if preset.arch == "gemma2":
+        w.add_attn_logit_softcapping(dims.att_softcap)
+        w.add_final_logit_softcapping(dims.final_softcap)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -160,18 +216,19 @@ def write_gguf(path: Path, dims: Dims, vocab: Vocab, source, progress: bool = Tr
 
 def synth(preset: str, out: Path, seed: int = 0, gguf_out: Path | None = None,
           progress: bool = True) -> Header:
-    dims = PRESETS[preset]
-    vocab = synth_vocab(dims.vocab, seed)
-    header = write_model(out, dims, vocab, synth_source(seed), progress)
+    p = PRESETS[preset]
+    vocab = synth_vocab(p.dims.vocab, seed)
+    header = write_model(out, p.dims, vocab, synth_source(seed), progress, attn=p.attn)
     if gguf_out is not None:
-        write_gguf(gguf_out, dims, vocab, synth_source(seed), progress)
+        write_gguf(gguf_out, p, vocab, synth_source(seed), progress)
     return header
 
 
 def main(argv: list[str]) -> int:
     p = Parser(prog="python -m builder synth",
-               description="Write a random Gemma model of a preset's shapes (tiny; 2b: 5.0 GB; "
-                           "7b: 17 GB) with a valid tokenizer, optionally also as an F16 GGUF.")
+               description="Write a random Gemma 1, 2 or 3 model of a preset's shapes (tiny, tiny-g2, "
+                           "tiny-g3; 2b: 5.0 GB; 7b: 17 GB; g2-2b: 5.2 GB; g3-270m: 0.5 GB; g3-1b: "
+                           "2.0 GB) with a valid tokenizer, optionally also as an F16 GGUF.")
     p.add_argument("--preset", choices=sorted(PRESETS), required=True)
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("-o", "--output", type=Path, required=True, help="model file to write")

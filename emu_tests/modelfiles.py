@@ -7,7 +7,9 @@
 Hugging Face directory; "gguf": its model-f16.gguf) to out_dir/<name>-<source>.bin with
 builder.convert and caches the result for the session. Prefer "hf": its tokenizer tables are
 the sentencepiece ones (the fixtures' GGUFs mark user-defined pieces as normal; the weights
-are identical either way). The pytest fixture `model_file` (a factory) does the same into the
+are identical either way). MODELS are the Gemma 1 fixtures, TWINS every fixture with both
+sources (Gemma 1, 2, 3), ORACLES every (name, source) with a recorded transformers oracle
+(tiny_g2q has no GGUF twin: GGUF cannot say its query_pre_attn_scalar). The pytest fixture `model_file` (a factory) does the same into the
 session's temporary directory: `model_file("tiny_wide")`.
 """
 from __future__ import annotations
@@ -20,6 +22,8 @@ from builder.convert import convert
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = ("tiny_mqa", "tiny_wide")
+TWINS = MODELS + ("tiny_g2", "tiny_g3")
+ORACLES = [(n, s) for n in TWINS for s in ("hf", "gguf")] + [("tiny_g2q", "hf")]
 _converted: dict[tuple[str, str, Path], Path] = {}
 
 

@@ -37,7 +37,7 @@ def tiny_bytes() -> int:
     """The tiny preset's tensor bytes, counted from its dimensions (not from the file layout):
     per layer the FP16 matrices, two float32 norms, the u32 window and hd/2 float32 rope
     frequencies."""
-    d = PRESETS["tiny"]
+    d = PRESETS["tiny"].dims
     q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
     layer = (2 * (q * d.dim + 2 * kv * d.dim + d.dim * q + 3 * d.ffn * d.dim) + 4 * 2 * d.dim
              + 4 + 4 * (d.head_dim // 2))
@@ -101,7 +101,7 @@ def test_figures_are_positive_and_consistent(report):
     assert sorted(map(int, res["bandwidth"])) == threads
     llama = res["peers"][0]["figures"] if res["peers"] else []
     if res["peers"]:  # the F16 twin holds the same tensors but each layer's window and rope
-        d = PRESETS["tiny"]
+        d = PRESETS["tiny"].dims
         assert res["peers"][0]["bytes_per_token"] == tiny_bytes() - d.layers * (4 + 4 * (d.head_dim // 2))
     for engine, figures in (("gemma", res["gemma"]), ("llama.cpp", llama)):
         for i, f in enumerate(figures):
@@ -147,7 +147,7 @@ def test_damaged_cached_model_is_made_again(tmp_path):
     for name in ("tiny-seed3.bin", "tiny-seed3.gguf"):
         (tmp_path / name).write_bytes(b"GEMMAASM" + bytes(300))
     model, gguf = bench.model_paths(bench.Config(preset="tiny", seed=3, cache=tmp_path))
-    assert ModelFile(model).dims.vocab == PRESETS["tiny"].vocab
+    assert ModelFile(model).dims.vocab == PRESETS["tiny"].dims.vocab
     assert gguf.read_bytes()[:4] == b"GGUF"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-seed3.bin", "tiny-seed3.gguf"]
 

@@ -10,11 +10,15 @@
   builder.build.build in a memory-limited child: it builds, or fails with one BuildError
   line naming asm/FILE.asm:LINE (or a whole-program reason: link, check, budget), never
   another exception.
+- The Gemma 2/3 paths: hand-written hostile configs (layer_types, bidirectional attention,
+  rope types, windows, scalars, multimodal layouts) and GGUFs of tiny_g3 (unsupported quant
+  types, files truncated inside a quantized tensor, bad sliding patterns, rope keys,
+  soft-caps): each a refusal of one line, as above.
 - RANDOM_CASES seeded random mutations of the same three inputs (bytes flipped in the GGUF
   metadata and tensor table, in the safetensors JSON, values of config.json replaced by other
   types), through `builder.convert.main` in one memory-limited child process (a subprocess
   each would take minutes): each ends in 0, or 1/2 with one line on stderr, never an
-  exception.
+  exception; and every Gemma 2/3 config key of tiny_g3 set to every odd JSON value, the same way.
 Each family runs its cases two at a time; a failure lists every case that misbehaved.
 """
 from __future__ import annotations
@@ -34,12 +38,14 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
+import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from modelfiles import fixture_path
+from variants import gguf_variant, hf_variant, kv_set, quantized
 
 TIMEOUT = 30        # a conversion of tiny_mqa takes 1-2 s; a hang is what this catches
 MEMORY = 3 << 30    # address-space limit of each run (prlimit): a runaway allocation fails
@@ -399,6 +405,123 @@ def test_converter_refuses_a_garbage_tokenizer(tmp_path):
     }.items()})
 
 
+def _g3_hf(edit) -> Callable[[Path], Path]:
+    """tiny_g3's HF directory with config.json edited by edit(dict)."""
+    return lambda work: hf_variant(work, "tiny_g3", config=edit)
+
+
+def _rope(kind: str, **params):
+    return lambda c: c["rope_parameters"][kind].update(params)
+
+
+def _multimodal(text):
+    return lambda c: c.update(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"],
+                              text_config=text)
+
+
+G3_CONFIGS = {
+    "layer_types too short": {"layer_types": ["sliding_attention"] * 5},
+    "layer_types unknown kind": {"layer_types": ["chunked_attention"] * 6},
+    "layer_types a string": {"layer_types": "sliding_attention"},
+    "layer_types numbers": {"layer_types": [0, 1, 0, 1, 0, 1]},
+    "bidirectional attention": {"use_bidirectional_attention": True},
+    "untied embeddings": {"tie_word_embeddings": False},
+    "architecture of another model": {"architectures": ["Gemma2ForCausalLM"]},
+    "rope type yarn": _rope("full_attention", rope_type="yarn", factor=4.0),
+    "rope type dynamic (old keys)": {"rope_parameters": None, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+    "rope_scaling a list (old keys)": {"rope_parameters": None, "rope_scaling": [8]},
+    "rope_parameters a list": {"rope_parameters": [1e6]},
+    "rope_parameters.full_attention a string": {"rope_parameters": {"full_attention": "x", "sliding_attention": {}}},
+    "rope factor a string": _rope("full_attention", rope_type="linear", factor="8"),
+    "rope factor 0": _rope("full_attention", rope_type="linear", factor=0),
+    "rope factor missing": _rope("full_attention", rope_type="linear"),
+    "rope theta negative": _rope("sliding_attention", rope_theta=-1.0),
+    "rope theta NaN": _rope("sliding_attention", rope_theta=float("nan")),
+    "sliding_window -1": {"sliding_window": -1},
+    "sliding_window a string": {"sliding_window": "512"},
+    "sliding_window 2^40": {"sliding_window": 1 << 40},
+    "query_pre_attn_scalar 0": {"query_pre_attn_scalar": 0},
+    "query_pre_attn_scalar NaN": {"query_pre_attn_scalar": float("nan")},
+    "query_pre_attn_scalar a string": {"query_pre_attn_scalar": "256"},
+    "attn_logit_softcapping -1": {"attn_logit_softcapping": -1.0},
+    "final_logit_softcapping Infinity": {"final_logit_softcapping": float("inf")},
+    "sliding_window_pattern 0 (no layer_types)": {"layer_types": None, "sliding_window_pattern": 0},
+    "sliding_window_pattern a list (no layer_types)": {"layer_types": None, "sliding_window_pattern": [6]},
+    "multimodal: text_config a list": _multimodal([1]),
+    "multimodal: text_config empty (4B defaults)": _multimodal({}),
+    "multimodal: weights not under language_model": _multimodal(None),
+}
+
+
+def _config_edit(change) -> Callable[[dict], None]:
+    if callable(change):
+        return change
+
+    def edit(c: dict) -> None:
+        c.update(change)
+        for k in [k for k, v in change.items() if v is None]:
+            c.pop(k)
+    return edit
+
+
+def _g3_gguf(kv=None, tensors=None, cut: float | None = None) -> Callable[[Path], Path]:
+    """tiny_g3's GGUF rewritten with edits (see variants.gguf_variant), then cut to a fraction."""
+    def make(work: Path) -> Path:
+        src = gguf_variant(work, "tiny_g3", kv=kv, tensors=tensors)
+        if cut is not None:
+            data = src.read_bytes()
+            src.write_bytes(data[:int(len(data) * cut)])
+        return src
+    return make
+
+
+def _as_type(name: str, qtype: str):
+    """Tensor edit: `name` as raw bytes of qtype (zeros; right size for its rows)."""
+    def edit(ts):
+        x = ts[name][0]
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+        ts[name] = (np.zeros((x.shape[0], x.shape[1] // block * size), np.uint8), GGMLQuantizationType[qtype])
+    return edit
+
+
+def _quantize(name: str, qtype: str):
+    def edit(ts):
+        ts[name] = (quantized(qtype, ts[name][0], np.random.default_rng(0)), GGMLQuantizationType[qtype])
+    return edit
+
+
+G3_GGUFS = {
+    "quant type Q8_1": _g3_gguf(tensors=_as_type("blk.0.ffn_down.weight", "Q8_1")),
+    "quant type IQ2_XXS": _g3_gguf(tensors=_as_type("blk.0.ffn_down.weight", "IQ2_XXS")),
+    "quant type Q8_K": _g3_gguf(tensors=_as_type("blk.0.ffn_down.weight", "Q8_K")),
+    "truncated inside a Q4_0 embedding": _g3_gguf(tensors=_quantize("token_embd.weight", "Q4_0"), cut=0.3),
+    "truncated inside a Q6_K tensor": _g3_gguf(tensors=_quantize("blk.5.ffn_down.weight", "Q6_K"), cut=0.97),
+    "truncated by one byte (Q4_K)": _g3_gguf(tensors=_quantize("blk.5.ffn_down.weight", "Q4_K"), cut=0.99999),
+    "sliding_window_pattern of 5 layers": _g3_gguf(kv=kv_set(gemma3__attention__sliding_window_pattern=[True] * 5)),
+    "sliding_window_pattern 0": _g3_gguf(kv=kv_set(gemma3__attention__sliding_window_pattern=0)),
+    "sliding_window_pattern a string": _g3_gguf(kv=kv_set(gemma3__attention__sliding_window_pattern="6")),
+    "rope scaling type yarn": _g3_gguf(kv=kv_set(gemma3__rope__scaling__type="yarn")),
+    "rope scaling factor -8": _g3_gguf(kv=kv_set(gemma3__rope__scaling__type="linear",
+                                                 gemma3__rope__scaling__factor=-8.0)),
+    "rope scaling factor a string": _g3_gguf(kv=kv_set(gemma3__rope__scaling__factor="8")),
+    "freq_base NaN": _g3_gguf(kv=kv_set(gemma3__rope__freq_base=float("nan"))),
+    "freq_base_swa -1": _g3_gguf(kv=kv_set(gemma3__rope__freq_base_swa=-1.0)),
+    "freq_base a string": _g3_gguf(kv=kv_set(gemma3__rope__freq_base="1e6")),
+    "attention soft-cap on gemma3": _g3_gguf(kv=kv_set(gemma3__attn_logit_softcapping=50.0)),
+    "final soft-cap -1": _g3_gguf(kv=kv_set(gemma3__final_logit_softcapping=-1.0)),
+    "block_count 62 (27B scale, tensors missing)": _g3_gguf(kv=kv_set(gemma3__block_count=62)),
+    "head_count 0": _g3_gguf(kv=kv_set(gemma3__attention__head_count=0)),
+}
+
+
+def test_converter_refuses_hostile_gemma3_configs(tmp_path):
+    run_all({n: _convert_case(tmp_path, n, _g3_hf(_config_edit(c))) for n, c in G3_CONFIGS.items()})
+
+
+def test_converter_refuses_hostile_gemma3_ggufs(tmp_path):
+    run_all({n: _convert_case(tmp_path, n, make) for n, make in G3_GGUFS.items()})
+
+
 @pytest.mark.parametrize("what", ["missing", "a directory"])
 def test_converter_source_paths(tmp_path, what):
     src = tmp_path / "src"
@@ -462,8 +585,39 @@ def _mutated_source(r: random.Random, work: Path) -> tuple[str, Path]:
     return label, src
 
 
-def _random_conversions(tmp: str, seed: int = RANDOM_SEED, count: int = RANDOM_CASES) -> list[str]:
-    """In a child (3 GB address space, 20 s per case): `count` random cases through
+def _random_sources(tmp: Path) -> Iterator[tuple[str, Path, Path]]:
+    """RANDOM_CASES seeded random hostile sources: (label, source, work dir)."""
+    r = random.Random(RANDOM_SEED)
+    for i in range(RANDOM_CASES):
+        work = tmp / f"c{i}"
+        work.mkdir()
+        yield (*_mutated_source(r, work), work)
+
+
+G3_KEYS = ["layer_types", "sliding_window", "sliding_window_pattern", "rope_parameters", "rope_scaling",
+           "rope_theta", "rope_local_base_freq", "query_pre_attn_scalar", "attn_logit_softcapping",
+           "final_logit_softcapping", "use_bidirectional_attention", "tie_word_embeddings", "text_config"]
+
+
+def _g3_config_sources(tmp: Path) -> Iterator[tuple[str, Path, Path]]:
+    """tiny_g3 with each Gemma 2/3 key set to each of ODD_VALUES (text_config: as a multimodal
+    gemma3 config): (label, source, work dir)."""
+    for i, (key, value) in enumerate((k, v) for k in G3_KEYS for v in ODD_VALUES):
+        work = tmp / f"g{i}"
+        work.mkdir()
+
+        def edit(c, key=key, value=value):
+            if key == "text_config":
+                c.update(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"])
+            c[key] = value
+        yield f"tiny_g3 config {key} = {value!r}", hf_variant(work, "tiny_g3", config=edit), work
+
+
+FAMILIES = {"random": _random_sources, "gemma3 config": _g3_config_sources}
+
+
+def _conversions(tmp: str, family: str) -> list[str]:
+    """In a child (3 GB address space, 20 s per case): every case of FAMILIES[family] through
     builder.convert.main; what went wrong."""
     from builder.convert import main as convert_main
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
@@ -471,11 +625,8 @@ def _random_conversions(tmp: str, seed: int = RANDOM_SEED, count: int = RANDOM_C
     def too_slow(*_):
         raise TimeoutError("more than 20 s")
     signal.signal(signal.SIGALRM, too_slow)
-    r, wrong = random.Random(seed), []
-    for i in range(count):
-        work = Path(tmp) / f"c{i}"
-        work.mkdir()
-        label, src = _mutated_source(r, work)
+    wrong = []
+    for i, (label, src, work) in enumerate(FAMILIES[family](Path(tmp))):
         err = io.StringIO()
         signal.alarm(20)
         try:
@@ -497,8 +648,16 @@ def _random_conversions(tmp: str, seed: int = RANDOM_SEED, count: int = RANDOM_C
 
 def test_converter_random_mutations(tmp_path):
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        wrong = pool.apply(_random_conversions, (str(tmp_path),))
+        wrong = pool.apply(_conversions, (str(tmp_path), "random"))
     assert not wrong, f"{len(wrong)} of {RANDOM_CASES} (seed {RANDOM_SEED}):\n" + "\n".join(wrong[:20])
+
+
+def test_converter_gemma3_config_values(tmp_path):
+    """Every Gemma 2/3 key of config.json set to every odd JSON value: each conversion ends in
+    0, or 1/2 with one line on stderr, never an exception."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        wrong = pool.apply(_conversions, (str(tmp_path), "gemma3 config"))
+    assert not wrong, f"{len(wrong)} of {len(G3_KEYS) * len(ODD_VALUES)}:\n" + "\n".join(wrong[:20])
 
 
 def test_regression_F5_safetensors_dtype_of_another_type(tmp_path):

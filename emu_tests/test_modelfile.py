@@ -1,31 +1,45 @@
-"""builder.modelfile: the header layout is the one CONTRACTS.md fixes, files round-trip, and
-the reader rejects wrong magic, version, truncation and inconsistent sizes."""
+"""builder.modelfile: the header layout is the one docs/format.md fixes (its table and the
+copy below), files round-trip (each layer's window and rope included), the optional tensors
+follow the flags, and the reader rejects wrong magic, version, truncation, inconsistent sizes
+and out-of-range scalars."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from builder.modelfile import (BYTE, CONTROL, HEADER_FIELDS, HEADER_SIZE, MAGIC, NORMAL,
-                               TENSOR_ALIGN, USER_DEFINED, VERSION, WEIGHTS_ALIGN, Dims,
-                               ModelFile, ModelFormatError, Vocab, read_header, tensor_layout,
-                               write_model)
+from builder.modelfile import (BYTE, CONTROL, HEADER_FIELDS, HEADER_SIZE, MAGIC, NORMAL, POST_NORMS,
+                               QK_NORM, TENSOR_ALIGN, USER_DEFINED, VERSION, WEIGHTS_ALIGN, Dims,
+                               LayerAttn, ModelFile, ModelFormatError, Vocab, read_header, rope_freqs,
+                               tensor_layout, write_model)
 
-# CONTRACTS.md, "The engine's model file": (name, offset, struct code), copied by hand.
+FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "format.md"
+
+# docs/format.md, "Header": (name, offset, struct code), copied by hand.
 CONTRACT = """magic 0 8s; version 8 I; header_size 12 I; vocab 16 I; dim 20 I; ffn 24 I;
 layers 28 I; heads 32 I; kv_heads 36 I; head_dim 40 I; max_ctx 44 I; eps 48 f;
-rope_theta 52 f; embed_scale 56 f; bos 60 I; eos 64 I; eot 68 I; byte_base 72 I;
+att_scale 52 f; embed_scale 56 f; bos 60 I; eos 64 I; eot 68 I; byte_base 72 I;
 n_index 76 I; n_user 80 I; max_piece_len 84 I; pieces_off 88 Q; index_off 96 Q;
 user_off 104 Q; blob_off 112 Q; blob_size 120 Q; weights_off 128 Q; weights_size 136 Q;
-file_size 144 Q"""
+file_size 144 Q; flags 152 I; att_softcap 156 f; final_softcap 160 f"""
 
 
 def test_header_fields_match_contract():
     want = [(n, int(o), c) for n, o, c in (f.split() for f in CONTRACT.replace("\n", " ").split(";"))]
     assert HEADER_FIELDS == want
-    assert (MAGIC, VERSION, HEADER_SIZE) == (b"GEMMAASM", 1, 256)
+    assert (MAGIC, VERSION, HEADER_SIZE) == (b"GEMMAASM", 2, 256)
+    assert (POST_NORMS, QK_NORM) == (1, 2)
+
+
+def test_format_md_header_table():
+    # docs/format.md's header table: `| offset | field | type | meaning |`
+    codes = {"8 bytes": "8s", "u32": "I", "f32": "f", "u64": "Q"}
+    rows = re.findall(r"^\| (\d+) \| (\w+) \| ([\w ]+?) \|", FORMAT_MD.read_text(), re.M)
+    assert [(n, int(o), codes[t]) for o, n, t in rows] == HEADER_FIELDS
 
 
 def small_vocab() -> Vocab:
@@ -72,6 +86,10 @@ def test_round_trip(written):
     assert h.weights_off % WEIGHTS_ALIGN == 0 and h.file_size == path.stat().st_size
     for spec in tensor_layout(h):
         assert spec.offset % TENSOR_ALIGN == 0, spec
+        if spec.name.endswith((".window", ".rope")):  # from write_model's attn (default: full, 10000)
+            want = np.array([0], np.uint32) if spec.name.endswith("window") else rope_freqs(6, LayerAttn())
+            assert np.array_equal(m.tensor(spec.name), want) and m.tensor(spec.name).dtype == want.dtype
+            continue
         want = next(iter(random_source(1)(spec)))
         got = m.tensor(spec.name)
         expect = want.astype(np.float16) if spec.dtype == "f16" else want
@@ -81,8 +99,14 @@ def test_round_trip(written):
 def test_layout_order_and_size():
     names = [s.name for s in tensor_layout(DIMS)]
     assert names[0] == "embed" and names[-1] == "final_norm"
-    assert names[1:10] == [f"layers.0.{n}" for n in
-                           ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "gate", "up", "down")]
+    assert names[1:12] == [f"layers.0.{n}" for n in ("window", "rope", "attn_norm", "wq", "wk", "wv", "wo",
+                                                      "ffn_norm", "gate", "up", "down")]
+    g3 = [s.name for s in tensor_layout(dataclasses.replace(DIMS, flags=POST_NORMS | QK_NORM))]
+    assert g3[1:16] == [f"layers.0.{n}" for n in ("window", "rope", "attn_norm", "wq", "wk", "wv", "q_norm", "k_norm",
+                                                  "wo", "post_attn_norm", "ffn_norm", "gate", "up", "down",
+                                                  "post_ffn_norm")]
+    g2 = [s.name for s in tensor_layout(dataclasses.replace(DIMS, flags=POST_NORMS))]
+    assert g2 == [n for n in g3 if not n.endswith(("q_norm", "k_norm"))]
     shapes = {s.name: s.shape for s in tensor_layout(DIMS)}
     assert shapes["layers.1.wq"] == (24, 16) and shapes["layers.1.wk"] == (12, 16)
     assert shapes["layers.1.wo"] == (16, 24) and shapes["layers.1.down"] == (16, 40)
@@ -103,7 +127,11 @@ def put(name, value):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.__setitem__(slice(0, 8), b"GEMMAASX"), "bad magic"),
-    (put("version", 2), "unsupported version 2"),
+    (put("version", 1), "unsupported version 1"),
+    (put("flags", 4), "unknown bits"),
+    (put("att_scale", 0.0), "att_scale (0.0) must be positive"),
+    (put("att_softcap", -1.0), "att_softcap (-1.0) must be 0"),
+    (put("final_softcap", float("inf")), "final_softcap (inf) must be 0"),
     (lambda d: d[:-1], "truncated"),
     (lambda d: d[:100], "truncated"),
     (lambda d: d + b"\0", "header says"),
@@ -140,6 +168,28 @@ def test_writer_checks_vocab(tmp_path, change, message):
     change(v)
     with pytest.raises(ModelFormatError, match=message):
         write_model(tmp_path / "o.bin", DIMS, v, random_source(0), progress=False)
+
+
+def test_per_layer_attention(tmp_path):
+    attn = [LayerAttn(512, 10000.0), LayerAttn(0, 1e6, 8.0)]
+    dims = dataclasses.replace(DIMS, flags=POST_NORMS | QK_NORM, att_scale=0.125, att_softcap=50.0)
+    write_model(tmp_path / "a.bin", dims, small_vocab(), random_source(2), progress=False, attn=attn)
+    m = ModelFile(tmp_path / "a.bin")
+    assert (m.dims.flags, m.dims.att_scale, m.dims.att_softcap, m.dims.final_softcap) == (3, 0.125, 50.0, 0.0)
+    assert m.tensor("layers.0.window").tolist() == [512] and m.tensor("layers.1.window").tolist() == [0]
+    assert np.array_equal(m.tensor("layers.1.rope"), rope_freqs(6, LayerAttn(0, 1e6)) / np.float32(8))
+    assert m.tensor("layers.1.q_norm").shape == (6,) and m.tensor("layers.0.post_ffn_norm").shape == (16,)
+
+
+@pytest.mark.parametrize("attn, message", [
+    ([LayerAttn()], "1 layers of attention parameters for 2 layers"),
+    ([LayerAttn(), LayerAttn(2**32)], "layer 1: sliding window 4294967296 is out of range"),
+    ([LayerAttn(0, 0.0), LayerAttn()], "layer 0: rope_theta (0.0) must be positive"),
+    ([LayerAttn(), LayerAttn(0, 1e4, float("nan"))], "layer 1: rope_scale (nan) must be positive"),
+])
+def test_writer_checks_attention(tmp_path, attn, message):
+    with pytest.raises(ModelFormatError, match=re.escape(message)):
+        write_model(tmp_path / "o.bin", DIMS, small_vocab(), random_source(0), progress=False, attn=attn)
 
 
 def test_chunked_source_equals_whole(tmp_path, written):

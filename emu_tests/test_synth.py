@@ -1,7 +1,7 @@
-"""builder.synth: the tiny preset writes a valid model (readable, its GGUF converts back to the
-same bytes, the reference runs on it); the synthetic vocabularies tokenize exactly as
-sentencepiece does when loaded as a sentencepiece model; the 2b/7b headers have Gemma's shapes
-(checked without writing 5 GB)."""
+"""builder.synth: the tiny presets (Gemma 1, 2, 3) write valid models (readable, their GGUF
+twins convert back to the same bytes, the reference runs on them); the synthetic vocabularies
+tokenize exactly as sentencepiece does when loaded as a sentencepiece model; the big presets'
+headers have the real models' shapes and parameter counts (checked without writing GBs)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,8 @@ import pytest
 import sentencepiece as spm
 
 from builder import synth
-from builder.convert import convert, sentencepiece_vocab
+from builder.convert import convert
+from builder.convert_hf import sentencepiece_vocab
 from builder.modelfile import UNKNOWN, ModelFile, Vocab, tensor_layout, write_model
 from builder.reference import Reference
 from builder.tokenizer import Tokenizer
@@ -27,17 +28,36 @@ def tiny(tmp_path_factory):
     return d
 
 
-def test_tiny_is_valid_and_its_gguf_converts_back(tiny):
-    m = ModelFile(tiny / "t.bin")
-    assert m.dims == dataclasses.replace(synth.PRESETS["tiny"], eps=float(np.float32(1e-6)))
-    convert(tiny / "t.gguf", tiny / "back.bin", progress=False)
-    assert (tiny / "back.bin").read_bytes() == (tiny / "t.bin").read_bytes()
-    r = gguf.GGUFReader(tiny / "t.gguf")
-    assert r.fields["general.architecture"].contents() == "gemma"
+# GGUF architecture, tensors per layer, and tensor names only that generation has
+TINY = {"tiny": ("gemma", 9, []),
+        "tiny-g2": ("gemma2", 11, ["blk.1.post_attention_norm.weight", "blk.1.post_ffw_norm.weight"]),
+        "tiny-g3": ("gemma3", 13, ["blk.5.post_ffw_norm.weight", "blk.5.attn_q_norm.weight",
+                                   "blk.5.attn_k_norm.weight"])}
+
+
+@pytest.mark.parametrize("preset", TINY)
+def test_tiny_is_valid_and_its_gguf_converts_back(tmp_path, preset):
+    synth.synth(preset, tmp_path / "t.bin", seed=5, gguf_out=tmp_path / "t.gguf", progress=False)
+    m = ModelFile(tmp_path / "t.bin")
+    p = synth.PRESETS[preset]
+    assert m.dims == dataclasses.replace(p.dims, eps=float(np.float32(1e-6)))
+    assert [(int(m.tensor(f"layers.{i}.window")[0])) for i in range(m.dims.layers)] == [a.window for a in p.attn]
+    convert(tmp_path / "t.gguf", tmp_path / "back.bin", progress=False)
+    assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "t.bin").read_bytes()
+    r = gguf.GGUFReader(tmp_path / "t.gguf")
+    arch, per_layer, names = TINY[preset]
+    assert r.fields["general.architecture"].contents() == arch
     assert r.fields["tokenizer.ggml.model"].contents() == "llama"
     kinds = {t.name: t.tensor_type.name for t in r.tensors}
     assert kinds["token_embd.weight"] == "F16" and kinds["blk.1.attn_norm.weight"] == "F32"
-    assert len(kinds) == 2 + 9 * m.dims.layers
+    assert len(kinds) == 2 + per_layer * m.dims.layers and all(kinds[n] == "F32" for n in names)
+
+
+def test_gemma3_preset_layers():
+    attn = synth.PRESETS["g3-270m"].attn
+    assert [a.window for a in attn] == [0 if (i + 1) % 6 == 0 else 512 for i in range(18)]
+    assert {a.rope_theta for a in attn if a.window} == {10000.0} and {a.rope_theta for a in attn if not a.window} == {1e6}
+    assert [a.window for a in synth.PRESETS["g2-2b"].attn] == [4096, 0] * 13
 
 
 def test_tiny_weights(tiny):
@@ -58,8 +78,10 @@ def test_seed_changes_weights_not_shapes(tiny, tmp_path):
     assert (tmp_path / "same.bin").read_bytes() == (tiny / "t.bin").read_bytes()
 
 
-def test_reference_runs_on_tiny(tiny):
-    m = ModelFile(tiny / "t.bin")
+@pytest.mark.parametrize("preset", TINY)
+def test_reference_runs_on_tiny(tmp_path, preset):
+    synth.synth(preset, tmp_path / "t.bin", seed=5, progress=False)
+    m = ModelFile(tmp_path / "t.bin")
     tok, ref = Tokenizer(m), Reference(m)
     ids = tok.encode(b"<start_of_turn>user\nHello, world!<end_of_turn>\n")
     prompt, steps, tokens = ref.generate(ids, 8)
@@ -117,12 +139,12 @@ def sample_texts(v: Vocab, n: int, seed: int) -> list[str]:
 
 @pytest.mark.parametrize("preset, n", [("tiny", 300), ("2b", 60)])
 def test_synth_vocab_tokenizes_like_sentencepiece(tmp_path, preset, n):
-    v = synth.synth_vocab(synth.PRESETS[preset].vocab, seed=3)
+    v = synth.synth_vocab(synth.PRESETS[preset].dims.vocab, seed=3)
     proto = sentencepiece_proto(v)
     sp = spm.SentencePieceProcessor(model_proto=proto)
     (tmp_path / "tokenizer.model").write_bytes(proto)
     assert sentencepiece_vocab(tmp_path / "tokenizer.model") == v  # the converter reads it back
-    dims = dataclasses.replace(synth.PRESETS["tiny"], vocab=len(v.pieces))
+    dims = dataclasses.replace(synth.PRESETS["tiny"].dims, vocab=len(v.pieces))
     path = tmp_path / "v.bin"
     write_model(path, dims, v, lambda s: [np.zeros(s.shape, np.float32)], progress=False)
     tok = Tokenizer(ModelFile(path))
@@ -136,19 +158,39 @@ def test_synth_vocab_tokenizes_like_sentencepiece(tmp_path, preset, n):
 # ---- the big presets: header only ----------------------------------------------------------
 
 
+def parameters(h) -> int:
+    """The model's parameters: every tensor but each layer's window and rope."""
+    return sum(int(np.prod(s.shape)) for s in tensor_layout(h) if not s.name.endswith((".window", ".rope")))
+
+
 def test_2b_and_7b_headers():
     h = synth.synth_header("2b")
     assert (h.vocab, h.dim, h.ffn, h.layers, h.heads, h.kv_heads, h.head_dim, h.max_ctx) == \
         (256000, 2048, 16384, 18, 8, 1, 256, 8192)
-    params = sum(int(np.prod(s.shape)) for s in tensor_layout(h))
-    assert params == 2_506_172_416  # GEMMA.md: Gemma-2B has 2,506,172,416 parameters
-    # FP16 matrices + FP32 norms (37 of 2048), every tensor already a multiple of 64 bytes
-    assert h.weights_size == 2 * (params - 37 * 2048) + 4 * 37 * 2048 == 5_012_496_384
+    params = parameters(h)
+    assert params == 2_506_172_416  # Gemma-2B has 2,506,172,416 parameters
+    # FP16 matrices + FP32 norms (37 of 2048) + per layer a window (4 bytes) and rope (128 x 4),
+    # each padded to 64 bytes; every other tensor already a multiple of 64 bytes
+    assert h.weights_size == 2 * (params - 37 * 2048) + 4 * 37 * 2048 + 18 * (64 + 512) == 5_012_506_752
     assert h.file_size < 5.03e9  # + ~9.5 MB of tokenizer tables: the "5.0 GB" file
     h7 = synth.synth_header("7b")
     assert (h7.vocab, h7.dim, h7.ffn, h7.layers, h7.heads, h7.kv_heads, h7.head_dim, h7.max_ctx) == \
         (256000, 3072, 24576, 28, 16, 16, 256, 8192)
     assert h.eot == h7.eot and h.bos == 2 and h.eos == 1 and h.n_user > 0
+
+
+@pytest.mark.parametrize("preset, shapes, params, flags", [
+    # the published parameter counts of Gemma 2 2B, Gemma 3 270M and Gemma 3 1B
+    ("g2-2b", (256000, 2304, 9216, 26, 8, 4, 256), 2_614_341_888, 1),
+    ("g3-270m", (262144, 640, 2048, 18, 4, 1, 256), 268_098_176, 3),
+    ("g3-1b", (262144, 1152, 6912, 26, 4, 1, 256), 999_885_952, 3),
+])
+def test_gemma2_and_3_headers(preset, shapes, params, flags):
+    h = synth.synth_header(preset)
+    assert (h.vocab, h.dim, h.ffn, h.layers, h.heads, h.kv_heads, h.head_dim) == shapes
+    assert parameters(h) == params and h.flags == flags
+    assert h.att_scale == np.float32(1 / 16)  # query_pre_attn_scalar 256 = head_dim
+    assert (h.att_softcap, h.final_softcap) == ((50.0, 30.0) if preset == "g2-2b" else (0.0, 0.0))
 
 
 def test_cli(tmp_path, capsys):

@@ -41,7 +41,7 @@ def write_shape(name: str, out: Path) -> Path:
 
 
 def write_sparse_2b(out: Path) -> Path:
-    dims = PRESETS["2b"]
+    dims = PRESETS["2b"].dims
     header, t = make_header(dims, synth_vocab(dims.vocab, 0))
     with open(out, "wb") as f:
         f.write(header.pack() + t.pieces + t.index + t.user + t.blob)

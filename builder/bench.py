@@ -52,14 +52,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from builder import bench_llama, bench_machine
-from builder.bench_report import Figures, Machine, Result, best, plot, table
+from builder.bench_report import Figures, Machine, Peer, Result, best, plot, table
 from builder.bench_run import Run, run
 from builder.cli import Parser
+from builder.gguf_meta import GGUFError, read_gguf_meta
 from builder.modelfile import ModelFile, ModelFormatError, read_header, tensor_layout
+from builder.synth import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = Path.home() / ".cache" / "gemma-bench"
-PRESETS = ("tiny", "2b", "7b")
 PROMPT_TEXT = ("The history of the city begins with a small market by the river, where farmers "
                "from the valley sold grain, wool and salt to travellers on the northern road. ")
 
@@ -83,17 +84,18 @@ class Config:
     llama_bench: Path | None = None
     engine_args: list[str] = field(default_factory=list)  # added to every timed engine run
     model: Path | None = None  # given files instead of the cached synthetic pair
-    gguf: Path | None = None
+    gguf: list[Path] = field(default_factory=list)  # GGUFs for llama.cpp: each one a peer
 
 
 # ---------------------------------------------------------------- model files
 
 
-def model_paths(cfg: Config) -> tuple[Path, Path]:
-    """The model file and its GGUF twin: given ones, or the cached synthetic pair (made once)."""
+def model_paths(cfg: Config) -> tuple[Path, list[Path]]:
+    """The model file and the GGUFs for llama.cpp: given ones, or the cached synthetic model
+    and its F16 twin (made once)."""
     if cfg.model:
-        for p in (cfg.model, cfg.gguf):
-            if p and not p.is_file():
+        for p in (cfg.model, *cfg.gguf):
+            if not p.is_file():
                 raise BenchError(f"no such file: {p}")
         return cfg.model, cfg.gguf
     base = cfg.cache / f"{cfg.preset}-seed{cfg.seed}"
@@ -101,7 +103,7 @@ def model_paths(cfg: Config) -> tuple[Path, Path]:
     if model.is_file() and gguf.is_file():
         try:
             ModelFile(model)
-            return model, gguf
+            return model, [gguf]
         except ModelFormatError:
             pass  # an older format version, or damaged: make it again
     cfg.cache.mkdir(parents=True, exist_ok=True)
@@ -115,7 +117,7 @@ def model_paths(cfg: Config) -> tuple[Path, Path]:
             raise BenchError(f"synth --preset {cfg.preset} failed (its error is above)")
         part_gguf.rename(gguf)
         part_model.rename(model)
-    return model, gguf
+    return model, [gguf]
 
 
 def warm(path: Path) -> float:
@@ -164,6 +166,15 @@ def huge_fraction(path: Path) -> float:
 def bytes_per_token(model: Path) -> int:
     """Every tensor's bytes: a generated token reads each once."""
     return sum(spec.nbytes for spec in tensor_layout(read_header(model)))
+
+
+def gguf_bytes(gguf: Path) -> int:
+    """Every tensor's bytes in a GGUF: what llama.cpp reads per generated token (Gemma's
+    output matrix is the embedding)."""
+    try:
+        return sum(t.nbytes for t in read_gguf_meta(gguf).tensors.values())
+    except GGUFError as e:
+        raise BenchError(f"{gguf}: {e}") from None
 
 
 def flops_per_prompt_token(model: Path, n_prompt: int) -> float:
@@ -256,9 +267,9 @@ def time_engine(engine: Path, model: Path, text: str, n_prompt: int, n: int,
 # ---------------------------------------------------------------- llama.cpp
 
 
-def llama_source(cfg: Config, gguf: Path | None) -> str | None:
+def llama_source(cfg: Config, ggufs: list[Path]) -> str | None:
     """How llama.cpp will be run, or None when it cannot be (llama_missing says why)."""
-    if gguf is None:
+    if not ggufs:
         return None
     if cfg.llama_bench:
         return f"llama-bench {cfg.llama_bench}"
@@ -268,8 +279,8 @@ def llama_source(cfg: Config, gguf: Path | None) -> str | None:
     return None
 
 
-def llama_missing(cfg: Config, gguf: Path | None) -> str:
-    if gguf is None:
+def llama_missing(cfg: Config, ggufs: list[Path]) -> str:
+    if not ggufs:
         return "llama.cpp: not run (no GGUF given)"
     if not cfg.llama:
         return "llama.cpp: not run (--no-llama)"
@@ -312,19 +323,20 @@ def bench(cfg: Config) -> Result:
     load = load_average()
     threads = cfg.threads or [machine.cpus]
     engine = engine_path(cfg)
-    model, gguf = model_paths(cfg)
+    model, ggufs = model_paths(cfg)
     if cfg.prompt_tokens + cfg.n > read_header(model).max_ctx:
         raise BenchError(f"prompt + -n is more than the model's context "
                          f"({read_header(model).max_ctx} tokens)")
-    source = llama_source(cfg, gguf)
+    source = llama_source(cfg, ggufs)
     huge = warm(model)
-    if source:
-        warm(gguf)
+    peers = [Peer(g.name, gguf_bytes(g), []) for g in ggufs] if source else []
+    for g in ggufs if source else []:
+        warm(g)
     text, ids = make_prompt(engine, model, cfg.prompt_tokens)
     peaks = bench_machine.fma_peaks(threads)
     bw_runs: dict[int, list[float]] = {t: [] for t in threads}
     gemma: dict[int, list[Figures]] = {t: [] for t in threads}
-    llama: dict[int, list[Figures]] = {t: [] for t in threads}
+    llama: dict[tuple[int, int], list[Figures]] = {(i, t): [] for i in range(len(peers)) for t in threads}
 
     def bandwidth() -> None:
         for t, gbs in bench_machine.bandwidths(threads, cfg.bw_size).items():
@@ -336,15 +348,21 @@ def bench(cfg: Config) -> Result:
         for t in threads:
             gemma[t].append(time_engine(engine, model, text, len(ids), cfg.n, t,
                                          cfg.engine_args))
-            if source:
-                llama[t].append(time_llama(cfg, gguf, ids, t))
+            for i, (g, p) in enumerate(zip(ggufs, peers)):
+                if not p.error:  # a peer that crashed once is not run again
+                    try:
+                        llama[i, t].append(time_llama(cfg, g, ids, t))
+                    except BenchError as e:
+                        p.error = str(e)
     bandwidth()
+    for i, p in enumerate(peers):
+        p.figures = [] if p.error else [best(llama[i, t]) for t in threads]
     return Result(machine, cfg.preset if not cfg.model else "given",
-                  shlex.join([str(engine), *cfg.engine_args]), str(model), str(gguf or ""),
+                  shlex.join([str(engine), *cfg.engine_args]), str(model), peers,
                   bytes_per_token(model), flops_per_prompt_token(model, len(ids)),
                   {t: max(bw_runs[t]) for t in threads}, bw_runs, peaks,
-                  [best(gemma[t]) for t in threads], [best(llama[t]) for t in threads if llama[t]],
-                  source or llama_missing(cfg, gguf), [load, load_average()], cfg.repeat, huge)
+                  [best(gemma[t]) for t in threads],
+                  source or llama_missing(cfg, ggufs), [load, load_average()], cfg.repeat, huge)
 
 
 def _threads(text: str) -> list[int]:
@@ -372,13 +390,15 @@ def main(argv: list[str]) -> int:
     p = Parser(prog="python -m builder bench",
                description="Benchmark ./gemma on a synthetic Gemma model against this machine's "
                            "memory bandwidth and llama.cpp on the same weights.")
-    p.add_argument("--preset", choices=PRESETS, default="2b",
+    p.add_argument("--preset", choices=sorted(PRESETS), default="2b",
                    help="synthetic model shapes (default 2b, 5.0 GB; tiny for a quick check)")
     p.add_argument("--seed", type=int, default=0, help="synthetic model seed (default 0)")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                    help=f"where the synthetic models are kept (default {DEFAULT_CACHE})")
     p.add_argument("--model", type=Path, help="benchmark this model file instead of a preset")
-    p.add_argument("--gguf", type=Path, help="with --model: its GGUF twin for llama.cpp")
+    p.add_argument("--gguf", type=Path, action="append", default=[],
+                   help="with --model: a GGUF of the same model for llama.cpp (its F16 twin, "
+                        "or a quantization its users run); repeat for several")
     p.add_argument("--engine", type=Path, help="engine binary (default: ./gemma, built from the current sources)")
     p.add_argument("--engine-args", default="", metavar="ARGS",
                    help="more engine flags for the timed runs, e.g. --engine-args=--baseline")

@@ -46,26 +46,36 @@ class Figures:
 
 
 @dataclass
+class Peer:
+    """llama.cpp on one GGUF file: the twin of the engine's weights, or another quantization."""
+    name: str  # the GGUF's file name
+    bytes_per_token: int  # every tensor of the GGUF once
+    figures: list[Figures]  # one per thread count; empty when it failed
+    error: str = ""  # why it has no figures: a crash is reported, not fatal to the run
+
+
+@dataclass
 class Result:
     machine: Machine
     preset: str
     engine: str  # the binary and any --engine-args
     model: str
-    gguf: str
+    peers: list[Peer]
     bytes_per_token: int
     flops_per_prompt_token: float
     bandwidth: dict[int, float]  # GB/s per thread count (the highest of bandwidth_runs)
     bandwidth_runs: dict[int, list[float]]  # GB/s per thread count, before each round and after
     fma_peak: dict[int, float]  # GFLOP/s of the AVX2 FMA loop per thread count ({}: no AVX2/FMA)
     gemma: list[Figures]
-    llama: list[Figures]
     llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
     load: list[float]  # 1-minute load average before and after: other work on the machine
     repeat: int  # rounds; each figure is the best of them
     huge_pages: float  # fraction of the model file the kernel maps in 2 MB pages
 
-    def efficiency(self, f: Figures) -> float:
-        return f.decode_tps * self.bytes_per_token / (self.bandwidth[f.threads] * 1e9)
+    def efficiency(self, f: Figures, bytes_per_token: int | None = None) -> float:
+        """Decode bytes/s over the bandwidth: the engine's bytes, or a peer's."""
+        return (f.decode_tps * (bytes_per_token or self.bytes_per_token)
+                / (self.bandwidth[f.threads] * 1e9))
 
     def fma_fraction(self, f: Figures) -> float | None:
         peak = self.fma_peak.get(f.threads)
@@ -98,8 +108,11 @@ def table(res: Result) -> str:
     lines = [f"machine: {m.cpu}, {m.cpus} CPUs, {_num(m.mhz, 0)} MHz, {_num(m.mem_gib, 1)} GiB, "
              f"{m.vector}",
              f"engine: {res.engine}",
-             f"model: {res.model} ({res.preset}); GGUF twin: {res.gguf or 'none'}",
-             f"bytes read per generated token: {res.bytes_per_token:,} (every tensor once)",
+             f"model: {res.model} ({res.preset})",
+             f"bytes read per generated token: {res.bytes_per_token:,} (every tensor once)"]
+    lines += [f"llama.cpp on {p.name}: {p.bytes_per_token:,} bytes per token"
+              + (f"; {p.error}" if p.error else "") for p in res.peers]
+    lines += [
              f"page cache: {res.huge_pages:.1%} of the model file in 2 MB pages (./gemma maps the "
              "rest 4 KB at a time, in the prompt's time)",
              f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "
@@ -108,9 +121,8 @@ def table(res: Result) -> str:
              f"load average (1 min) before / after: {res.load[0]:.2f} / {res.load[1]:.2f} "
              f"(other work on the {m.cpus} CPUs); best of {res.repeat} round(s)"
              + ("; BUSY: every figure is a lower bound" if max(res.load) >= m.cpus else ""),
-             f"llama.cpp: {res.llama_source}" if res.llama else res.llama_source]
+             f"llama.cpp: {res.llama_source}"]
     g = {f.threads: f for f in res.gemma}
-    ll = {f.threads: f for f in res.llama}
     rows: list[tuple[str, list[str]]] = [
         ("threads", [str(t) for t in g]),
         ("memory read bandwidth GB/s", [_num(res.bandwidth[t]) for t in g]),
@@ -126,21 +138,29 @@ def table(res: Result) -> str:
         ("tokens: prompt, decoded", [f"{f.n_prompt}, {f.n_decode}" for f in g.values()]),
         ("gemma major page faults", [f"{f.major_faults:,}" for f in g.values()]),
     ]
-    if ll:
+    for p in res.peers:
+        if not p.figures:
+            continue
+        ll, name = {f.threads: f for f in p.figures}, peer_label(res, p)
         rows += [
-            ("llama.cpp prompt tokens/s", [_num(ll[t].prompt_tps) for t in g]),
-            ("llama.cpp decode tokens/s", [_num(ll[t].decode_tps) for t in g]),
-            ("llama.cpp decode efficiency", [_num(res.efficiency(ll[t]), 3) for t in g]),
-            ("llama.cpp peak RSS MB", [_mb(ll[t].peak_rss) for t in g]),
-            ("llama.cpp major page faults", [f"{ll[t].major_faults:,}" for t in g]),
-            ("prompt ratio gemma/llama.cpp", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
-            ("decode ratio gemma/llama.cpp", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
+            (f"{name} prompt tokens/s", [_num(ll[t].prompt_tps) for t in g]),
+            (f"{name} decode tokens/s", [_num(ll[t].decode_tps) for t in g]),
+            (f"{name} decode efficiency", [_num(res.efficiency(ll[t], p.bytes_per_token), 3) for t in g]),
+            (f"{name} peak RSS MB", [_mb(ll[t].peak_rss) for t in g]),
+            (f"{name} major page faults", [f"{ll[t].major_faults:,}" for t in g]),
+            (f"prompt ratio gemma/{name}", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
+            (f"decode ratio gemma/{name}", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
         ]
     width = max(len(name) for name, _ in rows)
     cols = [max(len(r[1][i]) for r in rows) for i in range(len(g))]
     for name, cells in rows:
         lines.append(f"{name:<{width}}  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols)))
     return "\n".join(lines)
+
+
+def peer_label(res: Result, p: Peer) -> str:
+    """"llama.cpp", or with several GGUFs "llama.cpp[NAME]"."""
+    return "llama.cpp" if len(res.peers) == 1 else f"llama.cpp[{p.name}]"
 
 
 def plot(res: Result, path: Path) -> None:
@@ -151,7 +171,7 @@ def plot(res: Result, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, title in ((axes[0], "decode_tps", "decode"), (axes[1], "prompt_tps", "prompt")):
-        for name, figs in (("gemma", res.gemma), ("llama.cpp", res.llama)):
+        for name, figs in [("gemma", res.gemma)] + [(peer_label(res, p), p.figures) for p in res.peers]:
             if figs:
                 ax.plot([f.threads for f in figs], [getattr(f, key) for f in figs], "o-",
                         label=name)

@@ -15,10 +15,12 @@ more than the time the writer takes for one row plus this reader's wake-up (tens
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import select
+import signal
 import subprocess
 import tempfile
 import threading
@@ -45,13 +47,15 @@ class Run:
     stdout: bytes = b""  # only when run(..., capture=True)
 
     def error_line(self) -> str:
-        """The child's last stderr line, or how it ended."""
+        """How the child ended: its last stderr line after an error exit; a crash (a signal)
+        is named as one, with that line."""
         lines = self.stderr.strip().splitlines()
-        if lines:
-            return lines[-1]
         if self.returncode < 0:
-            return f"killed by signal {-self.returncode}"
-        return f"exit status {self.returncode}"
+            crash = f"crashed: killed by signal {-self.returncode}"
+            with contextlib.suppress(ValueError):
+                crash += f" ({signal.Signals(-self.returncode).name})"
+            return crash + (f"; its last words: {lines[-1]}" if lines else "")
+        return lines[-1] if lines else f"exit status {self.returncode}"
 
 
 def _memory(pid: int) -> tuple[int, int]:

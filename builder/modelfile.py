@@ -2,8 +2,9 @@
 
 Layout (little-endian; docs/format.md describes it field by field):
 header (256 bytes, HEADER_FIELDS) | pieces: vocab x PIECE (blob_off, len, score, type) |
-index: u32 ids of the NORMAL pieces sorted by their bytes | user: u32 ids of the
-USER_DEFINED pieces, longest first | blob: piece bytes | zero padding to a multiple of 4096 |
+index: u32 ids of the NORMAL pieces sorted by their bytes | user: u32 ids of the pieces a
+prompt matches whole (USER_DEFINED, and non-empty CONTROL ones such as <start_of_turn>, as
+transformers and llama.cpp tokenize prompts), longest first | blob: piece bytes | zero padding to a multiple of 4096 |
 weights: the tensors of `tensor_layout` in the order the forward pass reads them, each at an
 offset (relative to weights_off) that is a multiple of 64, FP16 matrices and FP32 norms
 holding 1 + w. Each layer starts with its attention's own parameters, as two small tensors:
@@ -332,7 +333,8 @@ def build_tables(vocab: Vocab, n: int) -> Tables:
         if i >= n or vocab.pieces[i] != b"<0x%02X>" % b or vocab.types[i] != BYTE:
             raise ModelFormatError(f"byte pieces are not contiguous: expected <0x{b:02X}> at id {i}")
     normal = [i for i, t in enumerate(vocab.types) if t == NORMAL]
-    user = [i for i, t in enumerate(vocab.types) if t == USER_DEFINED]
+    user = [i for i, t in enumerate(vocab.types)
+            if t == USER_DEFINED or (t == CONTROL and vocab.pieces[i])]
     if any(not vocab.pieces[i] for i in normal + user):
         raise ModelFormatError("a normal or user-defined piece is empty")
     index = sorted(normal, key=lambda i: (vocab.pieces[i], i))
@@ -444,7 +446,8 @@ class ModelFile:
     """A validated, memory-mapped model file.
 
     Attributes: header, dims, pieces (list[bytes]), scores (float32 array), types (int
-    array), index (sorted normal ids), user (user-defined ids, longest first).
+    array), index (sorted normal ids), user (ids of the pieces matched whole: user-defined and
+    control, longest first).
     `tensor(name)` returns a read-only view (float16 or float32) of a tensor.
     """
 
@@ -500,9 +503,9 @@ class ModelFile:
             raise ModelFormatError("the 256 byte pieces are not exactly ids byte_base..byte_base+255")
         self.index = np.frombuffer(m, "<u4", h.n_index, h.index_off).astype(np.int64)
         self.user = np.frombuffer(m, "<u4", h.n_user, h.user_off).astype(np.int64)
-        for what, ids, typ in (("index", self.index, NORMAL), ("user", self.user, USER_DEFINED)):
-            if len(ids) and (ids.max() >= h.vocab or (self.types[ids] != typ).any()):
-                raise ModelFormatError(f"the {what} table holds an id that is not a type-{typ} piece")
+        for what, ids, types in (("index", self.index, [NORMAL]), ("user", self.user, [USER_DEFINED, CONTROL])):
+            if len(ids) and (ids.max() >= h.vocab or not np.isin(self.types[ids], types).all()):
+                raise ModelFormatError(f"the {what} table holds an id that is not a piece of type {types}")
         keys = [self.pieces[i] for i in self.index]
         if keys != sorted(keys):
             raise ModelFormatError("the index is not sorted by piece bytes")

@@ -1,9 +1,9 @@
 """The engine's tokenizer in Python, from a model file's tables: the twin of asm/tokenizer.asm.
 
-encode(text: bytes) -> ids, BOS first (CONTRACTS.md "Tokenizer rules"):
+encode(text: bytes) -> ids, BOS first (docs/gemma.md, "Tokenizer"):
 1. every space (0x20) becomes U+2581 (E2 96 81);
-2. scan left to right: at each position the first user-defined piece (table `user`, longest
-   first) that matches is a frozen symbol; otherwise one UTF-8 character is a symbol (its
+2. scan left to right: at each position the first piece of table `user` (user-defined and
+   control pieces, longest first) that matches is a frozen symbol; otherwise one UTF-8 character is a symbol (its
    length from the lead byte; a byte that does not start a complete, well-formed sequence is
    a one-byte symbol);
 3. repeatedly: over every adjacent pair of unfrozen symbols, look the concatenation up in the

@@ -34,10 +34,13 @@ LLAMA_ROWS = ["llama.cpp prompt tokens/s", "llama.cpp decode tokens/s",
 
 
 def tiny_bytes() -> int:
-    """The tiny preset's tensor bytes, counted from its dimensions (not from the file layout)."""
+    """The tiny preset's tensor bytes, counted from its dimensions (not from the file layout):
+    per layer the FP16 matrices, two float32 norms, the u32 window and hd/2 float32 rope
+    frequencies."""
     d = PRESETS["tiny"]
     q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
-    layer = 2 * (q * d.dim + 2 * kv * d.dim + d.dim * q + 3 * d.ffn * d.dim) + 4 * 2 * d.dim
+    layer = (2 * (q * d.dim + 2 * kv * d.dim + d.dim * q + 3 * d.ffn * d.dim) + 4 * 2 * d.dim
+             + 4 + 4 * (d.head_dim // 2))
     return 2 * d.vocab * d.dim + d.layers * layer + 4 * d.dim
 
 
@@ -64,7 +67,7 @@ def parse_table(text: str) -> dict[str, list[str]]:
     for line in text.splitlines():
         parts = re.split(r" {2,}", line.strip())
         if len(parts) > 1 and not line.startswith(("machine:", "engine:", "model:", "bytes", "prompt FLOPs",
-                                                    "load average", "page cache")):
+                                                    "load average", "page cache", "llama.cpp on ")):
             rows[parts[0]] = parts[1:]
     return rows
 
@@ -76,7 +79,7 @@ def number(cell: str) -> float:
 def test_table_has_every_row_and_a_column_per_thread_count(report, gemma):
     _, threads, text, res = report
     rows = parse_table(text)
-    llama = bool(res["llama"])
+    llama = bool(res["peers"])
     want = ROWS + (LLAMA_ROWS if llama else [])
     assert list(rows) == want, f"rows differ: expected {want}, got {list(rows)}"
     for label, cells in rows.items():
@@ -96,16 +99,21 @@ def test_figures_are_positive_and_consistent(report):
     rows = parse_table(text)
     assert res["bytes_per_token"] == tiny_bytes()
     assert sorted(map(int, res["bandwidth"])) == threads
-    for engine in ("gemma", "llama"):
-        for i, f in enumerate(res[engine]):
+    llama = res["peers"][0]["figures"] if res["peers"] else []
+    if res["peers"]:  # the F16 twin holds the same tensors but each layer's window and rope
+        d = PRESETS["tiny"]
+        assert res["peers"][0]["bytes_per_token"] == tiny_bytes() - d.layers * (4 + 4 * (d.head_dim // 2))
+    for engine, figures in (("gemma", res["gemma"]), ("llama.cpp", llama)):
+        for i, f in enumerate(figures):
             t = f["threads"]
             bw = res["bandwidth"][str(t)]
             assert bw == max(res["bandwidth_runs"][str(t)]) > 0
             assert len(res["bandwidth_runs"][str(t)]) == 3  # before each of 2 rounds, after
             assert f["prompt_tps"] > 0 and f["decode_tps"] > 0, f"{engine} t={t}: {f}"
             assert f["n_prompt"] == res["gemma"][0]["n_prompt"], f"{engine}: other prompt length"
-            eff = f["decode_tps"] * res["bytes_per_token"] / (bw * 1e9)
-            row = rows[f"{'gemma' if engine == 'gemma' else 'llama.cpp'} decode efficiency"]
+            per_token = res["bytes_per_token"] if engine == "gemma" else res["peers"][0]["bytes_per_token"]
+            eff = f["decode_tps"] * per_token / (bw * 1e9)
+            row = rows[f"{engine} decode efficiency"]
             # the table rounds to 3 decimals
             assert math.isclose(number(row[i]), eff, abs_tol=6e-4), f"{engine} t={t}"
     for i, f in enumerate(res["gemma"]):
@@ -119,7 +127,7 @@ def test_figures_are_positive_and_consistent(report):
         peak = res["fma_peak"][str(f["threads"])] * 1e9
         assert math.isclose(number(rows["gemma prompt / AVX2 FMA peak"][i]),
                             f["prompt_tps"] * res["flops_per_prompt_token"] / peak, abs_tol=6e-4)
-    for i, (g, ll) in enumerate(zip(res["gemma"], res["llama"])):
+    for i, (g, ll) in enumerate(zip(res["gemma"], llama)):
         assert math.isclose(number(rows["decode ratio gemma/llama.cpp"][i]),
                             g["decode_tps"] / ll["decode_tps"], abs_tol=6e-4)
 
@@ -207,3 +215,24 @@ def test_errors_are_one_line(argv, message, capsys, tmp_path):
     # the error is one line, the last (a progress note may come before it), no traceback
     assert err.endswith("\n") and err.splitlines()[-1].startswith(f"bench: error: {message}"), err
     assert "Traceback" not in err and err.count("bench: error") == 1, err
+
+
+def test_a_crashing_peer_is_reported_not_fatal(gemma, tmp_path):
+    """llama.cpp runs in a child process: one that dies by a signal (as its AMX build does on
+    quantized models) is named as a crash in the report, and the engine's figures still come."""
+    crasher = tmp_path / "llama-bench"
+    crasher.write_text("#!/bin/sh\necho loading >&2\nkill -SEGV $$\n")
+    crasher.chmod(0o755)
+    cache = tmp_path / "cache"
+    model, (gguf,) = bench.model_paths(bench.Config(preset="tiny", cache=cache))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--model", str(model), "--gguf", str(gguf), "--gguf", str(gguf),
+                         "--engine", str(gemma.binary), "--llama-bench", str(crasher),
+                         "--bw-size", "16M", "-t", "1", "-p", "8", "-n", "3"])
+    text = out.getvalue()
+    assert rc == 0, text
+    crash = "crashed: killed by signal 11 (SIGSEGV); its last words: loading"
+    assert text.count(f"llama.cpp on {gguf.name}: ") == 2 and text.count(crash) == 2, text
+    rows = parse_table(text)
+    assert "gemma decode tokens/s" in rows and not any("llama.cpp" in r for r in rows), rows

@@ -2,8 +2,8 @@
 ; buffers once, forward runs one token through the layers. Arithmetic lives in kernels.asm.
 ; Registers inside forward: rbx = model header, rbp = fwd_vars (variables as [rbp+FV_*]),
 ; r12 = the next weight tensor (tensors are read in file order), r13 = the byte offset of
-; pos's row in a K or V block (for the q, k, v products), then the q/k norm weights being
-; read (rope), r14 = this layer's K block, r15 = q_h of token t in the attention, hb in the
+; pos's row in a K or V block (for the q, k, v products), then where the q/k norm weights
+; start (each token's rope reads them again), r14 = this layer's K block, r15 = q_h of token t in the attention, hb in the
 ; feed-forward. What a layer computes follows the header's flags (FLAG_QK_NORM,
 ; FLAG_POST_NORMS), its window and rope tensors and the header's att_scale and soft-caps:
 ; Gemma 1, 2 and 3 from the file alone.
@@ -177,17 +177,17 @@ forward:
         add     rdi, [rbp+FV_KV_BLOCK]
         mov     r8d, [rbp+FV_KV_DIM]
         call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos ..
+        mov     r13, r12                ; q_norm, k_norm (FLAG_QK_NORM), or wo
 .token:
         mov     ecx, [rbp+FV_N_T]       ; pos + t
         inc     dword [rbp+FV_N_T]      ; (after the block: pos + B)
         call    fwd_ropes               ; q_t, k_t = rope(norm(q_t)), rope(norm(k_t)); keeps
-        mov     eax, [rbp+FV_Q_DIM]     ; ecx; r13 past the q/k norms (if any)
+        mov     eax, [rbp+FV_Q_DIM]     ; ecx; r12 past the q/k norms (if any): wo
         lea     r15, [r15+rax*4]        ; the next q_t
         sub     ecx, [rbp+FV_POS]
         inc     ecx
         cmp     ecx, [rbp+FV_B]
         jb      .token
-        mov     r12, r13                ; wo
         mov     [rbp+FV_KLAYER], r14
         lea     rax, [att_share]
         call    par_run                 ; xb_h = attention of every token and head (threads)
@@ -326,10 +326,10 @@ fwd_matmul:
         jmp     par_matmul              ; threads.asm
 
 ; fwd_ropes: q_t, k_t = rope(norm(q_t)), rope(norm(k_t)): q_t's H heads, k_t's K heads (in
-; the K cache) at position pos; the norms (FLAG_QK_NORM) read q_norm, k_norm from r12.
-;   in: r15 q_t, r14 K block, ecx pos (kept), r12   out: r13 past k_norm (r12 without them)
+; the K cache) at position pos; the norms (FLAG_QK_NORM) read q_norm, k_norm from r13.
+;   in: r15 q_t, r14 K block, ecx pos (kept), r13   out: r12 past k_norm (r13 without them)
 fwd_ropes:
-        mov     r13, r12
+        mov     r12, r13
         push    rcx                     ; (aligns rsp for the call)
         mov     rdi, r15
         mov     esi, [rbx+HDR_HEADS]
@@ -338,9 +338,9 @@ fwd_ropes:
         imul    rax, [rbp+FV_KV_ROW]
         lea     rdi, [r14+rax]
         mov     esi, [rbx+HDR_KV_HEADS]
-; fwd_rope: with FLAG_QK_NORM each head = rmsnorm(head, the hd float32 at r13), r13 past
+; fwd_rope: with FLAG_QK_NORM each head = rmsnorm(head, the hd float32 at r12), r12 past
 ; them; then rope on the n heads of x at position pos with this layer's frequencies.
-;   in: rdi x, esi n, ecx pos (kept), r13
+;   in: rdi x, esi n, ecx pos (kept), r12
 fwd_rope:
         test    byte [rbx+HDR_FLAGS], FLAG_QK_NORM
         jz      .rope
@@ -351,9 +351,7 @@ fwd_rope:
         mov     rsi, rdi
         mov     ecx, [rbx+HDR_HEAD_DIM]
         xor     r8d, r8d
-        xchg    r12, r13
         call    norm_rows               ; every head, in place
-        xchg    r12, r13
         pop     rdi
         pop     rsi
         pop     rcx

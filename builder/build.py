@@ -3,12 +3,12 @@
 Contract: `build(root, out=root/"gemma", symbols=False, budget=None) -> BuildResult` runs the
 front end (fasm.parse), assembly (assemble), verification (verify), `linker.link`, the ELF
 checks and the size budget (`[tool.gemma] size_budget` in root/pyproject.toml unless `budget`
-is given; with `symbols` the budget applies to the file without .symtab/.strtab, which is the
-program that ships), then writes `out` (mode 0755, byte-identical for identical sources) and
-`out.map.json`: {"NAME": {"address", "size", "file", "line"}} for every global label, size
-running to the next global label of the same segment or to the segment's end. Any failure
-raises BuildError with one line; an over-budget file is not written (the error's
-`report` attribute holds the size table). `main(argv)` is the
+is given; with `symbols` the budget applies to the file without section headers and
+.symtab/.strtab, which is the program that ships), then writes `out` (mode 0755,
+byte-identical for identical sources) and `out.map.json`: {"NAME": {"address", "size",
+"file", "line"}} for every global label, size running to the next global label of the same
+segment or to the segment's end. Any failure raises BuildError with one line; an over-budget
+file is not written (the error's `report` attribute holds the size table). `main(argv)` is the
 command line: prints the size table, or the error on stderr and returns 1.
 """
 from __future__ import annotations
@@ -125,7 +125,9 @@ def build(root: Path = REPO_ROOT, out: Path | None = None, symbols: bool = False
         elf = shipped if not symbols else linker.link(
             image.text, image.data, image.bss_size, image.entry, image.layout,
             linker_symbols(image, table))
-        linker.check(elf)
+        linker.check(shipped)
+        if elf is not shipped:
+            linker.check(elf)
     except (ValueError, linker.ElfCheckError) as exc:
         raise BuildError(f"link: {exc}") from None
     report = size_table(image, len(shipped), budget)
@@ -161,7 +163,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-o", "--output", type=Path, help="executable to write "
                         "(default: ROOT/gemma); the symbol map goes beside it")
     parser.add_argument("--symbols", action="store_true",
-                        help="add .symtab/.strtab (for gdb and perf)")
+                        help="add section headers and .symtab/.strtab (for gdb and perf)")
     parser.add_argument("--root", type=Path, default=REPO_ROOT,
                         help="project directory holding asm/ and pyproject.toml")
     args = parser.parse_args(argv)

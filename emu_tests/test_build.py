@@ -111,17 +111,46 @@ def test_real_map_covers_text_and_points_at_its_labels(gemma):
         line = (REPO_ROOT / s["file"]).read_text().splitlines()[s["line"] - 1]
         assert line.split(";")[0].split()[0].rstrip(":") == name, (name, s, line)
     with open(gemma.binary, "rb") as f:
-        section = ELFFile(f).get_section_by_name(".text")
-        assert section["sh_addr"] == lay.text_addr
-        assert section.data() == gemma.result.image.text
+        code = next(ELFFile(f).iter_segments())
+        assert code["p_flags"] == 5 and code["p_vaddr"] + lay.text_off == lay.text_addr
+        assert code.data()[lay.text_off:] == gemma.result.image.text
+
+
+def test_shipped_file_is_headers_and_loaded_bytes(gemma):
+    """./gemma is the ELF and program headers, .text and (if any) .data after padding to a
+    multiple of 64: no section headers, nothing after the loaded bytes. The size table's
+    "headers etc." row is what is neither .text nor .data."""
+    image, blob = gemma.result.image, gemma.binary.read_bytes()
+    lay = image.layout
+    pad = (-(232 + len(image.text))) % 64 if image.data else 0
+    assert len(blob) == 232 + len(image.text) + pad + len(image.data) == lay.file_end
+    assert blob[232:232 + len(image.text)] == image.text
+    assert blob.endswith(image.data or image.text)
+    with open(gemma.binary, "rb") as f:
+        elf = ELFFile(f)
+        assert (elf["e_shoff"], elf["e_shnum"], elf["e_shstrndx"],
+                elf.num_sections()) == (0,) * 4
+    headers = re.search(r"^headers etc\. +(\d+)$", gemma.result.table, re.M)
+    assert int(headers[1]) == 232 + pad
 
 
 def test_symbols_flag_adds_a_symtab_matching_the_map(snapshot, tmp_path):
+    """--symbols adds section headers and a .symtab matching the map after the loaded bytes,
+    which are those of the build without symbols (up to the ELF header's section fields)."""
     result = build(snapshot, tmp_path / "gemma", symbols=True)
+    plain = build(snapshot, tmp_path / "plain" / "gemma").binary.read_bytes()
     with open(result.binary, "rb") as f:
-        symtab = ELFFile(f).get_section_by_name(".symtab")
+        elf = ELFFile(f)
+        symtab = elf.get_section_by_name(".symtab")
         got = {s.name: (s["st_value"], s["st_size"]) for s in symtab.iter_symbols() if s.name}
+        text = elf.get_section_by_name(".text")
+        assert (text["sh_addr"], text.data()) == (result.image.layout.text_addr,
+                                                 result.image.text)
+        assert elf["e_shoff"] >= len(plain)
     assert got == {n: (s["address"], s["size"]) for n, s in result.symbols.items()}
+    blob = bytearray(result.binary.read_bytes()[:len(plain)])
+    blob[40:48], blob[60:64] = bytes(8), bytes(4)       # e_shoff; e_shnum, e_shstrndx
+    assert bytes(blob) == plain
 
 
 def test_command_line_prints_the_size_table(asm_tree):
@@ -136,6 +165,7 @@ def test_command_line_prints_the_size_table(asm_tree):
     assert rows[".text"] == ["8"] and rows[".data"] == ["4"]
     assert rows[".bss"][0] == "3"
     assert rows["headers"] == ["etc.", str(size - 12)]
+    assert size == 256 + 4                  # 232 + 8 of .text padded to 256, .data, no more
     assert rows["asm/gemma.asm"] == ["7", "4", "3"] and rows["asm/part.asm"] == ["1", "0", "0"]
     assert rows["file"] == ["total", str(size), "of", "6144", "bytes", "budget",
                             f"({6144 - size}", "left)"]

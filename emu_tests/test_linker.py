@@ -1,4 +1,5 @@
-"""Tests for linker/: layout arithmetic, real programs the kernel loads and runs, every check of
+"""Tests for linker/: layout arithmetic, real programs the kernel (and qemu-user) loads and runs,
+a file that ends with its loaded bytes and has section headers only with symbols, every check of
 linker.check against a deliberately broken file, symbols read back, determinism.
 
 The programs are assembled here with keystone directly (no front end), and their addresses come
@@ -24,7 +25,8 @@ from linker import ElfCheckError, Symbol
 
 BASE, PAGE = 0x400000, 0x1000
 HEADERS = 64 + 3 * 56                       # Elf64_Ehdr + 3 Elf64_Phdr
-SHSTRTAB = b"\0.text\0.data\0.bss\0.shstrtab\0"
+SHSTRTAB = b"\0.text\0.data\0.bss\0.shstrtab\0.symtab\0.strtab\0"
+QEMU = [("qemu-x86_64", "-cpu", "Nehalem"), ("qemu-x86_64", "-cpu", "Haswell")]
 KS = Ks(KS_ARCH_X86, KS_MODE_64)
 
 # keystone source of exit_group(code) and of write(1, addr, size)
@@ -68,6 +70,20 @@ def elf_file(elf: bytes) -> ELFFile:
     return ELFFile(io.BytesIO(elf))
 
 
+def section_fields(elf: bytes) -> tuple[int, int, int]:
+    """(e_shoff, e_shnum, e_shstrndx) read straight from the ELF header."""
+    return (struct.unpack_from("<Q", elf, 40)[0], *struct.unpack_from("<HH", elf, 60))
+
+
+def without_section_fields(elf: bytes) -> bytes:
+    """`elf` with e_shoff, e_shnum and e_shstrndx zeroed: the rest of the headers is what the
+    build without symbols writes."""
+    out = bytearray(elf)
+    struct.pack_into("<Q", out, 40, 0)
+    struct.pack_into("<HH", out, 60, 0, 0)
+    return bytes(out)
+
+
 def hello(lay: linker.Layout) -> str:
     return WRITE.format(addr=lay.data_addr, size=lay.data_size) + EXIT.format(code=0)
 
@@ -80,8 +96,15 @@ def test_layout_rules(text_size, data_size):
     lay = linker.layout(text_size, data_size, 12345)
     text_end = HEADERS + text_size
     assert (lay.text_off, lay.text_addr) == (HEADERS, BASE + HEADERS)
-    # .data: the next multiple of 64 in the file, no more padding than that
-    assert lay.data_off % 64 == 0 and 0 <= lay.data_off - text_end < 64, lay
+    assert lay.data_off % 64 == 0, lay
+    if data_size:
+        # .data: the next multiple of 64 in the file, no more padding than that
+        assert 0 <= lay.data_off - text_end < 64, lay
+        assert lay.file_end == lay.data_off + data_size
+    else:
+        # no .data bytes: the file ends with .text and the rw segment's offset is inside it
+        assert 0 <= text_end - lay.data_off < 64, lay
+        assert lay.file_end == text_end
     assert lay.data_addr % 64 == 0 and lay.data_addr % PAGE == lay.data_off % PAGE, lay
     # the rw segment's first page lies after the last page of the r-x segment
     assert lay.data_addr // PAGE > (BASE + text_end - 1) // PAGE, lay
@@ -100,9 +123,10 @@ def test_layout_rejects_bad_sizes(sizes):
 @pytest.mark.parametrize("filler", [0, 5, 40, 3900, 4700])
 def test_hello_runs(tmp_path, filler):
     """write(1, .data, n) + exit_group(0), with .text of various sizes (one or two pages,
-    .shstrtab in the padding before .data or at the end)."""
+    .data after 0..63 bytes of padding); the file ends with .data."""
     elf, lay = build(hello, b"hello from .data\n", 0, filler)
     linker.check(elf)
+    assert len(elf) == lay.data_off + 17 and elf.endswith(b"hello from .data\n")
     res = run(elf, tmp_path)
     assert (res.returncode, res.stdout, res.stderr) == (0, b"hello from .data\n", b"")
 
@@ -131,17 +155,61 @@ def data_and_bss(lay: linker.Layout) -> str:
         WRITE.format(addr=copy, size=lay.data_size) + EXIT.format(code=0)
 
 
-@pytest.mark.parametrize("runner", [(), ("qemu-x86_64", "-cpu", "Nehalem")],
-                         ids=["native", "qemu"])
+@pytest.mark.parametrize("runner", [(), *QEMU], ids=["native", "qemu-nehalem", "qemu-haswell"])
 @pytest.mark.parametrize("filler", [0, 4000])
 @pytest.mark.parametrize("bss_size", [64, 3 * PAGE + 100])
 def test_data_writable_and_bss_zeroed(tmp_path, bss_size, filler, runner):
-    """.data is readable and writable; .bss is zero (also the part of its first page where the
-    file holds the section headers) and writable up to its last byte."""
+    """.data is readable and writable; .bss is zero (also the rest of its first page, which the
+    loader maps from the file where the file has bytes) and writable up to its last byte."""
     elf, lay = build(data_and_bss, b"hello\n", bss_size, filler)
     linker.check(elf)
     res = run(elf, tmp_path, runner)
     assert (res.returncode, res.stdout) == (0, b"Hello\nhello\n"), res
+
+
+def bss_only(lay: linker.Layout) -> str:
+    """No .data: exit 3 if any .bss byte is non-zero; else write 'bss\\n' to the last 4 bytes
+    of .bss and to its first 4 (little-endian dword), and write both to stdout."""
+    word = int.from_bytes(b"bss\n", "little")
+    return textwrap.dedent(f"""\
+        mov rdi, {lay.bss_addr:#x}
+        mov ecx, {lay.bss_size:#x}
+        xor eax, eax
+        scan: or al, byte ptr [rdi]
+        inc rdi
+        dec ecx
+        jnz scan
+        test al, al
+        jz clean
+        {EXIT.format(code=3)}
+        clean: mov dword ptr [{lay.bss_end - 4:#x}], {word:#x}
+        mov dword ptr [{lay.bss_addr:#x}], {word:#x}
+        """) + WRITE.format(addr=lay.bss_end - 4, size=4) + \
+        WRITE.format(addr=lay.bss_addr, size=4) + EXIT.format(code=0)
+
+
+@pytest.mark.parametrize("runner", [(), *QEMU], ids=["native", "qemu-nehalem", "qemu-haswell"])
+@pytest.mark.parametrize("symbols", [False, True], ids=["plain", "symbols"])
+@pytest.mark.parametrize("filler", [0, 23, 3800, 4000])
+@pytest.mark.parametrize("bss_size", [64, 744, 3 * PAGE + 100])
+def test_empty_data_file_ends_with_text(tmp_path, bss_size, filler, symbols, runner):
+    """With no .data (like the engine) the file without symbols ends with .text; the rw
+    segment has no file bytes, its p_offset (a multiple of 64 inside the file) is congruent to
+    its address, and .bss is zero and writable there, with and without the section headers
+    that follow the loaded bytes in the symbols build. The fillers put the end of .text
+    at 64-byte multiples and not, on the first and second page."""
+    make_symbols = (lambda lay: [Symbol("start", lay.text_addr, 1, ".text"),
+                                 Symbol("buffer", lay.bss_addr, bss_size, ".bss")]) \
+        if symbols else None
+    elf, lay = build(bss_only, b"", bss_size, filler, make_symbols)
+    linker.check(elf)
+    rw = elf_file(elf).get_segment(1).header
+    assert (rw.p_type, rw.p_filesz, rw.p_memsz) == ("PT_LOAD", 0, bss_size)
+    assert rw.p_offset <= lay.text_file_end and rw.p_offset % 64 == 0
+    assert rw.p_vaddr == lay.bss_addr and rw.p_vaddr % PAGE == rw.p_offset % PAGE
+    assert (len(elf) == lay.text_file_end) != symbols
+    res = run(elf, tmp_path, runner)
+    assert (res.returncode, res.stdout) == (0, b"bss\nbss\n"), res
 
 
 def faults(tmp_path: Path, make_source, data: bytes = b"") -> None:
@@ -180,47 +248,67 @@ def test_stack_not_executable(tmp_path):
 # ---------------------------------------------------------------- file structure
 
 @pytest.mark.parametrize("text_size", [60, 61, 88, 89])   # padding before .data: 28 27 0 63
-def test_file_is_minimal(text_size):
-    """Exactly headers + .text + padding to 64 + .data + 5 section headers, plus .shstrtab at
-    the end only when it does not fit in the padding."""
+@pytest.mark.parametrize("data_size", [0, 9])
+def test_file_is_minimal(text_size, data_size):
+    """Exactly headers + .text, then (only when .data is not empty) zero padding to a multiple
+    of 64 and .data: no section headers, no section names, nothing after the loaded bytes."""
     text = EXIT5.ljust(text_size, b"\xcc")
-    data = b"\x11" * 9
+    data = b"\x11" * data_size
     lay = linker.layout(len(text), len(data), 100)
     elf = linker.link(text, data, 100, lay.text_addr, lay)
-    pad = (-(HEADERS + text_size)) % 64
-    tail = 0 if pad >= len(SHSTRTAB) else len(SHSTRTAB)
-    assert len(elf) == HEADERS + text_size + pad + len(data) + tail + 5 * 64, (pad, len(elf))
+    pad = (-(HEADERS + text_size)) % 64 if data else 0
+    assert len(elf) == HEADERS + text_size + pad + data_size == lay.file_end, (pad, len(elf))
     linker.check(elf)
-    sections = {s.name: s for s in elf_file(elf).iter_sections()}
-    assert sections[".shstrtab"].data() == SHSTRTAB
+    assert section_fields(elf) == (0, 0, 0)
+    assert elf_file(elf).num_sections() == 0
+    assert b".text" not in elf and b".shstrtab" not in elf
     assert elf[HEADERS:HEADERS + text_size] == text
+    assert elf[HEADERS + text_size:HEADERS + text_size + pad] == bytes(pad)
     assert elf[lay.data_off:lay.data_off + len(data)] == data
+    loads = [s.header for s in elf_file(elf).iter_segments() if s.header.p_type == "PT_LOAD"]
+    assert len(elf) == max(s.p_offset + s.p_filesz for s in loads)
 
 
-def test_headers_read_back():
-    """pyelftools reads the program and section headers written from the ELF rules."""
-    text, data, bss = EXIT5 + b"\xcc" * 50, b"abc", 4096
+@pytest.mark.parametrize("data,data_off", [(b"abc", 0x140),   # 232 + 66 = 298 rounded up
+                                            (b"", 0x100)])     # ... rounded down to 64
+def test_headers_read_back(data, data_off):
+    """pyelftools reads the program headers written from the ELF rules, and finds no section
+    headers; with symbols (here none) the same program headers and these section headers."""
+    text, bss = EXIT5 + b"\xcc" * 50, 4096
     lay = linker.layout(len(text), len(data), bss)
-    elf = elf_file(linker.link(text, data, bss, lay.text_addr + 0, lay))
-    hdr = elf.header
-    assert (hdr.e_type, hdr.e_machine, hdr.e_entry, hdr.e_phnum) == \
-        ("ET_EXEC", "EM_X86_64", BASE + HEADERS, 3)
-    segs = [(s.header.p_type, s.header.p_flags, s.header.p_offset, s.header.p_vaddr,
-             s.header.p_filesz, s.header.p_memsz) for s in elf.iter_segments()]
-    data_off = 0x140                        # 232 + 66 = 298 rounded up to 64
-    assert segs == [("PT_LOAD", 5, 0, BASE, HEADERS + len(text), HEADERS + len(text)),
-                    ("PT_LOAD", 6, data_off, BASE + PAGE + data_off, 3, 3 + bss),
-                    ("PT_GNU_STACK", 6, 0, 0, 0, 0)]
+    plain = linker.link(text, data, bss, lay.text_addr + 0, lay)
+    with_symbols = linker.link(text, data, bss, lay.text_addr + 0, lay, [])
+    for blob in plain, with_symbols:
+        elf = elf_file(blob)
+        hdr = elf.header
+        assert (hdr.e_type, hdr.e_machine, hdr.e_entry, hdr.e_phnum, hdr.e_phoff) == \
+            ("ET_EXEC", "EM_X86_64", BASE + HEADERS, 3, 64)
+        segs = [(s.header.p_type, s.header.p_flags, s.header.p_offset, s.header.p_vaddr,
+                 s.header.p_filesz, s.header.p_memsz) for s in elf.iter_segments()]
+        assert segs == [("PT_LOAD", 5, 0, BASE, HEADERS + len(text), HEADERS + len(text)),
+                        ("PT_LOAD", 6, data_off, BASE + PAGE + data_off, len(data),
+                         len(data) + bss),
+                        ("PT_GNU_STACK", 6, 0, 0, 0, 0)]
+    assert section_fields(plain) == (0, 0, 0) and len(plain) == lay.file_end
+    shoff, shnum, shstrndx = section_fields(with_symbols)
+    assert shoff >= len(plain) and shoff % 8 == 0 and (shnum, shstrndx) == (7, 4)
+    assert len(with_symbols) == shoff + 7 * 64
+    elf = elf_file(with_symbols)
     secs = [(s.name, s.header.sh_type, s.header.sh_flags, s.header.sh_addr, s.header.sh_size)
             for s in elf.iter_sections()]
     assert secs == [("", "SHT_NULL", 0, 0, 0),
                     (".text", "SHT_PROGBITS", 6, BASE + HEADERS, len(text)),
-                    (".data", "SHT_PROGBITS", 3, BASE + PAGE + data_off, 3),
-                    (".bss", "SHT_NOBITS", 3, BASE + PAGE + data_off + 3, bss),
-                    (".shstrtab", "SHT_STRTAB", 0, 0, len(SHSTRTAB))]
+                    (".data", "SHT_PROGBITS", 3, BASE + PAGE + data_off, len(data)),
+                    (".bss", "SHT_NOBITS", 3, BASE + PAGE + data_off + len(data), bss),
+                    (".shstrtab", "SHT_STRTAB", 0, 0, len(SHSTRTAB)),
+                    (".symtab", "SHT_SYMTAB", 0, 0, 24),     # the null symbol only
+                    (".strtab", "SHT_STRTAB", 0, 0, 1)]
+    assert elf.get_section_by_name(".shstrtab").data() == SHSTRTAB
+    assert elf.get_section_by_name(".shstrtab").header.sh_offset == len(plain)
 
 
-@pytest.mark.parametrize("text_size,data_size", [(1, 0), (100, 1), (3000, 500), (4000, 2000)])
+@pytest.mark.parametrize("text_size,data_size", [(1, 0), (100, 1), (3000, 500), (4000, 2000),
+                                                (3864, 0), (4000, 0)])
 def test_congruence_and_coverage(text_size, data_size):
     """Every PT_LOAD maps file offset o to address a with o == a mod 4096, and each section's
     bytes in the file are the bytes the kernel maps at its address."""
@@ -252,8 +340,14 @@ def test_link_rejects_mismatches():
 
 # ---------------------------------------------------------------- check: each check rejects
 
-def good() -> bytes:
-    elf, _ = build(hello, b"hello\n", 256)
+def good(variant: str = "plain") -> bytes:
+    """A correct file: "plain" (.data and .bss), "symbols" (the same with section headers and
+    .symtab) or "no-data" (.bss only: the file ends with .text)."""
+    if variant == "no-data":
+        return build(bss_only, b"", 256)[0]
+    elf, _ = build(hello, b"hello\n", 256,
+                   symbols=(lambda lay: [Symbol("start", lay.text_addr, 1, ".text")])
+                   if variant == "symbols" else None)
     return elf
 
 
@@ -286,6 +380,12 @@ def truncate(n: int):
     return apply
 
 
+def append(blob: bytes):
+    def apply(elf: bytearray) -> None:
+        elf.extend(blob)
+    return apply
+
+
 def both(*mutations):
     def apply(elf: bytearray) -> None:
         for m in mutations:
@@ -294,44 +394,72 @@ def both(*mutations):
 
 
 LAY = build(hello, b"hello\n", 256)[1]
-BAD = [  # (id, mutation, check name, fragment of the message)
-    ("truncated", truncate(40), "parse", "ELF header"),
-    ("shoff-past-end", patch("<Q", 40, 1 << 20), "parse", "section headers"),
-    ("class32", patch("B", 4, 1), "class", "ELFCLASS32"),
-    ("big-endian", patch("B", 5, 2), "class", "big-endian"),
-    ("machine", patch("<H", 18, 3), "machine", "EM_386"),
-    ("type-dyn", patch("<H", 16, 3), "type", "ET_DYN"),
-    ("interp", patch("<I", ph(2, 0), 3), "interp", "PT_INTERP"),
-    ("dynamic", patch("<I", ph(2, 0), 2), "dynamic", "PT_DYNAMIC"),
-    ("text-rwx", patch("<I", ph(0, 4), 7), "wx", "rwx"),
-    ("data-rwx", patch("<I", ph(1, 4), 7), "wx", "program header 1"),
-    ("stack-exec", patch("<I", ph(2, 4), 5), "stack", "executable stack"),
-    ("stack-missing", patch("<I", ph(2, 0), 0), "stack", "no PT_GNU_STACK"),
-    ("no-data", patch("<I", sh(2, 0), SHSTRTAB.index(b".bss")), "sections", "no .data"),
-    ("no-shstrtab", patch("<I", sh(4, 0), SHSTRTAB.index(b".bss")), "sections",
+E_SHOFF, E_SHNUM, E_SHSTRNDX = 40, 60, 62
+# LAY is the layout of "plain" and "symbols"; mutations using it apply to those two only
+PLAIN, SYMS, NODATA = ("plain",), ("symbols",), ("no-data",)
+BOTH, ALL, NO_SHDRS = PLAIN + SYMS, PLAIN + SYMS + NODATA, PLAIN + NODATA
+BAD = [  # (id, files it applies to, mutation, check name, fragment of the message)
+    ("truncated", ALL, truncate(40), "parse", "ELF header"),
+    ("shoff-past-end", ALL, patch("<Q", E_SHOFF, 1 << 20), "parse", "section headers"),
+    ("class32", ALL, patch("B", 4, 1), "class", "ELFCLASS32"),
+    ("big-endian", ALL, patch("B", 5, 2), "class", "big-endian"),
+    ("machine", ALL, patch("<H", 18, 3), "machine", "EM_386"),
+    ("type-dyn", ALL, patch("<H", 16, 3), "type", "ET_DYN"),
+    ("interp", ALL, patch("<I", ph(2, 0), 3), "interp", "PT_INTERP"),
+    ("dynamic", ALL, patch("<I", ph(2, 0), 2), "dynamic", "PT_DYNAMIC"),
+    ("text-rwx", ALL, patch("<I", ph(0, 4), 7), "wx", "rwx"),
+    ("data-rwx", ALL, patch("<I", ph(1, 4), 7), "wx", "program header 1"),
+    ("stack-exec", ALL, patch("<I", ph(2, 4), 5), "stack", "executable stack"),
+    ("stack-missing", ALL, patch("<I", ph(2, 0), 0), "stack", "no PT_GNU_STACK"),
+    ("data-read-only", ALL, patch("<I", ph(1, 4), 4), "segments", "[r--, r-x]"),
+    ("text-not-exec", ALL, patch("<I", ph(0, 4), 4), "segments", "[r--, rw-]"),
+    ("no-data-segment", ALL, patch("<I", ph(1, 0), 4), "segments", "[r-x]"),
+    ("phdrs-not-mapped", ALL, patch("<Q", ph(0, 8), 0x100), "segments",
+     "does not map the program headers"),
+    ("shnum-without-shoff", NO_SHDRS, patch("<H", E_SHNUM, 5), "sections", "e_shnum 5"),
+    ("shstrndx-without-shdrs", NO_SHDRS, patch("<H", E_SHSTRNDX, 4), "sections",
+     "e_shstrndx is 4"),
+    ("shoff-without-shnum", SYMS, patch("<H", E_SHNUM, 0), "sections", "e_shnum 0"),
+    ("no-data", SYMS, patch("<I", sh(2, 0), SHSTRTAB.index(b".bss")), "sections", "no .data"),
+    ("no-shstrtab", SYMS, patch("<I", sh(4, 0), SHSTRTAB.index(b".bss")), "sections",
      "no .shstrtab"),
-    ("text-not-exec", patch("<Q", sh(1, 8), 2), "sections", ".text is SHT_PROGBITS flags 0x2"),
-    ("data-exec", patch("<Q", sh(2, 8), 7), "sections", ".data"),
-    ("bss-progbits", patch("<I", sh(3, 4), 1), "sections", ".bss is SHT_PROGBITS"),
-    ("shstrtab-alloc", patch("<Q", sh(4, 8), 2), "sections", ".shstrtab"),
-    ("entry-past-text", patch("<Q", 24, LAY.text_end), "entry", "outside .text"),
-    ("entry-in-data", patch("<Q", 24, LAY.data_addr), "entry", "outside .text"),
-    ("filesz-past-eof", patch("<Q", ph(1, 32), 1 << 16), "bounds", "file size"),
-    ("filesz-over-memsz", patch("<Q", ph(1, 40), 1), "bounds", "memsz"),
-    ("loads-share-page", both(patch("<Q", ph(1, 16), BASE + LAY.data_off),
-                              patch("<Q", sh(2, 16), BASE + LAY.data_off)),
+    ("text-sec-not-exec", SYMS, patch("<Q", sh(1, 8), 2), "sections",
+     ".text is SHT_PROGBITS flags 0x2"),
+    ("data-exec", SYMS, patch("<Q", sh(2, 8), 7), "sections", ".data"),
+    ("bss-progbits", SYMS, patch("<I", sh(3, 4), 1), "sections", ".bss is SHT_PROGBITS"),
+    ("shstrtab-alloc", SYMS, patch("<Q", sh(4, 8), 2), "sections", ".shstrtab"),
+    ("entry-past-text", BOTH, patch("<Q", 24, LAY.text_end), "entry", "outside the r-x"),
+    ("entry-in-data", BOTH, patch("<Q", 24, LAY.data_addr), "entry", "outside the r-x"),
+    ("entry-in-headers", ALL, patch("<Q", 24, BASE + HEADERS - 1), "entry", "outside the r-x"),
+    ("entry-past-text-section", SYMS, both(patch("<Q", 24, LAY.text_addr + 1),
+                                           patch("<Q", sh(1, 32), 1)), "entry",
+     "outside .text"),
+    ("filesz-past-eof", ALL, patch("<Q", ph(1, 32), 1 << 16), "bounds", "file size"),
+    ("filesz-over-memsz", BOTH, patch("<Q", ph(1, 40), 1), "bounds", "memsz"),
+    ("loads-share-page", PLAIN, patch("<Q", ph(1, 16), BASE + LAY.data_off), "bounds",
+     "share a page"),
+    ("loads-share-page", SYMS, both(patch("<Q", ph(1, 16), BASE + LAY.data_off),
+                                    patch("<Q", sh(2, 16), BASE + LAY.data_off)),
      "bounds", "share a page"),
-    ("not-congruent", patch("<Q", ph(1, 16), LAY.data_addr + 16), "congruence", "modulo"),
-    ("data-off-wrong", patch("<Q", sh(2, 24), LAY.data_off + 1), "coverage", ".data"),
-    ("bss-past-memsz", patch("<Q", sh(3, 32), 257), "coverage", ".bss"),
-    ("text-past-filesz", both(patch("<Q", ph(0, 32), HEADERS), patch("<Q", ph(0, 40), HEADERS)),
+    ("not-congruent", BOTH, patch("<Q", ph(1, 16), LAY.data_addr + 16), "congruence", "modulo"),
+    ("data-off-wrong", SYMS, patch("<Q", sh(2, 24), LAY.data_off + 1), "coverage", ".data"),
+    ("bss-past-memsz", SYMS, patch("<Q", sh(3, 32), 257), "coverage", ".bss"),
+    ("text-past-filesz", SYMS, both(patch("<Q", ph(0, 32), HEADERS + 5),
+                                    patch("<Q", ph(0, 40), HEADERS + 5)),
      "coverage", ".text"),
+    ("text-past-filesz", NODATA, both(patch("<Q", ph(0, 32), HEADERS + 5),
+                                     patch("<Q", ph(0, 40), HEADERS + 5)),
+     "tail", "never read"),
+    ("trailing-byte", NO_SHDRS, append(b"\0"), "tail", "1 bytes never read"),
+    ("trailing-shdrs", NO_SHDRS, append(bytes(5 * 64)), "tail", "320 bytes never read"),
 ]
 
 
-@pytest.mark.parametrize("mutation,name,fragment", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_check_rejects(mutation, name, fragment):
-    elf = bytearray(good())
+@pytest.mark.parametrize("variant,mutation,name,fragment",
+                         [(v, *b[2:]) for b in BAD for v in b[1]],
+                         ids=[f"{b[0]}-{v}" for b in BAD for v in b[1]])
+def test_check_rejects(variant, mutation, name, fragment):
+    elf = bytearray(good(variant))
     linker.check(bytes(elf))                # the unpatched file passes
     mutation(elf)
     with pytest.raises(ElfCheckError) as err:
@@ -367,8 +495,9 @@ def program_symbols(lay: linker.Layout) -> list[Symbol]:
 
 def test_symbols_read_back(tmp_path):
     """.symtab/.strtab as pyelftools (like gdb and perf) reads them: null first, sorted by
-    address, FUNC in .text, OBJECT in .data/.bss, linked to .strtab; the program still runs and
-    its loaded bytes equal the build without symbols."""
+    address, FUNC in .text, OBJECT in .data/.bss, linked to .strtab; the program still runs,
+    and the file without symbols is this file's first bytes, up to the ELF header's section
+    fields: everything the symbols add comes after the loaded bytes."""
     elf, lay = build(hello, b"hello\n", 256, symbols=program_symbols)
     plain, _ = build(hello, b"hello\n", 256)
     linker.check(elf, budget=None)
@@ -390,8 +519,9 @@ def test_symbols_read_back(tmp_path):
             ("zeta_counter", lay.bss_addr, 8, "STT_OBJECT", "STB_GLOBAL", ".bss"),
             ("table", lay.bss_addr + 8, 248, "STT_OBJECT", "STB_GLOBAL", ".bss")]
     assert got == want
-    assert elf[HEADERS:lay.text_file_end] == plain[HEADERS:lay.text_file_end]
-    assert elf[lay.data_off:lay.data_file_end] == plain[lay.data_off:lay.data_file_end]
+    assert len(plain) == lay.file_end and len(elf) > len(plain)
+    assert without_section_fields(elf[:len(plain)]) == plain
+    assert section_fields(plain) == (0, 0, 0) and section_fields(elf)[0] >= len(plain)
     res = run(elf, tmp_path)
     assert (res.returncode, res.stdout) == (0, b"hello\n")
     # binutils and gdb, where installed, are second readers (CI relies on pyelftools above)
@@ -438,6 +568,9 @@ def test_deterministic():
     third = linker.link(first[HEADERS:lay.text_file_end], b"hello\n", 256, lay.text_addr, lay,
                         shuffled)
     assert first == second == third
+    plain = [build(hello, b"hello\n", 256)[0] for _ in range(2)]
+    assert plain[0] == plain[1] == linker.link(first[HEADERS:lay.text_file_end], b"hello\n",
+                                               256, lay.text_addr, lay)
     script = textwrap.dedent("""\
         import sys, linker
         sys.path.insert(0, sys.argv[1])

@@ -1,24 +1,35 @@
 """Reopen an executable with pyelftools and check what the engine relies on.
 
+The shipped program has no section headers (linker.link writes them only with symbols): the
+checks then work from the program headers alone. With section headers they also check the
+sections against the segments.
+
 Contract: `check(path_or_bytes, budget=None)` returns None when every check passes, else raises
 `ElfCheckError("ELF check 'NAME' failed: detail")` for the first failing check, in this order:
   parse       pyelftools can read the ELF header
   class       ELFCLASS64, little-endian
   machine     EM_X86_64
   type        ET_EXEC
-  parse       pyelftools can read the program and section headers and the section names
+  parse       pyelftools can read the program headers, and the section headers and the
+              section names when there are any
   interp      no PT_INTERP segment
   dynamic     no PT_DYNAMIC segment
   wx          no segment both writable and executable
   stack       a PT_GNU_STACK segment, not executable
-  sections    .text (PROGBITS, AX), .data (PROGBITS, WA), .bss (NOBITS, WA), .shstrtab (STRTAB,
-              not allocated) present, section names read from e_shstrndx
-  entry       e_entry inside .text
+  segments    two PT_LOADs: one r-x (headers and code) that maps the program headers, one rw-
+              (data and bss)
+  sections    without section headers: e_shoff, e_shnum and e_shstrndx all 0; with them:
+              .text (PROGBITS, AX), .data (PROGBITS, WA), .bss (NOBITS, WA), .shstrtab
+              (STRTAB, not allocated) present, section names read from e_shstrndx
+  entry       e_entry inside the r-x PT_LOAD's file bytes after the program headers, and
+              inside .text when there are section headers
   bounds      every segment's file bytes inside the file, p_filesz <= p_memsz, PT_LOADs do
               not share a page in memory
   congruence  every PT_LOAD has p_offset == p_vaddr modulo the page size (and its p_align)
-  coverage    .text inside a readable, executable PT_LOAD; .data and .bss inside a writable one;
-              file bytes of .text/.data where the segment maps them
+  coverage    (with section headers) .text inside a readable, executable PT_LOAD; .data and
+              .bss inside a writable one; file bytes of .text/.data where the segment maps them
+  tail        (without section headers) the file ends where the last PT_LOAD's file bytes
+              end: nothing else in it is ever read
   budget      file size <= budget (when a budget is given)
 """
 import io
@@ -103,6 +114,48 @@ def check(path_or_bytes: bytes | str | os.PathLike, budget: int | None = None) -
     if stacks[0].p_flags & P_FLAGS.PF_X:
         raise ElfCheckError("stack", f"PT_GNU_STACK is {_perm(stacks[0].p_flags)}: "
                             "executable stack")
+    code = _check_loads(hdr, segments)
+    has_sections = hdr.e_shoff != 0 or hdr.e_shnum != 0
+    if has_sections:
+        _check_sections(hdr, sections)
+    elif hdr.e_shstrndx != 0:
+        raise ElfCheckError("sections", f"no section headers, but e_shstrndx is "
+                            f"{hdr.e_shstrndx}")
+    _check_entry(hdr, code, sections)
+    _check_segments(segments, len(blob))
+    if has_sections:
+        _check_coverage(segments, sections)
+    else:
+        end = max(s.p_offset + s.p_filesz for s in segments if s.p_type == "PT_LOAD")
+        if len(blob) != end:
+            raise ElfCheckError("tail", f"the file is {len(blob)} bytes but its loaded bytes "
+                                f"end at {end}: {len(blob) - end} bytes never read")
+    if budget is not None and len(blob) > budget:
+        raise ElfCheckError("budget", f"{len(blob)} bytes, budget {budget} "
+                            f"({len(blob) - budget} over)")
+
+
+def _check_loads(hdr, segments: list):
+    """The 'segments' check; returns the r-x PT_LOAD's header."""
+    loads = [s for s in segments if s.p_type == "PT_LOAD"]
+    perms = sorted(_perm(s.p_flags) for s in loads)
+    if perms != ["r-x", "rw-"]:
+        raise ElfCheckError("segments", f"PT_LOADs are [{', '.join(perms)}], want one r-x "
+                            "and one rw-")
+    code = next(s for s in loads if s.p_flags & P_FLAGS.PF_X)
+    phdrs_end = hdr.e_phoff + hdr.e_phnum * hdr.e_phentsize
+    if not (code.p_offset <= hdr.e_phoff and phdrs_end <= code.p_offset + code.p_filesz):
+        raise ElfCheckError("segments", f"the r-x PT_LOAD (file bytes [{code.p_offset:#x}, "
+                            f"+{code.p_filesz:#x})) does not map the program headers "
+                            f"[{hdr.e_phoff:#x}, {phdrs_end:#x})")
+    return code
+
+
+def _check_sections(hdr, sections: dict) -> None:
+    """The 'sections' check, for a file with section headers."""
+    if hdr.e_shoff == 0 or hdr.e_shnum == 0:
+        raise ElfCheckError("sections", f"e_shoff {hdr.e_shoff:#x} and e_shnum "
+                            f"{hdr.e_shnum}: want both 0 or both set")
     for name, (sh_type, flags) in REQUIRED.items():
         sec = sections.get(name)
         if sec is None:
@@ -110,15 +163,21 @@ def check(path_or_bytes: bytes | str | os.PathLike, budget: int | None = None) -
         if sec.sh_type != sh_type or sec.sh_flags & FLAG_MASK != flags:
             raise ElfCheckError("sections", f"{name} is {sec.sh_type} flags "
                                 f"{sec.sh_flags:#x}, want {sh_type} flags {flags:#x}")
-    text = sections[".text"]
-    if not text.sh_addr <= hdr.e_entry < text.sh_addr + text.sh_size:
+
+
+def _check_entry(hdr, code, sections: dict) -> None:
+    """The 'entry' check: e_entry in the code segment's file bytes after the headers (and in
+    .text when there are sections)."""
+    phdrs_end = hdr.e_phoff + hdr.e_phnum * hdr.e_phentsize
+    start = code.p_vaddr + max(0, phdrs_end - code.p_offset)
+    end = code.p_vaddr + code.p_filesz
+    if not start <= hdr.e_entry < end:
+        raise ElfCheckError("entry", f"e_entry {hdr.e_entry:#x} is outside the r-x "
+                            f"PT_LOAD's code [{start:#x}, {end:#x})")
+    text = sections.get(".text")
+    if text is not None and not text.sh_addr <= hdr.e_entry < text.sh_addr + text.sh_size:
         raise ElfCheckError("entry", f"e_entry {hdr.e_entry:#x} is outside .text "
                             f"[{text.sh_addr:#x}, {text.sh_addr + text.sh_size:#x})")
-    _check_segments(segments, len(blob))
-    _check_coverage(segments, sections)
-    if budget is not None and len(blob) > budget:
-        raise ElfCheckError("budget", f"{len(blob)} bytes, budget {budget} "
-                            f"({len(blob) - budget} over)")
 
 
 def _check_segments(segments: list, file_size: int) -> None:

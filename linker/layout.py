@@ -7,16 +7,21 @@ File                                    Memory
 0x000  ELF header (64)                  0x400000 + offset   first PT_LOAD, r-x, offset 0:
 0x040  3 program headers (3 x 56)                           headers + .text
 0x0e8  .text                            text_addr = 0x4000e8
-       zero padding to a multiple of 64 (not loaded; may hold .shstrtab)
+       zero padding to a multiple of 64 (only when .data is not empty)
        .data                            data_addr = 0x401000 + data_off   second PT_LOAD, rw-
                                         bss_addr  = data_addr + data_size (memory only)
-       .shstrtab, section header table  (not loaded)
+       end of file (= file_end, the end of the loaded bytes)
+       [.shstrtab .symtab .strtab, section header table: only with symbols, not loaded]
 
 The rw segment starts on the page after the last page of .text in memory while its file bytes
 follow .text directly: data_addr = BASE + PAGE + data_off keeps offset and address congruent
-modulo the page size without page padding in the file. data_off is rounded up to DATA_ALIGN so
+modulo the page size without page padding in the file. data_off is a multiple of DATA_ALIGN so
 data_addr is DATA_ALIGN-aligned (the asm's `align` is relative to addresses); .bss follows
-.data with no gap, because the front end lays both out in one address space.
+.data with no gap, because the front end lays both out in one address space. A non-empty .data
+starts at the first multiple of DATA_ALIGN at or after the end of .text. An empty .data has no
+file bytes, so nothing needs padding: data_off is then the last multiple of DATA_ALIGN at or
+before the end of .text, and the rw segment's p_offset (data_off, file size 0) stays inside the
+file, which ends with .text.
 """
 from dataclasses import dataclass
 
@@ -61,8 +66,13 @@ class Layout:
 
     @property
     def data_file_end(self) -> int:
-        """File offset one past the last byte of .data (end of the loaded bytes)."""
+        """File offset one past the last byte of .data."""
         return self.data_off + self.data_size
+
+    @property
+    def file_end(self) -> int:
+        """File offset one past the last loaded byte: the size of the file without symbols."""
+        return self.data_file_end if self.data_size else self.text_file_end
 
     @property
     def bss_end(self) -> int:
@@ -78,7 +88,9 @@ def layout(text_size: int, data_size: int, bss_size: int) -> Layout:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"{name} must be a non-negative int, got {size!r}")
     text_off = HEADERS_SIZE
-    data_off = align_up(text_off + text_size, DATA_ALIGN)
+    text_file_end = text_off + text_size
+    data_off = (align_up(text_file_end, DATA_ALIGN) if data_size
+                else text_file_end & -DATA_ALIGN)
     data_addr = BASE + PAGE + data_off
     return Layout(text_off=text_off, text_addr=BASE + text_off, text_size=text_size,
                   data_off=data_off, data_addr=data_addr, data_size=data_size,

@@ -3,10 +3,10 @@
 ; Registers inside forward: rbx = model header, rbp = fwd_vars (variables as [rbp+FV_*]),
 ; r12 = the next weight tensor (tensors are read in file order), r13 = the byte offset of
 ; pos's row in a K or V block (for the q, k, v products), then where the q/k norm weights
-; start (each token's rope reads them again), r14 = this layer's K block, r15 = q_h of token t in the attention, hb in the
-; feed-forward. What a layer computes follows the header's flags (FLAG_QK_NORM,
-; FLAG_POST_NORMS), its window and rope tensors and the header's att_scale and soft-caps:
-; Gemma 1, 2 and 3 from the file alone.
+; start (each token's rope reads them again), r14 = this layer's K block, r15 = q_h of token
+; t in the attention, hb in the feed-forward. What a layer computes follows the header's
+; flags (FLAG_QK_NORM, FLAG_POST_NORMS), its window and rope tensors and the header's
+; att_scale and soft-caps: Gemma 1, 2 and 3 from the file alone.
 
 BLOCK_SHIFT = 4
 BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feeds the prompt so)

@@ -1,9 +1,12 @@
 ; forward.asm: the Gemma graph (../shared/GEMMA.md): model_setup lays out the weights and
 ; buffers once, forward runs one token through the layers. Arithmetic lives in kernels.asm.
 ; Registers inside forward: rbx = model header, rbp = fwd_vars (variables as [rbp+FV_*]),
-; r12 = the next weight tensor (tensors are read in file order), r13 = head (before the
-; attention: the byte offset of pos's row in a K or V block), r14 = this layer's K block,
-; r15 = q_h of token t in the attention, hb in the feed-forward.
+; r12 = the next weight tensor (tensors are read in file order), r13 = the byte offset of
+; pos's row in a K or V block (for the q, k, v products), then where the q/k norm weights
+; start (each token's rope reads them again), r14 = this layer's K block, r15 = q_h of token
+; t in the attention, hb in the feed-forward. What a layer computes follows the header's
+; flags (FLAG_QK_NORM, FLAG_POST_NORMS), its window and rope tensors and the header's
+; att_scale and soft-caps: Gemma 1, 2 and 3 from the file alone.
 
 BLOCK_SHIFT = 4
 BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feeds the prompt so)
@@ -32,17 +35,30 @@ model_setup:
         mov     [rbp+FV_GROUP], eax
         shl     ecx, 2
         mov     [rbp+FV_KV_ROW], rcx
-        fild    dword [rbx+HDR_HEAD_DIM]
-        fsqrt
-        fld1
-        fdivrp
-        fstp    dword [rbp+FV_ATT_SCALE] ; float32(1 / sqrt(hd))
-        ; weights: embed, layers x (2 norms, wq wo, wk wv, gate up down), final norm
+        ; weights: embed, layers x (window, rope, [2 q/k norms], 2 or 4 norms, wq wo, wk wv,
+        ; gate up down), final norm
+        mov     edx, [rbx+HDR_FLAGS]
+        mov     ecx, [rbx+HDR_HEAD_DIM]
+        push    TENSOR_ALIGN            ; a layer's: its window (one u32)
+        pop     rsi
+        push    1                       ; rope: hd/2 float32 take the room of hd halves
+        pop     rax
+        call    tensor_bytes            ; (twice)
+        sub     rsi, rax                ; rope
+        test    dl, FLAG_QK_NORM
+        jz      .norms
+        push    2                       ; a q/k norm: hd float32, the room of 2hd halves
+        pop     rax
+        call    tensor_bytes            ; q_norm, k_norm
+.norms:
         mov     ecx, [rbx+HDR_DIM]
         push    2                       ; a norm: d float32 take the room of 2d halves
         pop     rax
-        xor     esi, esi                ; a layer's
-        call    tensor_bytes            ; its 2 norms
+        call    tensor_bytes            ; attn_norm, ffn_norm
+        test    dl, FLAG_POST_NORMS
+        jz      .matrices
+        lea     rsi, [rsi+rax*2]        ; post_attn_norm, post_ffn_norm
+.matrices:
         mov     rdi, rax                ; final norm
         mov     eax, [rbp+FV_Q_DIM]
         call    tensor_bytes            ; wq wo
@@ -138,6 +154,14 @@ forward:
         mov     eax, [rbx+HDR_LAYERS]
         mov     [rbp+FV_LAYERS_LEFT], eax
 .layer:
+        mov     eax, [r12]              ; window: w (0: none)
+        dec     eax
+        mov     [rbp+FV_WINDOW], eax    ; w - 1 (no window: 2^32 - 1)
+        add     r12, TENSOR_ALIGN       ; rope, after the window's room
+        mov     [rbp+FV_ROPE], r12
+        mov     ecx, [rbx+HDR_HEAD_DIM]
+        shr     ecx, 1
+        call    fwd_skip                ; past rope's hd/2 float32
         call    fwd_norm                ; xb = rmsnorm(x, attn_norm)
         mov     r13d, [rbp+FV_POS]
         mov     [rbp+FV_N_T], r13d      ; (the token loop's start)
@@ -153,11 +177,12 @@ forward:
         add     rdi, [rbp+FV_KV_BLOCK]
         mov     r8d, [rbp+FV_KV_DIM]
         call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos ..
+        mov     r13, r12                ; q_norm, k_norm (FLAG_QK_NORM), or wo
 .token:
         mov     ecx, [rbp+FV_N_T]       ; pos + t
         inc     dword [rbp+FV_N_T]      ; (after the block: pos + B)
-        call    fwd_ropes               ; q_t, k_t = rope(q_t), rope(k_t); keeps ecx
-        mov     eax, [rbp+FV_Q_DIM]
+        call    fwd_ropes               ; q_t, k_t = rope(norm(q_t)), rope(norm(k_t)); keeps
+        mov     eax, [rbp+FV_Q_DIM]     ; ecx; r12 past the q/k norms (if any): wo
         lea     r15, [r15+rax*4]        ; the next q_t
         sub     ecx, [rbp+FV_POS]
         inc     ecx
@@ -168,7 +193,7 @@ forward:
         call    par_run                 ; xb_h = attention of every token and head (threads)
         mov     rsi, [rbp+FV_XB]
         mov     ecx, [rbp+FV_Q_DIM]
-        call    fwd_residual            ; x += wo @ xb
+        call    fwd_residual            ; x += [rmsnorm](wo @ xb, post_attn_norm)
         call    fwd_norm                ; xb = rmsnorm(x, ffn_norm)
         mov     r15, [rbp+FV_HB]
         mov     rdi, r15
@@ -181,7 +206,7 @@ forward:
                                         ; job_gate = 0 again)
         mov     rsi, r15
         mov     ecx, [rbx+HDR_FFN]
-        call    fwd_residual            ; x += down @ hb
+        call    fwd_residual            ; x += [rmsnorm](down @ hb, post_ffn_norm)
         add     r14, [rbp+FV_KV_BLOCK]
         add     r14, [rbp+FV_KV_BLOCK]  ; the next layer's K block
         dec     dword [rbp+FV_LAYERS_LEFT]
@@ -205,7 +230,19 @@ forward:
 .all:
         mov     rsi, [rbp+FV_XB]
 .logits:
+        push    rdi                     ; the first row (twice: rsp stays 16-aligned)
+        push    rdi
         call    fwd_matmul              ; logits = embed (vocab,d) @ xb
+        pop     rdi
+        pop     rdi
+        mov     eax, [rbx+HDR_FINAL_SOFTCAP]
+        test    eax, eax
+        jz      .done
+        movd    xmm1, eax
+        movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
+        mov     esi, [rbx+HDR_VOCAB]
+        imul    esi, [rbp+FV_B]         ; the rows written (FV_B: 1 without --logits)
+        call    softcap                 ; logits = c tanh(logits / c)
 .done:
         mov     rax, [rbp+FV_LOGITS]
         pop     rcx
@@ -223,32 +260,51 @@ forward:
 ; fwd_norm: xb_t = rmsnorm(x_t, w) for every token t of the block, w the d float32 at r12.
 ;   in: rbx header, rbp fwd_vars, r12 w   out: xb; rdi the last token's xb, ecx d; r12 past
 ;   w (64-byte aligned)
-;   clobbers: rax rcx rdx rsi rdi r13 xmm0
+;   clobbers: rax rcx rdx rsi rdi r8 r10 xmm0
 fwd_norm:
         mov     rdi, [rbp+FV_XB]
         mov     rsi, [rbp+FV_X]
+        xor     r8d, r8d
+; fwd_norm_rows: dst_t (+)= rmsnorm(src_t, w) for every token t (rows of d floats).
+;   in: rdi dst, rsi src, r8d accumulate
+fwd_norm_rows:
         mov     ecx, [rbx+HDR_DIM]
+        mov     r10d, [rbp+FV_B]
+; norm_rows: r10d rows of ecx floats each (the same for dst and src): dst_i (+)= rmsnorm(src_i,
+; w), w the ecx float32 at r12 (r12 then moves past it).   in: rdi dst, rsi src, r10d >= 1
+norm_rows:
         movss   xmm0, [rbx+HDR_EPS]
         mov     rdx, r12
-        mov     r13d, [rbp+FV_B]
-.token:
+.row:
         call    rmsnorm                 ; (keeps all but rax)
-        dec     r13d
-        jz      .done
+        dec     r10d
+        jz      fwd_skip
         lea     rdi, [rdi+rcx*4]
         lea     rsi, [rsi+rcx*4]
-        jmp     .token
-.done:
+        jmp     .row
+; fwd_skip: r12 past ecx float32 (to the next tensor: a multiple of TENSOR_ALIGN).
+fwd_skip:
         lea     r12, [r12+rcx*4+TENSOR_ALIGN-1]
         and     r12, -TENSOR_ALIGN
         ret
 
-; fwd_residual: x += W (d,n) @ src (n,), W at r12.   in: rsi src, ecx n
+; fwd_residual: x += W (d,n) @ src (n,), W at r12; with FLAG_POST_NORMS x += rmsnorm(W @ src,
+; w) instead, w the d float32 after W (the product goes through hb2).   in: rsi src, ecx n
 fwd_residual:
-        mov     rdi, [rbp+FV_X]
         mov     r8d, [rbx+HDR_DIM]
+        test    byte [rbx+HDR_FLAGS], FLAG_POST_NORMS
+        jnz     .post
+        mov     rdi, [rbp+FV_X]
         mov     r9b, 1
         jmp     fwd_matmul.w
+.post:
+        mov     rdi, [rbp+FV_HB2]
+        push    rdi                     ; (aligns rsp for the call)
+        call    fwd_matmul              ; hb2 = W @ src
+        pop     rsi
+        mov     rdi, [rbp+FV_X]
+        mov     r8b, 1
+        jmp     fwd_norm_rows           ; x += rmsnorm(hb2, w)
 ; fwd_matmul_xb: xout = W (rows,d) @ xb (d,), W at r12.   in: rdi xout, r8d rows
 fwd_matmul_xb:
         mov     rsi, [rbp+FV_XB]
@@ -269,9 +325,11 @@ fwd_matmul:
         mov     eax, [rbp+FV_B]
         jmp     par_matmul              ; threads.asm
 
-; fwd_ropes: rope on q_t (H heads) and on k_t (K heads, in the K cache) at position pos.
-;   in: r15 q_t, r14 K block, ecx pos (kept)
+; fwd_ropes: q_t, k_t = rope(norm(q_t)), rope(norm(k_t)): q_t's H heads, k_t's K heads (in
+; the K cache) at position pos; the norms (FLAG_QK_NORM) read q_norm, k_norm from r13.
+;   in: r15 q_t, r14 K block, ecx pos (kept), r13   out: r12 past k_norm (r13 without them)
 fwd_ropes:
+        mov     r12, r13
         push    rcx                     ; (aligns rsp for the call)
         mov     rdi, r15
         mov     esi, [rbx+HDR_HEADS]
@@ -280,17 +338,35 @@ fwd_ropes:
         imul    rax, [rbp+FV_KV_ROW]
         lea     rdi, [r14+rax]
         mov     esi, [rbx+HDR_KV_HEADS]
-; fwd_rope: rope on n heads of x at position pos.   in: rdi x, esi n, ecx pos (kept)
+; fwd_rope: with FLAG_QK_NORM each head = rmsnorm(head, the hd float32 at r12), r12 past
+; them; then rope on the n heads of x at position pos with this layer's frequencies.
+;   in: rdi x, esi n, ecx pos (kept), r12
 fwd_rope:
+        test    byte [rbx+HDR_FLAGS], FLAG_QK_NORM
+        jz      .rope
+        push    rcx
+        push    rsi
+        push    rdi
+        mov     r10d, esi
+        mov     rsi, rdi
+        mov     ecx, [rbx+HDR_HEAD_DIM]
+        xor     r8d, r8d
+        call    norm_rows               ; every head, in place
+        pop     rdi
+        pop     rsi
+        pop     rcx
+.rope:
         mov     edx, [rbx+HDR_HEAD_DIM]
-        movss   xmm0, [rbx+HDR_ROPE_THETA]
+        mov     r8, [rbp+FV_ROPE]
         jmp     rope
 
 ; att_share: thread k's attention tasks of the block forward published (a share function of
 ; par_run, threads.asm). Task i = t H + h (token t, query head h of kv head g = h / group),
-; i in [k c, min(B H, (k+1) c)), c = ceil(B H / min(T, BLOCK)): att = K_g (n_t,hd) @ q_h,
-; n_t = pos + t + 1 (the block's earlier rows are in the cache, roped), att = softmax(att /
-; sqrt(hd)), o_h = V_g^T att into xb (where q_h is in q). Thread k's att is att + k ctx floats
+; i in [k c, min(B H, (k+1) c)), c = ceil(B H / min(T, BLOCK)): att = K_g (n_t,hd) @ q_h
+; over the positions attended, the last n_t = pos + t + 1 (the block's earlier rows are in
+; the cache, roped), or the last min(n_t, w) with the layer's window w > 0 (from position
+; n_t - w: never outside the cache), att = softmax(softcap(att att_scale)), o_h = V_g^T att
+; into xb (where q_h is in q). Thread k's att is att + k ctx floats
 ; (room for BLOCK threads; threads k >= BLOCK get no tasks). Each task as one thread would.
 ;   in: esi k (rbx job_vars: unused)   out: o_h of those tasks
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm2 (keeps rbx rbp r12-r15)
@@ -331,6 +407,13 @@ att_share:
         imul    eax, ecx
         mov     rdx, [rbp+FV_KLAYER]
         lea     rdx, [rdx+rax*4]        ; K_g
+        lea     eax, [r12-1]            ; pos + t
+        sub     eax, [rbp+FV_WINDOW]    ; - (w - 1): the first position attended, when > 0
+        jbe     .all
+        sub     r12d, eax               ; n_t: the w positions from there
+        imul    rax, [rbp+FV_KV_ROW]
+        add     rdx, rax                ; K_g from there
+.all:
         push    rdx                     ; (with rax: rsp stays 16-aligned for the calls)
         mov     eax, r13d
         imul    eax, ecx                ; i hd: q_h's and o_h's offset in floats
@@ -344,8 +427,10 @@ att_share:
         mov     r8d, ecx                ; hd
         mov     rdi, r15
         mov     esi, r12d
-        movss   xmm0, [rbp+FV_ATT_SCALE]
-        call    softmax                 ; att = softmax(att / sqrt(hd)); keeps rdi rsi r8
+        movss   xmm0, [rbx+HDR_ATT_SCALE]
+        movss   xmm1, [rbx+HDR_ATT_SOFTCAP]
+        call    softcap                 ; att = cap(att att_scale); keeps rdi rsi r8
+        call    softmax                 ; att = softmax(att); keeps rdi rsi r8
         pop     rax
         pop     rdx
         add     rdx, [rbp+FV_KV_BLOCK]  ; V_g

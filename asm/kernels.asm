@@ -126,11 +126,12 @@ matvec_strided:
         add     rdx, r9
         jmp     .row
 
-; rmsnorm: x (n,), w (n,) -> xout (n,) = x * r * w, r = float32(1 / sqrt(mean(x^2) + eps)).
-; Sum of squares, mean, root and the products in x87 extended precision, rounded once to float32
-; (within 1 ulp of transformers' float32 (x * r) * w); xout may be x.
-;   in: rdi xout, rsi x, rdx w (holds 1 + weight), ecx n, xmm0 eps   out: xout
-;   clobbers: rax
+; rmsnorm: x (n,), w (n,) -> xout (n,) = x * r * w, r = float32(1 / sqrt(mean(x^2) + eps));
+; r8d != 0 adds it to xout instead (Gemma 2/3's post-norm residuals). Sum of squares, mean,
+; root and the products (and the sum) in x87 extended precision, rounded once to float32
+; (within 1 ulp of transformers' float32 (x * r) * w); xout may be x when not accumulating.
+;   in: rdi xout, rsi x, rdx w (holds 1 + weight), ecx n, r8d accumulate, xmm0 eps
+;   out: xout   clobbers: rax
 rmsnorm:
         push    rcx                     ; [rsp]: n, then r; [rsp+4]: eps
         movss   [rsp+4], xmm0
@@ -152,6 +153,10 @@ rmsnorm:
         fld     dword [rsi+rax*4]
         fmul    dword [rsp]
         fmul    dword [rdx+rax*4]
+        test    r8d, r8d
+        jz      .store
+        fadd    dword [rdi+rax*4]
+.store:
         fstp    dword [rdi+rax*4]
         inc     eax
         cmp     eax, ecx
@@ -159,24 +164,57 @@ rmsnorm:
         pop     rax
         ret
 
-; softmax: x (n,) -> x (n,) in place, x[i] = exp(s*(x[i] - max x)) / sum. Exponentials and
-; their sum in x87 extended precision; every result within 1 ulp float32. x finite, s > 0.
-;   in: rdi x, esi n, xmm0 s   out: x   clobbers: rax rcx xmm0 xmm1 (calls exp_x87)
+; softcap: the attention scores' and the logits' soft-cap, x (n,) -> x (n,) in place,
+; x[i] = c tanh(s x[i] / c), or s x[i] when c = 0. tanh(z) = 1 - 2 / (e^(2z) + 1): the whole
+; in x87 extended precision, rounded once to float32 (s x[i] is not rounded first: within
+; 2^-24 |s x[i]| of transformers' float32 steps). e^(2z) overflows to +inf for large z
+; (then c), underflows to 0 for very negative z (then -c); NaN stays NaN.
+;   in: rdi x, esi n, xmm0 s, xmm1 c (0, or positive and finite)   out: x
+;   clobbers: rax rcx xmm0 (calls exp_x87)
+softcap:
+        unpcklps xmm0, xmm1
+        movq    rax, xmm0
+        push    rax                     ; [rsp]: s, [rsp+4]: c; aligns rsp for the call
+        shr     rax, 32                 ; c's bits: 0 for none
+        fld     dword [rsp+4]           ; st1 in the loop: c
+        mov     ecx, esi
+.unit:
+        fld     dword [rdi+rcx*4-4]
+        fmul    dword [rsp]             ; y = s x
+        test    eax, eax
+        jz      .store
+        fdiv    st0, st1                ; z = y / c
+        fadd    st0, st0
+        call    exp_x87                 ; e^(2z)
+        fld1
+        faddp
+        fdivr   st0, st1                ; c / (e^(2z) + 1)
+        fadd    st0, st0
+        fsubr   st0, st1                ; c - 2c / (e^(2z) + 1) = c tanh(z)
+.store:
+        fstp    dword [rdi+rcx*4-4]
+        loop    .unit
+        fstp    st0
+        pop     rax
+        ret
+
+; softmax: x (n,) -> x (n,) in place, x[i] = exp(x[i] - max x) / sum. Exponentials and their
+; sum in x87 extended precision; each exponential is stored as float32, then multiplied by
+; 1 / sum and rounded again: every result within 2u relative (u = 2^-24). x finite.
+;   in: rdi x, esi n   out: x   clobbers: rax rcx xmm1 (calls exp_x87)
 softmax:
         movss   xmm1, [rdi]
         mov     ecx, esi
 .max:
         maxss   xmm1, [rdi+rcx*4-4]
         loop    .max
-        unpcklps xmm0, xmm1
-        movq    rax, xmm0
-        push    rax                     ; [rsp]: s, [rsp+4]: max; aligns rsp for the call
+        movd    eax, xmm1
+        push    rax                     ; [rsp]: max; aligns rsp for the call
         fldz                            ; sum
         mov     ecx, esi
 .exp:
         fld     dword [rdi+rcx*4-4]
-        fsub    dword [rsp+4]
-        fmul    dword [rsp]
+        fsub    dword [rsp]
         call    exp_x87
         fst     dword [rdi+rcx*4-4]
         faddp
@@ -236,35 +274,23 @@ geglu:
         ret
 
 ; rope: rotate each of the n_heads heads of x (n_heads, hd) by position pos, half-split pairs
-; (i, i + hd/2) as transformers in float32: e = float32(2i/hd), f = float32(1/float32(theta^e)),
-; a = float32(pos * f); c, s = float32 cos a, sin a (x87 fsincos), once per pair for all heads;
-; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c + x[i] s (each product rounded; the
-; four products in the lanes of one register, then one hsubps and one haddps); the pairs
-; last first, each on its own.
-;   in: rdi x, esi n_heads, edx hd (even), ecx pos, xmm0 theta   out: x
-;   clobbers: rax rdx r9 xmm0-xmm2 (calls exp2_x87)
+; (i, i + hd/2) as transformers in float32: a = float32(pos * f[i]), f the layer's hd/2
+; inverse frequencies (the model file's `rope` tensor); c, s = float32 cos a, sin a (x87
+; fsincos), once per pair for all heads; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c
+; + x[i] s (each product rounded; the four products in the lanes of one register, then one
+; hsubps and one haddps); the pairs last first, each on its own. Any f is harmless: beyond
+; fsincos's range (|a| >= 2^63, inf, NaN) the results are garbage or NaN, the x87 stack
+; stays balanced in effect (all its registers empty again).
+;   in: rdi x, esi n_heads, edx hd (even), ecx pos, r8 f   out: x
+;   clobbers: rax rdx r9 xmm0-xmm2
 rope:
         add     edx, edx                ; 2hd: bytes of hd/2 floats
-        push    rcx                     ; [rsp+16]: pos
-        push    rdx                     ; [rsp+8]: 2hd
-        push    rax                     ; [rsp]: scratch float32s; aligns rsp for the call
-        movss   [rsp+12], xmm0          ; theta
+        push    rcx                     ; [rsp+8]: pos
+        push    rcx                     ; [rsp]: scratch float32s
         lea     eax, [rdx-4]            ; 4i, the last pair first
 .pair:
-        mov     [rsp], eax
-        fild    dword [rsp]
-        fidiv   dword [rsp+8]           ; 4i/2hd
-        fstp    dword [rsp]
-        fld     dword [rsp]             ; e
-        fld     dword [rsp+12]
-        fyl2x                           ; e log2(theta)
-        call    exp2_x87
-        fstp    dword [rsp]
-        fld1
-        fdiv    dword [rsp]
-        fstp    dword [rsp]
-        fld     dword [rsp]             ; f
-        fimul   dword [rsp+16]          ; pos f, exact
+        fld     dword [r8+rax]          ; f
+        fimul   dword [rsp+8]           ; pos f, exact
         fstp    dword [rsp]
         fld     dword [rsp]             ; a
         fsincos
@@ -272,7 +298,7 @@ rope:
         fstp    dword [rsp+4]           ; sin a
         movq    xmm2, [rsp]
         movlhps xmm2, xmm2              ; c, s, c, s
-        lea     rcx, [rdi+rax]          ; x[i] of head 0 (pos is at [rsp+16])
+        lea     rcx, [rdi+rax]          ; x[i] of head 0 (pos is at [rsp+8])
         mov     r9d, esi
 .head:
         movss   xmm0, [rcx]             ; x0
@@ -289,8 +315,7 @@ rope:
         jnz     .head
         sub     eax, 4
         jns     .pair
-        pop     rax
-        pop     rdx
+        pop     rcx
         pop     rcx
         ret
 

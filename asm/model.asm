@@ -21,9 +21,9 @@ err_cannot_read:                        ; (before load_model: its jumps here are
 ; model_base, model_size and pieces_ptr, index_ptr, user_ptr, blob_ptr.
 ; Checks, in order: size >= the header (else truncated), magic, version, header_size,
 ; file_size == the real size (larger: truncated), dims nonzero and bounded (dim_bits:
-; every product the engine forms fits in 64 bits) and eps/theta/scale finite and > 0 (one
-; loop, the last field first),
-; heads % kv_heads == 0, head_dim even, bos/eos/eot < vocab, byte_base + 256 <= vocab,
+; every product the engine forms fits in 64 bits) and eps, att_scale, embed_scale finite and
+; > 0 (one loop, the last field first), flags known (FLAG_*), the soft-caps 0 or finite and
+; > 0, heads % kv_heads == 0, head_dim even, bos/eos/eot < vocab, byte_base + 256 <= vocab,
 ; sections in order and non-overlapping (pieces, index, user, blob, weights) ending at
 ; file_size, weights_off % 4096 == 0, every piece's bytes inside the blob, max_piece_len ==
 ; the longest piece's length (the prompt-length guard relies on it), every index and user
@@ -98,6 +98,13 @@ check_header:                           ; (load_model, after the magic and the v
         jnz     err_header
         dec     edx
         jns     .field
+        cmp     dword [rbx+HDR_FLAGS], FLAG_POST_NORMS or FLAG_QK_NORM
+        ja      err_header
+        mov     eax, 0x7F7FFFFF         ; FLT_MAX's bits: a soft-cap's bits must not exceed
+        cmp     [rbx+HDR_ATT_SOFTCAP], eax      ; them (0: none; no sign, inf or NaN)
+        ja      err_header
+        cmp     [rbx+HDR_FINAL_SOFTCAP], eax
+        ja      err_header
         mov     eax, [rbx+HDR_HEADS]
         xor     edx, edx
         div     dword [rbx+HDR_KV_HEADS]
@@ -216,8 +223,8 @@ piece:
         ret
 
 ; dim_bits: vocab .. max_ctx may be at most 2^bits. These bounds keep every size the engine
-; computes (weights, KV cache, scratch) far below 2^64. (31 for eps, rope_theta, embed_scale:
+; computes (weights, KV cache, scratch) far below 2^64. (31 for eps, att_scale, embed_scale:
 ; no bound beyond FLT_MAX.)
 dim_bits:
         db      24, 16, 16, 10, 10, 10, 16, 16  ; vocab dim ffn layers heads kv_heads head_dim max_ctx
-        db      31, 31, 31                      ; eps rope_theta embed_scale
+        db      31, 31, 31                      ; eps att_scale embed_scale

@@ -105,12 +105,13 @@ fv_kv_row:      rq 1            ; bytes of one cache row: K*hd * 4
 fv_q_dim:       rd 1            ; H*hd
 fv_kv_dim:      rd 1            ; K*hd
 fv_group:       rd 1            ; H/K: query heads per kv head
-fv_att_scale:   rd 1            ; float32 1/sqrt(hd)
+fv_window:      rd 1            ; this layer's window w - 1 (w = 0, none: 2^32 - 1)
 fv_n_t:         rd 1            ; pos + 1: positions attended
 fv_layers_left: rd 1            ; layer countdown in forward
 fv_b:           rd 1            ; B: tokens in this block
 fv_pos:         rd 1            ; the block's first position
 fv_klayer:      rq 1            ; this layer's K block (for att_share)
+fv_rope:        rq 1            ; this layer's rope tensor: hd/2 inverse frequencies
 
 FV_X            = fv_x - fwd_vars
 FV_XB           = fv_xb - fwd_vars
@@ -127,9 +128,10 @@ FV_KV_ROW       = fv_kv_row - fwd_vars
 FV_Q_DIM        = fv_q_dim - fwd_vars
 FV_KV_DIM       = fv_kv_dim - fwd_vars
 FV_GROUP        = fv_group - fwd_vars
-FV_ATT_SCALE    = fv_att_scale - fwd_vars
+FV_WINDOW       = fv_window - fwd_vars
 FV_N_T          = fv_n_t - fwd_vars
 FV_LAYERS_LEFT  = fv_layers_left - fwd_vars
 FV_B            = fv_b - fwd_vars
 FV_POS          = fv_pos - fwd_vars
 FV_KLAYER       = fv_klayer - fwd_vars
+FV_ROPE         = fv_rope - fwd_vars

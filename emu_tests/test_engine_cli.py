@@ -380,7 +380,8 @@ def mutated(mqa: Path, tmp_path: Path, **fields) -> Path:
 def test_bad_magic_version_truncated(engine, mqa, tmp_path):
     assert_error(run(engine, "-m", mutated(mqa, tmp_path, magic=b"GEMMAASN")),
                  "bad magic")
-    assert_error(run(engine, "-m", mutated(mqa, tmp_path, version=2)), "bad version")
+    for version in (0, 1, 3, 0xFFFFFFFF):                  # version 1 (no window, rope ...)
+        assert_error(run(engine, "-m", mutated(mqa, tmp_path, version=version)), "bad version")
     data = mqa.read_bytes()
     for size in (0, 10, 255, 256, 4096, len(data) // 2, len(data) - 1):
         (tmp_path / "t.bin").write_bytes(data[:size])
@@ -397,7 +398,8 @@ def inconsistent_headers(h) -> list[dict]:
         dict(layers=1025), dict(heads=0), dict(heads=0xFFFFFFFF), dict(kv_heads=0),
         dict(kv_heads=3), dict(head_dim=15), dict(head_dim=0), dict(max_ctx=0),
         dict(max_ctx=(1 << 16) + 1), dict(eps=0.0), dict(eps=-1e-6), dict(eps=float("nan")),
-        dict(rope_theta=float("inf")), dict(embed_scale=-8.0), dict(bos=h.vocab),
+        dict(att_scale=float("inf")), dict(att_scale=0.0), dict(att_scale=-0.125),
+        dict(att_scale=float("nan")), dict(embed_scale=-8.0), dict(bos=h.vocab),
         dict(eos=0xFFFFFFFF), dict(eot=h.vocab), dict(byte_base=h.vocab - 255),
         dict(byte_base=0xFFFFFFFF), dict(pieces_off=255), dict(pieces_off=1 << 63),
         dict(index_off=h.index_off - 4), dict(user_off=h.user_off - 1),
@@ -406,6 +408,9 @@ def inconsistent_headers(h) -> list[dict]:
         dict(weights_size=h.weights_size + 4096), dict(weights_size=h.weights_size - 64),
         dict(file_size=h.file_size - 1), dict(n_index=h.n_index + (h.user_off - h.index_off)),
         dict(n_user=1 << 30), dict(max_piece_len=h.max_piece_len - 1),
+        dict(flags=4), dict(flags=7), dict(flags=1 << 31), dict(flags=0xFFFFFFFF),
+        *(dict(**{cap: v}) for cap in ("att_softcap", "final_softcap")
+          for v in (-1.0, -0.0, float("inf"), float("-inf"), float("nan"), -3e38)),
     ]
 
 
@@ -423,6 +428,20 @@ def test_weights_size_not_the_layout(engine, mqa, tmp_path):
     out = mutated(mqa, tmp_path, weights_size=h.weights_size - 64, file_size=h.file_size - 64)
     out.write_bytes(out.read_bytes()[:-64])
     assert_error(run(engine, "-m", out, "--tokens"), "bad header")
+    # known flags, but the file lacks the norms they announce (the fixture has flags 0)
+    assert h.flags == 0
+    for flags in (1, 2, 3):
+        assert_error(run(engine, "-m", mutated(mqa, tmp_path, flags=flags), "--tokens"),
+                     "bad header")
+
+
+def test_accepted_header_values(engine, mqa, tmp_path):
+    """The new fields' edges that are valid: soft-caps 0 (none) up to FLT_MAX, and tiny."""
+    for fields in (dict(att_softcap=3.4028234663852886e38, final_softcap=1e-45),
+                   dict(att_softcap=1e-45, final_softcap=3.4028234663852886e38),
+                   dict(att_scale=3.4028234663852886e38), dict(att_scale=1e-45)):
+        r = run(engine, "-m", mutated(mqa, tmp_path, **fields), "-p", "Hello", "-n", 3)
+        assert r.returncode == 0 and r.stderr == b"", f"{fields}: {r.returncode} {r.stderr!r}"
 
 
 def test_bad_tables(engine, mqa, tmp_path):

@@ -85,7 +85,8 @@ def test_fuzz_baseline_under_qemu(engine, models, tmp_path):
     file, corrupted and random tokenizer tables, NaN and infinite weights) again under
     qemu-x86_64 -cpu Nehalem: the baseline (SSE4.1) code, whatever the host has."""
     def chosen(c: Case) -> bool:
-        return (c.model in SHAPES or c.label.startswith("sparse_2b:") or c.model == "tiny_mqa"
+        return (c.model in SHAPES or c.label.startswith("sparse_2b:")
+                or c.model in ("tiny_mqa", suite.V2_BASE)
                 and any(k in c.label for k in (" all ", "every piece", "index[", "index ")))
     everything = suite.cases(models)
     tables = [c for c in everything if c.model == "tiny_mqa" and "valid tokenizer" in c.label]
@@ -211,10 +212,11 @@ def test_truncations_cover_every_boundary(models):
 def test_closed_form_weights_size_equals_modelfile(base_model):
     h = Base.load(base_model).header
     for change in ({}, {"layers": 5}, {"heads": 8, "kv_heads": 2}, {"head_dim": 48, "dim": 144},
-                   {"vocab": 1000, "ffn": 100}):
+                   {"vocab": 1000, "ffn": 100}, {"flags": 1}, {"flags": 2, "head_dim": 6},
+                   {"flags": 3, "head_dim": 34, "layers": 3}):
         d = dict(h, **change)
         dims = Dims(*(d[k] for k in ("vocab", "dim", "ffn", "layers", "heads", "kv_heads",
-                                     "head_dim", "max_ctx")))
+                                     "head_dim", "max_ctx")), flags=d["flags"])
         assert weights_size(d) == modelfile_weights_size(dims), change
 
 

@@ -13,8 +13,9 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.modelfile import (HEADER_FIELDS, HEADER_SIZE, MAGIC, PIECE, PIECE_REC, TENSOR_ALIGN,
-                               VERSION, WEIGHTS_ALIGN, Header, tensor_layout)
+from builder.modelfile import (FLAGS, FLT_MAX, HEADER_FIELDS, HEADER_SIZE, MAGIC, PIECE, PIECE_REC,
+                               POST_NORMS, QK_NORM, TENSOR_ALIGN, VERSION, WEIGHTS_ALIGN, Header,
+                               tensor_layout)
 
 PIECE_FIELDS = [("blob_off", 0), ("len", 4), ("score", 8), ("type", 12)]    # u32 / f32 each
 
@@ -24,12 +25,16 @@ def _up(n: int, a: int) -> int:
 
 
 def weights_size(h: dict) -> int:
-    """weights_size the dimensions call for, exact for any values (closed form: the mutators
-    ask it about 2^31 layers, which modelfile.weights_size would walk one by one)."""
-    d, f = h["dim"], h["ffn"]
-    q, kv = h["heads"] * h["head_dim"], h["kv_heads"] * h["head_dim"]
-    layer = sum(_up(n, TENSOR_ALIGN) for n in (4 * d, 2 * q * d, 2 * kv * d, 2 * kv * d,
-                                               2 * d * q, 4 * d, 2 * f * d, 2 * f * d, 2 * d * f))
+    """weights_size the dimensions and flags call for, exact for any values (closed form: the
+    mutators ask it about 2^31 layers, which modelfile.weights_size would walk one by one).
+    A layer: window (u32), rope (head_dim/2 f32), attn_norm, wq wk wv, [q_norm k_norm: QK_NORM],
+    wo, [post_attn_norm: POST_NORMS], ffn_norm, gate up down, [post_ffn_norm: POST_NORMS]."""
+    d, f, hd, flags = h["dim"], h["ffn"], h["head_dim"], h["flags"]
+    q, kv = h["heads"] * hd, h["kv_heads"] * hd
+    sizes = [4, 4 * (hd // 2), 4 * d, 2 * q * d, 2 * kv * d, 2 * kv * d, 2 * d * q, 4 * d,
+             2 * f * d, 2 * f * d, 2 * d * f]
+    sizes += [4 * hd] * 2 * bool(flags & QK_NORM) + [4 * d] * 2 * bool(flags & POST_NORMS)
+    layer = sum(_up(n, TENSOR_ALIGN) for n in sizes)
     return _up(2 * h["vocab"] * d, TENSOR_ALIGN) + h["layers"] * layer + _up(4 * d, TENSOR_ALIGN)
 
 
@@ -41,8 +46,12 @@ def parse_header(data: bytes) -> dict:
 def header_problems(h: dict, file_len: int) -> list[str]:
     """Why the contract makes this header invalid ([] when it does not), in exact arithmetic.
 
-    Only rules a memory-safe engine cannot skip: identity, sizes against the file length and
-    against the dimensions, every table inside the file, and the ids it indexes with."""
+    Rules a memory-safe engine cannot skip: identity, sizes against the file length and
+    against the dimensions, every table inside the file, and the ids it indexes with; and the
+    version-2 fields as builder.modelfile refuses them: unknown flags, att_scale or a soft-cap
+    negative, infinite or NaN (0 and -0.0 pass here as in modelfile, which reads att_scale 0 as
+    Gemma 1's 1/sqrt(head_dim); the engine refuses att_scale 0 and any sign bit, which the
+    contract allows)."""
     out = []
     if h["magic"] != MAGIC or h["version"] != VERSION or h["header_size"] != HEADER_SIZE:
         out.append("identity")
@@ -52,6 +61,12 @@ def header_problems(h: dict, file_len: int) -> list[str]:
         out.append("weights")
     if h["kv_heads"] == 0 or h["heads"] % h["kv_heads"] or h["head_dim"] % 2:
         out.append("heads")
+    if h["flags"] & ~FLAGS:
+        out.append("flags")
+    if not 0 <= h["att_scale"] <= FLT_MAX:    # (modelfile reads 0 as Gemma 1's default)
+        out.append("att_scale")
+    if not all(0 <= h[c] <= FLT_MAX for c in ("att_softcap", "final_softcap")):
+        out.append("soft-caps")
     for off, n in (("pieces_off", PIECE_REC * h["vocab"]), ("index_off", 4 * h["n_index"]),
                    ("user_off", 4 * h["n_user"]), ("blob_off", h["blob_size"])):
         if h[off] + n > file_len:

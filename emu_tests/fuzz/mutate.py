@@ -299,10 +299,20 @@ class _Maker:
                  ("final_norm", 0x7F800000), ("final_norm", 0xFF800000),
                  ("layers.0.ffn_norm", 0x7F7FFFFF), ("embed", 0x7E00), ("embed", 0x7BFF),
                  ("embed", 0xFC00), ("layers.0.wq", 0x7C00), ("layers.0.wk", 0x7BFF),
-                 ("layers.0.wv", 0x7E00), ("layers.0.gate", 0x7BFF), ("layers.0.down", 0x7C00)]
+                 ("layers.0.wv", 0x7E00), ("layers.0.gate", 0x7BFF), ("layers.0.down", 0x7C00),
+                 # version 2: any window (u32) and rope frequency (NaN, inf, huge: fsincos out
+                 # of range, 0, negative) must run; the optional norms like the others
+                 ("layers.0.window", 0xFFFFFFFF), ("layers.0.window", 0x80000000),
+                 ("layers.0.window", 1), ("layers.0.rope", 0x7FC00000),
+                 ("layers.0.rope", 0x7F800000), ("layers.0.rope", 0x7F7FFFFF),
+                 ("layers.0.rope", 0x5F000000), ("layers.0.rope", 0), ("layers.0.rope", 0xC0000000),
+                 ("layers.0.q_norm", 0x7FC00000), ("layers.0.k_norm", 0x7F800000),
+                 ("layers.0.post_attn_norm", 0x7F7FFFFF), ("layers.0.post_ffn_norm", 0xFF800000)]
         for name, bits in picks:
+            if name not in tensors:             # an optional tensor this file does not have
+                continue
             t = tensors[name]
-            width = 4 if t.dtype == "f32" else 2
+            width = 2 if t.dtype == "f16" else 4
             edit = ((wo + t.offset, bits.to_bytes(width, "little") * (t.nbytes // width)),)
             for tail in ((), (b"--temp", b"1", b"--top-p", b"0.9", b"-s", b"3", b"-t", b"3"),
                          (b"--baseline",)):
@@ -507,8 +517,8 @@ class _Maker:
                         (self.u32_at(h[table] + 4 * pos, v),), argv=self.argv())
         if kind == 6:
             t = r.choice(self.base.tensors)
-            width = 4 if t.dtype == "f32" else 2
-            bits = r.choice(F32_BITS if t.dtype == "f32" else F16_BITS)
+            width = 2 if t.dtype == "f16" else 4
+            bits = r.choice(F16_BITS if t.dtype == "f16" else F32_BITS + U32_EDGES)
             edits = tuple((h["weights_off"] + t.offset + width * r.randrange(t.nbytes // width),
                            bits.to_bytes(width, "little")) for _ in range(r.randint(1, 16)))
             return Case(f"random #{k}: {t.name} elements := {bits:#x}", edits,

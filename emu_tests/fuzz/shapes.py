@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from builder.modelfile import Dims, make_header, write_model
+from builder.modelfile import Dims, LayerAttn, make_header, write_model
 from builder.synth import PRESETS, synth_source, synth_vocab
 
 from .mutate import LOGITS, MODEL, Case
@@ -31,12 +31,38 @@ SHAPES: dict[str, Dims] = {   # vocab dim ffn layers heads kv_heads head_dim max
     "d17_hd2": Dims(512, 17, 33, 1, 4, 2, 2, 3),
     "d33_mha5": Dims(513, 33, 65, 2, 5, 5, 4, 64),
     "d12_h16k1": Dims(600, 12, 40, 1, 16, 1, 64, 7),
+    # version 2's features on odd shapes (their windows and rope in SHAPE_ATTN)
+    "d6_g3": Dims(400, 6, 10, 3, 2, 1, 4, 12, flags=3, att_scale=0.9, att_softcap=2.0,
+                  final_softcap=1.5),
+    "d8_g2": Dims(400, 8, 12, 2, 4, 2, 6, 9, flags=1, att_scale=0.5, att_softcap=50.0,
+                  final_softcap=30.0),
+    "d16_qk": Dims(512, 16, 16, 2, 2, 2, 2, 6, flags=2, att_scale=3.0, final_softcap=1e-3),
 }
+# per-layer attention of the version-2 shapes (the others: full attention, theta 10000):
+# windows of 1 position, shorter than the prompts, beyond any context (2^32 - 1)
+SHAPE_ATTN: dict[str, list[LayerAttn]] = {
+    "d6_g3": [LayerAttn(2), LayerAttn(0, 1e6, 8.0), LayerAttn(1, 100.0)],
+    "d8_g2": [LayerAttn(3), LayerAttn(2**32 - 1, 1e4, 0.5)],
+    "d16_qk": [LayerAttn(1, 3.0), LayerAttn(5, 1e30)],
+}
+# the version-2 file the mutators work on (besides the Gemma 1 fixtures): post norms, q/k
+# norms, windows, both soft-caps
+V2_BASE = "g3_base"
+V2_DIMS = Dims(512, 32, 64, 2, 4, 2, 8, 64, flags=3, att_scale=0.35, att_softcap=4.0,
+               final_softcap=3.0)
+V2_ATTN = [LayerAttn(4), LayerAttn(0, 1e6, 8.0)]
 
 
 def write_shape(name: str, out: Path) -> Path:
     dims = SHAPES[name]
-    write_model(out, dims, synth_vocab(dims.vocab, 0), synth_source(0), progress=False)
+    write_model(out, dims, synth_vocab(dims.vocab, 0), synth_source(0), progress=False,
+                attn=SHAPE_ATTN.get(name))
+    return out
+
+
+def write_v2_base(out: Path) -> Path:
+    write_model(out, V2_DIMS, synth_vocab(V2_DIMS.vocab, 0), synth_source(0), progress=False,
+                attn=V2_ATTN)
     return out
 
 

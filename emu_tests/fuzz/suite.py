@@ -1,10 +1,12 @@
 """The fuzz suite the test runs (and `python -m emu_tests.fuzz` replays): its models and cases.
 
 Models: the fixtures converted to engine files (tiny_mqa and tiny_wide from Hugging Face,
-tiny_mqa from GGUF, whose tables have no user-defined pieces), the odd-shaped valid models and
-the sparse 2B file of shapes.py. Cases: make_cases over the three fixture files and the sparse
-2B file (tokenizer runs only: its 5 GB of weights are a hole), the shape and sparse runs, then
-seeded random mutations up to the count.
+tiny_mqa from GGUF, whose tables have no user-defined pieces: Gemma 1, header flags 0), a
+synthetic version-2 file with every optional tensor (shapes.V2_BASE: post and q/k norms,
+windows, soft-caps), the odd-shaped valid models and the sparse 2B file of shapes.py. Cases:
+make_cases over those four mutated files and the sparse 2B file (tokenizer runs only: its 5 GB
+of weights are a hole), the shape and sparse runs, then seeded random mutations up to the
+count.
 """
 from __future__ import annotations
 
@@ -14,21 +16,24 @@ from builder.convert import convert
 
 from .model import Base
 from .mutate import Case, make_cases
-from .shapes import SHAPES, shape_cases, sparse_cases, write_bases
+from .shapes import SHAPES, V2_BASE, shape_cases, sparse_cases, write_bases, write_v2_base
 
 SEED = 20261130
 CASES = 8000
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MUTATED = {"tiny_mqa": ("tiny_mqa", "."), "tiny_wide": ("tiny_wide", "."),
-           "tiny_mqa_gguf": ("tiny_mqa", "model-f16.gguf")}
+           "tiny_mqa_gguf": ("tiny_mqa", "model-f16.gguf"), V2_BASE: None}   # None: synthetic
 
 
 def models(tmp: Path) -> dict[str, Path]:
     """Every model file of the suite, written into tmp, by name."""
     out = {}
-    for name, (fixture, src) in MUTATED.items():
+    for name, fixture in MUTATED.items():
         out[name] = tmp / f"{name}.bin"
-        convert((FIXTURES / fixture / src).resolve(), out[name], progress=False)
+        if fixture is None:
+            write_v2_base(out[name])
+        else:
+            convert((FIXTURES / fixture[0] / fixture[1]).resolve(), out[name], progress=False)
     return out | write_bases(tmp)
 
 

@@ -121,6 +121,9 @@ err_no_model:
 ;   in: rbp front_base with the options stored   out: never returns (exits)
 setup:
         and     rsp, -16                ; (argv popped)
+        cmp     byte [rbp+V_HELP], 0
+        jne     help
+        call    read_prompt             ; -f
         mov     rbx, [rbp+V_MODEL]
         test    rbx, rbx
         jz      err_no_model
@@ -380,4 +383,52 @@ opt_name_c:
         db      '--tokens', K_FLAG, V_TOKENS and 0xFF
         db      '--logits', K_STR, V_LOGITS and 0xFF
         db      '--baseline', K_FLAG, (V_TOKENS + 1) and 0xFF ; byte 1 of the --tokens slot (cpu.asm)
+        db      '-f', K_STR, V_FILE and 0xFF
+        db      '-h', K_FLAG, V_HELP and 0xFF
+        db      '--help', K_FLAG, V_HELP and 0xFF
         db      0
+
+; read_prompt: (last in this file: model.asm's err_cannot_read follows, in short-jump reach)
+; with -f FILE the prompt is the file's bytes ("-": standard input's), one
+; trailing newline dropped (as llama.cpp does), in fresh zeroed memory (so zero-terminated,
+; with a zero byte before it too: the newline check needs no bounds test).
+;   in: rbp front_base   out: opt_prompt -> the text (unchanged without -f)
+;   clobbers: rax rbx rcx rdx rsi rdi r8-r11; fatal "cannot read FILE", or "prompt too
+;   long" at PROMPT_FILE_MAX bytes (the tokenizer's sizes then stay below 2^31)
+PROMPT_FILE_MAX = 1 shl 24
+read_prompt:
+        mov     rbx, [rbp+V_FILE]
+        test    rbx, rbx
+        jz      .done
+        xor     eax, eax                ; standard input
+        cmp     word [rbx], '-'         ; "-" and its zero byte
+        je      .opened
+        push    rbx
+        pop     rdi
+        xor     esi, esi                ; O_RDONLY
+        call    sys_open
+        js      err_cannot_read
+.opened:
+        push    rax                     ; fd (twice: rsp stays 16-aligned for alloc)
+        push    rax
+        mov     edi, PROMPT_FILE_MAX + 2
+        call    alloc
+        pop     rdi
+        pop     rdi                     ; fd
+        lea     rsi, [rax+1]
+        mov     [rbp+V_PROMPT], rsi
+        mov     edx, PROMPT_FILE_MAX
+.read:
+        call    sys_read
+        js      err_cannot_read         ; (a directory: EISDIR)
+        jz      .end
+        add     rsi, rax
+        sub     edx, eax
+        jnz     .read
+        jmp     tokenize.err_long_prompt
+.end:
+        cmp     byte [rsi-1], 10
+        jne     .done
+        mov     byte [rsi-1], 0
+.done:
+        ret

@@ -2,6 +2,7 @@
 ; calls these routines (SysV argument registers; the 4th argument goes in rcx and is moved
 ; to r10 here). Linux x86-64 syscall numbers below.
 
+SYS_read        = 0
 SYS_write       = 1
 SYS_open        = 2
 SYS_fstat       = 5
@@ -69,11 +70,15 @@ write_until:
 ; Each wrapper loads its syscall number into al and joins sys_call (which zero-extends it).
 ;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno, flags of
 ;   test rax, rax (SF: failed)   clobbers: rcx r10 r11
-; sys_write(fd, buf, len); sys_open(path, flags, mode); sys_fstat(fd, statbuf);
+; sys_read(fd, buf, len); sys_write(fd, buf, len); sys_open(path, flags, mode);
+; sys_fstat(fd, statbuf);
 ; sys_sigprocmask(how, set, oldset, setsize);
 ; sys_sched_getaffinity(pid, len, mask); sys_futex(addr, op, val, timeout);
 ; sys_clone(flags, stack, ...): in the child, sys_call's `ret` pops the address stored at
 ; [stack]; sys_mmap(addr, len, prot, flags, fd, off).
+sys_read:
+        mov     al, SYS_read
+        jmp     sys_call
 sys_write:
         mov     al, SYS_write
         jmp     sys_call
@@ -106,6 +111,15 @@ sys_mmap:
         mov     al, SYS_mmap
         jmp     sys_call
 
+; help: -h / --help: print the usage text on stdout and exit with status 0.
+help:
+        lea     rsi, [msg_usage]
+        push    STDOUT
+        pop     rdi
+        mov     cl, 1
+        call    write_until
+        dec     edi                     ; STDOUT (1) - 1 = 0
+        jmp     sys_exit
 ; usage: print the usage text on stderr and exit with EXIT_USAGE.
 usage:
         lea     rsi, [msg_usage]

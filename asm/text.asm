@@ -3,8 +3,8 @@
 ; Usage: defaults after '='; -n: until EOS, <end_of_turn> or a full context.
 
 msg_usage:
-        db      'usage: gemma -m MODEL [-p PROMPT] [-n N=EOS] [--temp T=0] [--top-p P=1] [-s SEED=0]', 10
-        db      '  [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline]'
+        db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-n N=EOS] [--temp T=0] [--top-p P=1] [-s SEED=0]', 10
+        db      '  [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline] [-h]'
 msg_newline:
         db      10, 0
 msg_prefix:

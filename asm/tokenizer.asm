@@ -29,7 +29,7 @@ tokenize:
         pop     rdi
         xor     eax, eax
         or      ecx, -1
-        repne   scasb                   ; ecx = -(length + 2) (argv strings: < 2^17 bytes)
+        repne   scasb                   ; ecx = -(length + 2) (< 2^24 bytes: argv, read_prompt)
         push    rsi
         imul    r14d, ecx, -3
         add     r14d, [rbp+V_CTX_LEN]   ; n3 = 3 * length + 6 + ctx_len: text, 3 zero bytes
@@ -53,6 +53,14 @@ tokenize:
         jnz     .normalise
         lea     r10, [rdi-1]            ; text end
         pop     rsi                     ; rsi = position, r13 -> the next symbol
+        mov     ecx, r10d
+        sub     ecx, esi                ; the text's length
+        mov     eax, [rbx+HDR_MAX_PIECE_LEN]
+        mul     dword [rbp+V_CTX_LEN]
+        jc      .fits                   ; the product is 2^32 or more (> length)
+        cmp     ecx, eax
+        ja      .err_long_prompt        ; before matching pieces and merging, which take time
+.fits:
         mov     r13, r14
         mov     r8, [rbp+V_USER]
 .symbol:
@@ -104,13 +112,6 @@ tokenize:
         add     r13, SYM
         jmp     .symbol
 .symbols_done:
-        sub     esi, [r14+SYM_START]    ; the text's length (rsi: its end)
-        mov     eax, [rbx+HDR_MAX_PIECE_LEN]
-        mul     dword [rbp+V_CTX_LEN]
-        jc      .fits                   ; the product is 2^32 or more (> length)
-        cmp     esi, eax
-        ja      .err_long_prompt        ; before the merges, which take time
-.fits:
 
 ; A merge pass: rdi -> symbol j, r15 -> the best pair's left symbol (0: none). A pair is
 ; looked up when a pass first meets it; merging drops symbol best+1 and marks the two pairs

@@ -28,6 +28,8 @@ ctx_len:        rd 1            ; context length (from -c or the header)
 logits_fd:      rd 1            ; --logits file descriptor (0: none)
 out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
+opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
+opt_help:       rq 1            ; -h / --help, low byte
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -50,6 +52,8 @@ V_CTX_LEN       = ctx_len - front_base
 V_LOGITS_FD     = logits_fd - front_base
 V_OUT_LEN       = out_len - front_base
 V_WROTE         = wrote - front_base
+V_FILE          = opt_file - front_base
+V_HELP          = opt_help - front_base
 V_OUT_BUF       = out_buf - front_base
 
 ; ---- fast (W-fast): the instruction-set level and the threads ----------------------------

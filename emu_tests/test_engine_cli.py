@@ -275,6 +275,62 @@ def test_no_arguments_prints_usage(engine):
     assert r.returncode == 2 and r.stderr.startswith(b"usage: gemma -m MODEL") and not r.stdout
 
 
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_prints_usage_on_stdout(engine, flag):
+    """Help wins over everything else on the line (no model needed), exit status 0."""
+    usage = run(engine).stderr
+    for args in ([flag], ["-m", "/nonexistent", flag, "-p", "x"]):
+        r = run(engine, *args)
+        assert (r.returncode, r.stdout, r.stderr) == (0, usage, b""), args
+    assert b"-f FILE" in usage and b"[-h]" in usage and usage.count(b"\n") == 2
+
+
+# ---- prompts from files (-f) -------------------------------------------------------------
+
+def tokens(engine, model, *args, stdin: bytes | None = None) -> list[int]:
+    argv = [str(engine), "-m", str(model), "--tokens"] + [a if isinstance(a, bytes) else str(a) for a in args]
+    r = subprocess.run(argv, input=stdin,
+                       capture_output=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return [int(t) for t in r.stdout.split()]
+
+
+@pytest.mark.parametrize("text", [b"Hello world, the quick brown fox", b"", b"two\nlines",
+                                  b"a trailing newline\n", b"two trailing newlines\n\n",
+                                  "caf\u00e9 \u4e16\u754c\t<b>x</b>".encode()])
+def test_prompt_file_is_the_prompt(engine, mqa, tmp_path, text):
+    """-f FILE and -f - (standard input) give the ids of -p with the file's text, one trailing
+    newline dropped (llama.cpp's rule)."""
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(text)
+    want = tokens(engine, mqa, "-p", text[:-1] if text.endswith(b"\n") else text)
+    assert tokens(engine, mqa, "-f", path) == want
+    assert tokens(engine, mqa, "-f", "-", stdin=text) == want
+    assert tokens(engine, mqa, "-p", "ignored", "-f", path) == want  # -f replaces -p
+
+
+def test_unreadable_prompt_file_is_one_line(engine, mqa, tmp_path):
+    assert_error(run(engine, "-m", mqa, "-f", tmp_path / "missing"), f"cannot read {tmp_path / 'missing'}")
+    assert_error(run(engine, "-m", mqa, "-f", tmp_path), f"cannot read {tmp_path}")  # a directory
+    assert_error(run(engine, "-m", mqa, "-f"), "no value for -f")
+
+
+@pytest.mark.parametrize("size", [300_000, 1 << 24])
+def test_huge_prompt_file_is_refused_early(engine, tmp_path, size):
+    """More text than the context can hold (the synth tiny preset's 512 positions times its
+    longest piece) is refused before the quadratic merging, and a file of 2^24 bytes or more
+    (the most -f reads) is refused as it is read; never by a signal. The timeout is a hang
+    guard, not a speed figure: the refusal takes milliseconds."""
+    from builder.synth import synth
+    model = tmp_path / "tiny.bin"
+    synth("tiny", model, progress=False)
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"the quick brown fox " * (size // 20))
+    r = subprocess.run([str(engine), "-m", str(model), "-f", str(path), "--tokens"],
+                       capture_output=True, timeout=10)
+    assert_error(r, "prompt too long")
+
+
 @pytest.mark.parametrize("args,message", [
     (["-x"], "unknown option -x"),
     (["--temp"], "no value for --temp"),

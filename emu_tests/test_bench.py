@@ -140,14 +140,14 @@ def test_model_pair_is_cached(report):
     assert files == ["tiny-seed0.bin", "tiny-seed0.gguf"], f"cache holds {files}"
     stamp = [(cache / f).stat().st_mtime_ns for f in files]
     cfg = bench.Config(preset="tiny", cache=cache)
-    assert bench.model_paths(cfg) == (cache / files[0], cache / files[1])
+    assert bench.model_paths(cfg) == (cache / files[0], [cache / files[1]])
     assert [(cache / f).stat().st_mtime_ns for f in files] == stamp, "the model was made again"
 
 
 def test_damaged_cached_model_is_made_again(tmp_path):
     for name in ("tiny-seed3.bin", "tiny-seed3.gguf"):
         (tmp_path / name).write_bytes(b"GEMMAASM" + bytes(300))
-    model, gguf = bench.model_paths(bench.Config(preset="tiny", seed=3, cache=tmp_path))
+    model, (gguf,) = bench.model_paths(bench.Config(preset="tiny", seed=3, cache=tmp_path))
     assert ModelFile(model).dims.vocab == PRESETS["tiny"].dims.vocab
     assert gguf.read_bytes()[:4] == b"GGUF"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-seed3.bin", "tiny-seed3.gguf"]

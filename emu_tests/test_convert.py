@@ -15,7 +15,7 @@ from builder import checkpoint
 from builder import convert as conv
 from builder import convert_gguf
 from builder.gguf_meta import GGUFError, read_gguf_meta
-from builder.modelfile import (HEADER_FIELDS, NORMAL, USER_DEFINED, LayerAttn, ModelFile,
+from builder.modelfile import (CONTROL, HEADER_FIELDS, NORMAL, USER_DEFINED, LayerAttn, ModelFile,
                                ModelFormatError, rope_freqs)
 from modelfiles import TWINS, convert_fixture, fixture_path
 from variants import (K_SCALES, bf16_to_f32, gguf_variant, hf_variant, kv_set, quantized,
@@ -69,10 +69,14 @@ def test_hf_and_gguf_give_the_same_model(reference_files, name):
     w = hf.header.weights_off
     assert a[w:] == b[w:], f"weights differ first at byte {next(i for i in range(len(a) - w) if a[w + i] != b[w + i])}"
     assert hf.pieces == gg.pieces and hf.scores.tobytes() == gg.scores.tobytes()
+    # the GGUF lists the user-defined pieces as normal ones; control pieces are control in both
+    # (and matched whole in prompts: the user table holds them)
     differ = np.flatnonzero(hf.types != gg.types)
-    assert differ.tolist() == sorted(hf.user.tolist())
-    assert (hf.types[differ] == USER_DEFINED).all() and (gg.types[differ] == NORMAL).all()
-    assert hf.header.n_index + hf.header.n_user == gg.header.n_index and gg.header.n_user == 0
+    user_defined = sorted(i for i in hf.user.tolist() if hf.types[i] == USER_DEFINED)
+    assert differ.tolist() == user_defined
+    assert (gg.types[differ] == NORMAL).all()
+    assert hf.header.n_index + len(user_defined) == gg.header.n_index
+    assert sorted(gg.user.tolist()) == sorted(i for i in hf.user.tolist() if hf.types[i] == CONTROL)
 
 
 def test_norms_hold_one_plus_w_and_weights_are_exact(reference_files):

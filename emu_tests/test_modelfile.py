@@ -79,10 +79,11 @@ def test_round_trip(written):
     assert m.pieces == v.pieces and m.types.tolist() == v.types
     assert m.scores.tolist() == v.scores
     h = m.header
-    assert (h.eot, h.byte_base, h.n_index, h.n_user, h.max_piece_len) == (4, 6, 5, 2, 13)
+    # n_user: the 2 user-defined pieces and the 3 control ones, all matched whole in prompts
+    assert (h.eot, h.byte_base, h.n_index, h.n_user, h.max_piece_len) == (4, 6, 5, 5, 13)
     assert h.embed_scale == np.float32(4.0)
     assert [m.pieces[i] for i in m.index] == sorted(v.pieces[i] for i in range(262, 267))
-    assert m.user.tolist() == [4, 5]  # longest first
+    assert m.user.tolist() == [4, 5, 0, 1, 2]  # longest first
     assert h.weights_off % WEIGHTS_ALIGN == 0 and h.file_size == path.stat().st_size
     for spec in tensor_layout(h):
         assert spec.offset % TENSOR_ALIGN == 0, spec

@@ -170,17 +170,16 @@ rmsnorm:
 ; 2^-24 |s x[i]| of transformers' float32 steps). e^(2z) overflows to +inf for large z
 ; (then c), underflows to 0 for very negative z (then -c); NaN stays NaN.
 ;   in: rdi x, esi n, xmm0 s, xmm1 c (0, or positive and finite)   out: x
-;   clobbers: rax rcx xmm0 (calls exp_x87)
+;   clobbers: rax rcx (calls exp_x87)
 softcap:
-        unpcklps xmm0, xmm1
-        movq    rax, xmm0
-        push    rax                     ; [rsp]: s, [rsp+4]: c; aligns rsp for the call
-        shr     rax, 32                 ; c's bits: 0 for none
-        fld     dword [rsp+4]           ; st1 in the loop: c
+        movd    eax, xmm1               ; c's bits: 0 for none
+        push    rax                     ; [rsp]: c; aligns rsp for the call
+        movss   [rsp+4], xmm0           ; [rsp+4]: s
+        fld     dword [rsp]             ; st1 in the loop: c
         mov     ecx, esi
 .unit:
         fld     dword [rdi+rcx*4-4]
-        fmul    dword [rsp]             ; y = s x
+        fmul    dword [rsp+4]           ; y = s x
         test    eax, eax
         jz      .store
         fdiv    st0, st1                ; z = y / c

@@ -48,10 +48,9 @@ def header_problems(h: dict, file_len: int) -> list[str]:
 
     Rules a memory-safe engine cannot skip: identity, sizes against the file length and
     against the dimensions, every table inside the file, and the ids it indexes with; and the
-    version-2 fields as builder.modelfile refuses them: unknown flags, att_scale or a soft-cap
-    negative, infinite or NaN (0 and -0.0 pass here as in modelfile, which reads att_scale 0 as
-    Gemma 1's 1/sqrt(head_dim); the engine refuses att_scale 0 and any sign bit, which the
-    contract allows)."""
+    version-2 fields as builder.modelfile refuses them: unknown flags, att_scale not positive
+    and finite, a soft-cap negative, infinite or NaN (0 is none; the engine also refuses a
+    soft-cap of -0.0, whose sign bit is set, which the contract allows)."""
     out = []
     if h["magic"] != MAGIC or h["version"] != VERSION or h["header_size"] != HEADER_SIZE:
         out.append("identity")
@@ -63,7 +62,7 @@ def header_problems(h: dict, file_len: int) -> list[str]:
         out.append("heads")
     if h["flags"] & ~FLAGS:
         out.append("flags")
-    if not 0 <= h["att_scale"] <= FLT_MAX:    # (modelfile reads 0 as Gemma 1's default)
+    if not 0 < h["att_scale"] <= FLT_MAX:
         out.append("att_scale")
     if not all(0 <= h[c] <= FLT_MAX for c in ("att_softcap", "final_softcap")):
         out.append("soft-caps")

@@ -1,4 +1,4 @@
-; forward.asm: the Gemma graph (../shared/GEMMA.md): model_setup lays out the weights and
+; forward.asm: the Gemma graph (docs/gemma.md): model_setup lays out the weights and
 ; buffers once, forward runs one token through the layers. Arithmetic lives in kernels.asm.
 ; Registers inside forward: rbx = model header, rbp = fwd_vars (variables as [rbp+FV_*]),
 ; r12 = the next weight tensor (tensors are read in file order), r13 = the byte offset of

@@ -1,4 +1,4 @@
-; tokenizer.asm: the prompt's token ids (CONTRACTS.md "Tokenizer rules", the twin of
+; tokenizer.asm: the prompt's token ids (docs/gemma.md "The tokenizer", the twin of
 ; builder/tokenizer.py step for step). A symbol is a run of the normalised text, a record of
 ; SYM bytes. Symbols are contiguous: symbol j ends where j+1 starts; a sentinel record holds
 ; the text's end. Each record caches its pair with the next symbol, so that a merge pass is

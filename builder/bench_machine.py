@@ -15,7 +15,7 @@ or turbo-boosting machine is not the clock /proc/cpuinfo reports. Empty without 
 
 The loops are machine code (eight aligned 32-byte loads per iteration, AVX2; 16-byte SSE2
 loads when the CPU lacks AVX2), assembled with keystone, checked instruction by instruction
-with capstone (keystone is untrusted, see TOOLCHAIN.md), copied into an executable mapping and
+with capstone (keystone is untrusted, see docs/build.md), copied into an executable mapping and
 called through ctypes, which releases the GIL, so the threads run in parallel. The buffer is
 written before it is read: untouched anonymous pages would all map the one shared zero page
 and the loop would measure the cache instead of memory.

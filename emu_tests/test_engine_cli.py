@@ -1,5 +1,5 @@
 """The real binary's front end: command line, model validation, tokenizer (--tokens against
-sentencepiece's recorded ids), sampling, output streaming and every error of issue 5 point 7
+sentencepiece's recorded ids), sampling, output streaming and every error
 with its message and exit status. Models: the fixtures converted by builder.convert."""
 from __future__ import annotations
 

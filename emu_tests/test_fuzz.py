@@ -1,4 +1,4 @@
-"""Hostile input on the real binary (issue 7, points 1, 2, 3 and 5).
+"""Hostile input on the real binary.
 
 - The fuzz run: fuzz.suite's CASES seeded cases (emu_tests/fuzz: mutated engine files of
   tiny_mqa, tiny_wide and tiny_mqa-from-GGUF, valid odd-shaped and sparse 2B models, hostile
@@ -13,7 +13,7 @@
   PROT_READ + MAP_PRIVATE (seen through qemu-user's -strace).
 - The mutators themselves: reproducible, covering every boundary, and never calling a file
   invalid that builder.modelfile's reader accepts.
-- test_regression_F*: each crash found (coord/fuzz_findings.md), kept as a named case.
+- test_regression_F*: each crash fuzzing found (F1, F2, ...), kept as a named case.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from fuzz.mutate import Case, MODEL
 from fuzz.runner import judge, run
 from fuzz.shapes import SHAPES
 
-MIN_CASES = 2000    # issue 7: at least this many in CI
+MIN_CASES = 2000    # at least this many in CI
 BUDGET = 150.0      # seconds after which no case is started (the suite takes ~50 s)
 TIMEOUT = 10.0      # per case; runs take milliseconds
 
@@ -282,7 +282,7 @@ def test_judge_names_each_kind_of_failure():
         "a second run gave other output (stdout or --logits)"]
 
 
-# -- regressions: each finding of coord/fuzz_findings.md, by number ----------------------------
+# -- regressions: each finding of the fuzzer, by number ----------------------------
 def test_regression_F1_python_reader_huge_layers(base_model, tmp_path):
     """F1: ModelFile walked every layer of a hostile header (2^31: minutes and gigabytes)."""
     data = bytearray(base_model.read_bytes())

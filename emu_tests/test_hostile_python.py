@@ -1,4 +1,4 @@
-"""Hostile input on the Python side (issue 7, point 4): `python -m builder` as a subprocess.
+"""Hostile input on the Python side: `python -m builder` as a subprocess.
 
 - Malformed assembly: each case puts one bad line into a small valid program; the build must
   exit non-zero with one line on stderr naming `asm/FILE.asm:LINE:` of that line.
@@ -168,7 +168,7 @@ def test_malformed_asm_gives_file_line_errors(tmp_path):
 
 
 def test_regression_F2_avx512_is_refused(tmp_path):
-    """F2 (coord/fuzz_findings.md): an AVX-512 instruction built (EVEX: keystone's weak spot).
+    """F2 (a fuzz finding): an AVX-512 instruction built (EVEX: keystone's weak spot).
     The dialect now takes zmm registers without displacements only (test_frontend); every
     other way of asking for EVEX is asm/part.asm:3: one line."""
     run_all({name: _asm_case(tmp_path, name, bad) for name, bad in {
@@ -531,7 +531,7 @@ def test_converter_source_paths(tmp_path, what):
 
 
 def test_regression_F1_convert_huge_layers(tmp_path):
-    """F1 (coord/fuzz_findings.md): 2^31-1 layers made the converter build a layout of every
+    """F1 (a fuzz finding): 2^31-1 layers made the converter build a layout of every
     layer (minutes, gigabytes); now one line, promptly, from config.json and from GGUF."""
     blocks = GGUFReader(fixture_path("tiny_mqa") / "model-f16.gguf").fields["gemma.block_count"]
     value_at = blocks.offset + sum(p.nbytes for p in blocks.parts[:3])

@@ -1,4 +1,4 @@
-"""The speed paths (issue 6) against the baseline and against themselves: the AVX + FMA + F16C
+"""The speed paths against the baseline and against themselves: the AVX + FMA + F16C
 matrix product (asm/fast.asm), the CPU dispatch (asm/cpu.asm, `--baseline`) and the threads
 (asm/threads.asm, `-t N`, default = the CPUs of sched_getaffinity).
 

@@ -1,4 +1,4 @@
-"""Fuzzing the engine with hostile model files and command lines (issue 7).
+"""Fuzzing the engine with hostile model files and command lines.
 
 model.py   the engine file as the fuzzer sees it (fields, sections, tensors, validity rules,
            writing a mutated copy, sparse where the weights are a hole)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Callable
 
 
@@ -12,14 +13,32 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def run(prog: str, body: Callable[[], None], errors: tuple[type[BaseException], ...]) -> int:
-    """Call body(); on one of `errors` (or OSError, KeyboardInterrupt) print one line, return 1."""
+def run(prog: str, body: Callable[[], object], errors: tuple[type[BaseException], ...],
+        summary: Callable[[object], str] | None = None) -> int:
+    """Call body(); print summary(its result) when given. On one of `errors` (or OSError,
+    KeyboardInterrupt) print one line, return 1 (an OSError as "FILE: what the system said")."""
     try:
-        body()
-    except (*errors, OSError) as e:
+        result = body()
+    except OSError as e:
+        what = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+        print(f"{prog}: error: {what}", file=sys.stderr)
+        return 1
+    except errors as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    if summary:
+        print(summary(result))
     return 0
+
+
+def model_summary(path: Path) -> Callable[[object], str]:
+    """The one line convert and synth end with: the file, its size, the model's shapes."""
+    def line(header) -> str:
+        h = header
+        return (f"wrote {path}: {h.file_size:,} bytes; vocab {h.vocab}, d {h.dim}, ffn {h.ffn}, "
+                f"{h.layers} layers, {h.heads} heads ({h.kv_heads} kv) of {h.head_dim}, "
+                f"flags {h.flags}, context {h.max_ctx}")
+    return line

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from builder.checkpoint import Checkpoint, ConvertError, check_shapes, source_for
-from builder.cli import Parser, run
+from builder.cli import Parser, model_summary, run
 from builder.convert_gguf import open_gguf
 from builder.convert_hf import open_hf
 from builder.modelfile import Header, ModelFormatError, tensor_layout, write_model
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     return run("convert", lambda: convert(args.src, args.output, not args.quiet),
-               (ConvertError, ModelFormatError))
+               (ConvertError, ModelFormatError), model_summary(args.output))
 
 
 if __name__ == "__main__":

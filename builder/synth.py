@@ -32,7 +32,7 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from builder.cli import Parser, run
+from builder.cli import Parser, model_summary, run
 from builder.convert_gguf import gguf_name
 from builder.checkpoint import FLAGS, SLIDING_PERIOD
 from builder.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, UNKNOWN, USER_DEFINED, Dims, Header,
@@ -236,7 +236,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     return run("synth", lambda: synth(args.preset, args.output, args.seed, args.gguf, not args.quiet),
-               (ModelFormatError, ValueError))
+               (ModelFormatError, ValueError), model_summary(args.output))
 
 
 if __name__ == "__main__":

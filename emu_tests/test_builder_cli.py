@@ -35,3 +35,15 @@ def test_version():
 def test_every_command_has_help(name):
     r = builder(name, "--help")
     assert r.returncode == 0 and r.stdout.startswith("usage: python -m builder"), (name, r.stderr)
+
+
+def test_convert_and_synth_end_with_a_summary_and_unwritable_output_is_a_sentence(tmp_path):
+    r = builder("synth", "--preset", "tiny-g3", "-q", "-o", str(tmp_path / "t.bin"))
+    assert r.returncode == 0 and r.stdout == (
+        f"wrote {tmp_path / 't.bin'}: {(tmp_path / 't.bin').stat().st_size:,} bytes; vocab 1024, "
+        "d 64, ffn 192, 6 layers, 4 heads (1 kv) of 32, flags 3, context 512\n"), r
+    r = builder("convert", str(tmp_path / "t.bin"), "-q", "-o", str(tmp_path / "none" / "x.bin"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    r = builder("synth", "--preset", "tiny", "-q", "-o", str(tmp_path / "none" / "x.bin"))
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", f"synth: error: {tmp_path / 'none' / 'x.bin'}: No such file or directory\n")

@@ -6,7 +6,7 @@ architecture gemma, gemma2 or gemma3; F32/F16/BF16 or quantized tensors). Tensor
 chunks of whole rows with plain file reads (builder.checkpoint.read_rows; no whole-file map)
 and rounded to FP16 by modelfile.write_model, so memory does not grow with the model: plain
 types convert exactly, quantized ones are dequantized one chunk (~4M values) at a time; peak
-RSS under 200 MB for Gemma-2B, mostly the 256k-piece vocabulary (measured; see the README).
+RSS under 200 MB for Gemma-2B, mostly the 256k-piece vocabulary (measured; docs/gemma.md).
 A checkpoint the engine cannot compute exactly as its reference does is refused with one
 line; no output file is left behind on failure.
 """

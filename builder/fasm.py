@@ -3,7 +3,7 @@
 Contract: `parse(root) -> Program` reads `root/asm/gemma.asm` and the files it `include`s
 (paths relative to asm/) and returns every statement in source order, each with its `Where`.
 Nothing is evaluated here (addresses are the assembler's business); everything that can be
-judged from the text alone is: the accepted dialect is exactly the subset the README documents
+judged from the text alone is: the accepted dialect is exactly the subset docs/build.md documents
 
   format ELF64 executable 3 | entry NAME | segment readable executable | segment readable
   writeable | include 'f.asm' | name: | .local: | NAME = expr | NAME equ tokens |

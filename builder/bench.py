@@ -132,7 +132,8 @@ def model_paths(cfg: Config) -> tuple[Path, list[Path]]:
         part_model, part_gguf = Path(tmp) / "model.bin", Path(tmp) / "model.gguf"
         argv = [sys.executable, "-m", "builder", "synth", "--preset", cfg.preset,
                 "--seed", str(cfg.seed), "-o", str(part_model), "--gguf", str(part_gguf)]
-        if subprocess.run(argv, cwd=ROOT).returncode != 0:  # its progress bars and errors show
+        # its progress bars and errors show (stderr); its summary line would mix with the report
+        if subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL).returncode != 0:
             raise BenchError(f"synth --preset {cfg.preset} failed (its error is above)")
         part_gguf.rename(gguf)
         part_model.rename(model)

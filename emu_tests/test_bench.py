@@ -230,7 +230,7 @@ def test_a_crashing_peer_is_reported_not_fatal(gemma, tmp_path):
     with contextlib.redirect_stdout(out):
         rc = bench.main(["--model", str(model), "--gguf", str(gguf), "--gguf", str(gguf),
                          "--engine", str(gemma.binary), "--llama-bench", str(crasher),
-                         "--bw-size", "16M", "-t", "1", "-p", "8", "-n", "3"])
+                         "--bw-size", "16M", "-t", "1", "-p", str(PROMPT), "-n", str(N)])
     text = out.getvalue()
     assert rc == 0, text
     crash = "crashed: killed by signal 11 (SIGSEGV); its last words: loading"

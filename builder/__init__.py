@@ -1,2 +1,3 @@
-"""gemma's build tools: the FASM front end, keystone assembly with verification, the build
-driver, and the model-file tools (format, conversion, synthetic models, numpy reference)."""
+"""gemma's Python side, by concern: `builder.asm` (the assembler toolchain that builds ./gemma),
+`builder.models` (the model-file format and the model tools), `builder.bench` (the benchmark),
+`builder.twins` (the numpy reference and the tokenizer twin); `cli` and `demo` beside them."""

@@ -12,10 +12,10 @@ import sys
 from importlib import metadata
 
 COMMANDS = {  # name: (module, one line)
-    "build": ("builder.build", "assemble asm/ into the verified, checked ./gemma (the default)"),
-    "convert": ("builder.convert", "a Hugging Face directory or GGUF file -> a model file"),
-    "synth": ("builder.synth", "a random model of a preset's shapes (and its GGUF twin)"),
-    "bench": ("builder.bench", "speed against memory bandwidth and llama.cpp"),
+    "build": ("builder.asm.build", "assemble asm/ into the verified, checked ./gemma (the default)"),
+    "convert": ("builder.models.convert", "a Hugging Face directory or GGUF file -> a model file"),
+    "synth": ("builder.models.synth", "a random model of a preset's shapes (and its GGUF twin)"),
+    "bench": ("builder.bench.main", "speed against memory bandwidth and llama.cpp"),
     "demo": ("builder.demo", "run ./gemma on the real Gemma 3 270M model"),
 }
 

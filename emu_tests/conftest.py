@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import REPO_ROOT, BuildResult, build
+from builder.asm.build import REPO_ROOT, BuildResult, build
 from builder.demo import real_model
-from builder.errors import BuildError
+from builder.asm.errors import BuildError
 
 
 @dataclass

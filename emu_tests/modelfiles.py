@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.convert import convert
+from builder.models.convert import convert
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = ("tiny_mqa", "tiny_wide")

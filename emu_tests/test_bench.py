@@ -18,10 +18,10 @@ import capstone
 import numpy as np
 import pytest
 
-from builder import bench, bench_llama, bench_machine
-from builder.bench_run import run
-from builder.modelfile import ModelFile
-from builder.synth import PRESETS
+from builder.bench import llama as bench_llama, machine as bench_machine, main as bench
+from builder.bench.run import run
+from builder.models.modelfile import ModelFile
+from builder.models.synth import PRESETS
 
 PROMPT, N = 48, 6
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -244,9 +244,9 @@ def test_f16_twin_holds_the_engines_weights(tmp_path):
     model file the quantized one converts to (same dequantized values, same FP16 rounding),
     and it holds only F16 and F32 tensors."""
     import gguf
-    from builder.convert import convert
-    from builder.gguf_meta import read_gguf_meta
-    from builder.gguf_twin import f16_twin
+    from builder.models.convert import convert
+    from builder.models.gguf_meta import read_gguf_meta
+    from builder.bench.gguf_twin import f16_twin
     from variants import gguf_variant, quantized
     rng = np.random.default_rng(0)
 

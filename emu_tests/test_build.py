@@ -12,8 +12,8 @@ import sys
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from builder.build import REPO_ROOT, build
-from builder.errors import BuildError
+from builder.asm.build import REPO_ROOT, build
+from builder.asm.errors import BuildError
 from conftest import PROLOGUE
 
 EXIT = "        mov eax, 60\n        syscall\n"

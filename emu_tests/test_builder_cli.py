@@ -9,7 +9,7 @@ from importlib import metadata
 import pytest
 
 from builder.__main__ import COMMANDS
-from builder.build import REPO_ROOT
+from builder.asm.build import REPO_ROOT
 
 
 def builder(*args: str) -> subprocess.CompletedProcess:

@@ -11,11 +11,11 @@ import gguf
 import numpy as np
 import pytest
 
-from builder import checkpoint
-from builder import convert as conv
-from builder import convert_gguf
-from builder.gguf_meta import GGUFError, read_gguf_meta
-from builder.modelfile import (CONTROL, HEADER_FIELDS, NORMAL, USER_DEFINED, LayerAttn, ModelFile,
+from builder.models import checkpoint
+from builder.models import convert as conv
+from builder.models import convert_gguf
+from builder.models.gguf_meta import GGUFError, read_gguf_meta
+from builder.models.modelfile import (CONTROL, HEADER_FIELDS, NORMAL, USER_DEFINED, LayerAttn, ModelFile,
                                ModelFormatError, rope_freqs)
 from modelfiles import TWINS, convert_fixture, fixture_path
 from variants import (K_SCALES, bf16_to_f32, gguf_variant, hf_variant, kv_set, quantized,

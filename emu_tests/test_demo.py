@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from builder import demo
-from builder.build import REPO_ROOT
+from builder.asm.build import REPO_ROOT
 from modelfiles import fixture_path
 
 

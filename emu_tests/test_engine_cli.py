@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.modelfile import HEADER_FIELDS, ModelFile
-from builder.tokenizer import Tokenizer
+from builder.models.modelfile import HEADER_FIELDS, ModelFile
+from builder.twins.tokenizer import Tokenizer
 from modelfiles import convert_fixture, fixture_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -321,7 +321,7 @@ def test_huge_prompt_file_is_refused_early(engine, tmp_path, size):
     longest piece) is refused before the quadratic merging, and a file of 2^24 bytes or more
     (the most -f reads) is refused as it is read; never by a signal. The timeout is a hang
     guard, not a speed figure: the refusal takes milliseconds."""
-    from builder.synth import synth
+    from builder.models.synth import synth
     model = tmp_path / "tiny.bin"
     synth("tiny", model, progress=False)
     path = tmp_path / "big.txt"

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.modelfile import Dims, LayerAttn, ModelFile, write_model
-from builder.reference import Reference
-from builder.synth import synth_source, synth_vocab
-from builder.tokenizer import Tokenizer
+from builder.models.modelfile import Dims, LayerAttn, ModelFile, write_model
+from builder.twins.reference import Reference
+from builder.models.synth import synth_source, synth_vocab
+from builder.twins.tokenizer import Tokenizer
 from test_engine_logits import TWIN_TOL, check_rows
 from test_speed_paths import PROMPT, TIMEOUT, run, same_run
 

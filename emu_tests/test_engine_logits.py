@@ -43,10 +43,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from builder.modelfile import Dims, ModelFile, write_model
-from builder.reference import Reference
-from builder.synth import PRESETS, synth_source, synth_vocab
-from builder.tokenizer import Tokenizer
+from builder.models.modelfile import Dims, ModelFile, write_model
+from builder.twins.reference import Reference
+from builder.models.synth import PRESETS, synth_source, synth_vocab
+from builder.twins.tokenizer import Tokenizer
 from modelfiles import ORACLES, convert_fixture, fixture_path
 
 TOL = 1e-4

@@ -25,11 +25,11 @@ import pytest
 from capstone import CS_ARCH_X86, CS_MODE_64, Cs
 from capstone import x86 as csx86
 
-from builder.assemble import SymbolEnv, data_bytes
-from builder.build import REPO_ROOT, BuildResult, build
-from builder.errors import BuildError
-from builder.expr import evaluate
-from builder.fasm import Align, Const, Data, Instr, Label
+from builder.asm.assemble import SymbolEnv, data_bytes
+from builder.asm.build import REPO_ROOT, BuildResult, build
+from builder.asm.errors import BuildError
+from builder.asm.expr import evaluate
+from builder.asm.fasm import Align, Const, Data, Instr, Label
 from modelfiles import convert_fixture
 
 PT_LOAD = 1

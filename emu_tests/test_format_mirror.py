@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from builder import modelfile
+from builder.models import modelfile
 
 FORMAT_ASM = Path(__file__).resolve().parents[1] / "asm" / "format.asm"
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 from capstone import CS_ARCH_X86, CS_MODE_64, Cs
 
-from builder.build import build
-from builder.errors import BuildError
+from builder.asm.build import build
+from builder.asm.errors import BuildError
 from conftest import PROLOGUE
 
 EXIT = "        mov eax, 60\n        syscall\n"

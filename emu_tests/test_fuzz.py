@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.modelfile import HEADER_FIELDS, HEADER_SIZE, Dims, ModelFile, ModelFormatError
-from builder.modelfile import weights_size as modelfile_weights_size
-from builder.reference import Reference
+from builder.models.modelfile import HEADER_FIELDS, HEADER_SIZE, Dims, ModelFile, ModelFormatError
+from builder.models.modelfile import weights_size as modelfile_weights_size
+from builder.twins.reference import Reference
 from fuzz import suite
 from fuzz.model import Base, header_problems, parse_header, read_prefix, weights_size, write_case
 from fuzz.mutate import Case, MODEL

@@ -619,7 +619,7 @@ FAMILIES = {"random": _random_sources, "gemma3 config": _g3_config_sources}
 def _conversions(tmp: str, family: str) -> list[str]:
     """In a child (3 GB address space, 20 s per case): every case of FAMILIES[family] through
     builder.convert.main; what went wrong."""
-    from builder.convert import main as convert_main
+    from builder.models.convert import main as convert_main
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
 
     def too_slow(*_):
@@ -702,8 +702,8 @@ def _mutate_line(r: random.Random, line: str, tokens: list[str]) -> list[str]:
 
 def _build_mutated(root: str, seed: int, i: int) -> str | None:
     """Mutate one line of the tree at root (a copy of asm/), build it; what went wrong."""
-    from builder.build import build
-    from builder.errors import BuildError
+    from builder.asm.build import build
+    from builder.asm.errors import BuildError
     r = random.Random(seed * 100003 + i)
     files = sorted((Path(root) / "asm").glob("*.asm"))
     tokens = sorted({t for f in files for t in f.read_text().split()})

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.modelfile import LayerAttn, rope_freqs
+from builder.models.modelfile import LayerAttn, rope_freqs
 from emu_tests.harness import I64, Emulator, In, Out, load_elf
 from emu_tests.harness.header import read_header
 from emu_tests.harness.image import with_routines

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.modelfile import (BYTE, CONTROL, HEADER_FIELDS, HEADER_SIZE, MAGIC, NORMAL, POST_NORMS,
+from builder.models.modelfile import (BYTE, CONTROL, HEADER_FIELDS, HEADER_SIZE, MAGIC, NORMAL, POST_NORMS,
                                QK_NORM, TENSOR_ALIGN, USER_DEFINED, VERSION, WEIGHTS_ALIGN, Dims,
                                LayerAttn, ModelFile, ModelFormatError, Vocab, read_header, rope_freqs,
                                tensor_layout, write_model)

@@ -11,9 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from builder.modelfile import ModelFile
-from builder import reference
-from builder.reference import Reference
+from builder.models.modelfile import ModelFile
+from builder.twins import reference
+from builder.twins.reference import Reference
 from modelfiles import ORACLES, convert_fixture, fixture_path
 
 # The oracle ran float32 on the bf16 weights; the model file holds them as FP16, which is

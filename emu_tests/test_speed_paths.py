@@ -39,8 +39,8 @@ import numpy as np
 import pytest
 from capstone import CS_ARCH_X86, CS_MODE_64, Cs
 
-from builder.modelfile import Dims, read_header, write_model
-from builder.synth import synth_source, synth_vocab
+from builder.models.modelfile import Dims, read_header, write_model
+from builder.models.synth import synth_source, synth_vocab
 from emu_tests.harness import I64, In, Out, load_elf
 from emu_tests.harness.native import NativeRunner
 from modelfiles import convert_fixture
@@ -269,8 +269,8 @@ def test_long_prompt_against_twin(gemma, models, tmp_path):
     """ODD's 87-id prompt (5 full blocks and 7) and greedy steps against the numpy twin, with
     test_engine_logits' TWIN_TOL and its near-tie rule for the greedy tokens."""
     from test_engine_logits import TWIN_TOL, check_rows
-    from builder.modelfile import ModelFile
-    from builder.reference import Reference
+    from builder.models.modelfile import ModelFile
+    from builder.twins.reference import Reference
     model = models["odd"]
     ids = engine_ids(gemma.binary, model, PROMPT)
     prompt_ref, step_ref, greedy = Reference(ModelFile(model)).generate(ids, STEPS)

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from builder import synth
-from builder.convert import convert
-from builder.convert_hf import sentencepiece_vocab
-from builder.modelfile import UNKNOWN, ModelFile, Vocab, tensor_layout, write_model
-from builder.reference import Reference
-from builder.tokenizer import Tokenizer
+from builder.models import synth
+from builder.models.convert import convert
+from builder.models.convert_hf import sentencepiece_vocab
+from builder.models.modelfile import UNKNOWN, ModelFile, Vocab, tensor_layout, write_model
+from builder.twins.reference import Reference
+from builder.twins.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

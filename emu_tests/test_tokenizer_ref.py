@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from builder.modelfile import ModelFile
-from builder.tokenizer import Tokenizer, char_len
+from builder.models.modelfile import ModelFile
+from builder.twins.tokenizer import Tokenizer, char_len
 from modelfiles import convert_fixture, fixture_path
 
 CASES = json.loads(fixture_path("tok_a.encodings.json").read_text())["cases"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from builder.assemble import Expected, Placed
-from builder.build import build
-from builder.errors import BuildError, Where
-from builder.fasm import Instr
-from builder.verify import verify
+from builder.asm.assemble import Expected, Placed
+from builder.asm.build import build
+from builder.asm.errors import BuildError, Where
+from builder.asm.fasm import Instr
+from builder.asm.verify import verify
 
 ADDR = 0x401000
 EXIT = "        mov eax, 60\n        syscall\n"
@@ -38,7 +38,7 @@ def check(mnemonic: str, operands: list, code: str, prefix: str | None = None) -
 def test_keystone_evex_displacement_bug_is_caught(keystone_text, expected, message):
     # The front end refuses EVEX displacements (test_frontend), so the verifier is driven
     # directly with keystone's real output.
-    from builder.kstone import Keystone
+    from builder.asm.kstone import Keystone
     with Keystone() as ks:
         [code] = ks.assemble([(keystone_text, ADDR)])
     source = message.split("'")[1]
@@ -145,7 +145,7 @@ def test_keystone_abort_is_contained_in_its_child_process():
     # keystone's LLVM aborts the process on `mov r8b, ah` (the front end refuses it first,
     # see test_frontend); the child dies, the builder reports which item killed it and
     # carries on with a new child.
-    from builder.kstone import Keystone, KeystoneCrash
+    from builder.asm.kstone import Keystone, KeystoneCrash
     with Keystone() as ks:
         with pytest.raises(KeystoneCrash) as crash:
             ks.assemble([("nop", ADDR), ("mov r8b, ah", ADDR)])

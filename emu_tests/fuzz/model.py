@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.modelfile import (FLAGS, FLT_MAX, HEADER_FIELDS, HEADER_SIZE, MAGIC, PIECE, PIECE_REC,
+from builder.models.modelfile import (FLAGS, FLT_MAX, HEADER_FIELDS, HEADER_SIZE, MAGIC, PIECE, PIECE_REC,
                                POST_NORMS, QK_NORM, TENSOR_ALIGN, VERSION, WEIGHTS_ALIGN, Header,
                                tensor_layout)
 

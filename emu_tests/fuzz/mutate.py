@@ -19,7 +19,7 @@ import random
 import struct
 from dataclasses import dataclass, replace
 
-from builder.modelfile import BYTE, HEADER_FIELDS, HEADER_SIZE, PIECE, PIECE_REC
+from builder.models.modelfile import BYTE, HEADER_FIELDS, HEADER_SIZE, PIECE, PIECE_REC
 
 from .model import PIECE_FIELDS, Base, header_problems, parse_header, weights_size
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from builder.modelfile import Dims, LayerAttn, make_header, write_model
-from builder.synth import PRESETS, synth_source, synth_vocab
+from builder.models.modelfile import Dims, LayerAttn, make_header, write_model
+from builder.models.synth import PRESETS, synth_source, synth_vocab
 
 from .mutate import LOGITS, MODEL, Case
 

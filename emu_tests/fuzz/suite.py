@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.convert import convert
+from builder.models.convert import convert
 
 from .model import Base
 from .mutate import Case, make_cases

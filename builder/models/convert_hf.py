@@ -35,10 +35,10 @@ import struct
 from pathlib import Path
 from typing import Iterator
 
-from builder.checkpoint import (FLAGS, PLAIN, SLIDING_PERIOD, Checkpoint, ConvertError, SourceTensor,
+from builder.models.checkpoint import (FLAGS, PLAIN, SLIDING_PERIOD, Checkpoint, ConvertError, SourceTensor,
                                 check_attn, check_dims, field, is_kind, sliding_by_period, stored_tensors,
                                 tensor_name)
-from builder.modelfile import NORMAL, Dims, LayerAttn, Vocab
+from builder.models.modelfile import NORMAL, Dims, LayerAttn, Vocab
 
 # model_type -> (generation, the architectures entry it must have)
 MODEL_TYPES = {"gemma": ("gemma", "GemmaForCausalLM"), "gemma2": ("gemma2", "Gemma2ForCausalLM"),

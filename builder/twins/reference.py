@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from builder.modelfile import POST_NORMS, QK_NORM, ModelFile, tensor_shapes
+from builder.models.modelfile import POST_NORMS, QK_NORM, ModelFile, tensor_shapes
 
 F32 = np.float32
 WIDEN_LIMIT = 1 << 28  # bytes of FP16 weights up to which they are widened up front

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.checkpoint import (FLAGS, PLAIN, QUANTIZED, SLIDING_PERIOD, Checkpoint, ConvertError,
+from builder.models.checkpoint import (FLAGS, PLAIN, QUANTIZED, SLIDING_PERIOD, Checkpoint, ConvertError,
                                 SourceTensor, check_attn, check_dims, field, sliding_by_period,
                                 stored_tensors, tensor_name)
-from builder.gguf_meta import GGUFError, read_gguf_meta
-from builder.modelfile import USER_DEFINED, Dims, LayerAttn, Vocab
+from builder.models.gguf_meta import GGUFError, read_gguf_meta
+from builder.models.modelfile import USER_DEFINED, Dims, LayerAttn, Vocab
 
 NAMES = {"embed": "token_embd.weight", "final_norm": "output_norm.weight",
          "layer": "blk.{layer}.{what}.weight",

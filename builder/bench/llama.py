@@ -73,7 +73,7 @@ def parse_llama_bench(text: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m builder.bench_llama",
+    ap = argparse.ArgumentParser(prog="python -m builder.bench.llama",
                                  description="Time llama.cpp (llama-cpp-python) on a GGUF.")
     ap.add_argument("gguf", type=Path)
     ap.add_argument("--threads", type=int, required=True)

@@ -18,7 +18,7 @@ Plain loops and O(n^2) merging on purpose: the asm does the same, step for step.
 """
 from __future__ import annotations
 
-from builder.modelfile import BYTE, NORMAL, USER_DEFINED, ModelFile
+from builder.models.modelfile import BYTE, NORMAL, USER_DEFINED, ModelFile
 
 SPACE = "\u2581".encode()
 

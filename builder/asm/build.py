@@ -29,7 +29,7 @@ from .errors import BuildError
 from .fasm import Label, parse
 from .verify import verify
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

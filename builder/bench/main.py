@@ -51,15 +51,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from builder import bench_llama, bench_machine
-from builder.bench_report import Figures, Machine, Peer, Result, best, plot, table
-from builder.bench_run import Run, run
+from builder.bench import llama as bench_llama, machine as bench_machine
+from builder.bench.report import Figures, Machine, Peer, Result, best, plot, table
+from builder.bench.run import Run, run
 from builder.cli import Parser
-from builder.gguf_meta import GGUFError, read_gguf_meta
-from builder.modelfile import ModelFile, ModelFormatError, read_header, tensor_layout
-from builder.synth import PRESETS
+from builder.models.gguf_meta import GGUFError, read_gguf_meta
+from builder.models.modelfile import ModelFile, ModelFormatError, read_header, tensor_layout
+from builder.models.synth import PRESETS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE = Path.home() / ".cache" / "gemma-bench"
 PROMPT_TEXT = ("The history of the city begins with a small market by the river, where farmers "
                "from the valley sold grain, wool and salt to travellers on the northern road. ")
@@ -95,7 +95,7 @@ def real_model_paths() -> tuple[Path, list[Path]]:
     into its cache), with llama.cpp's peers: an F16 twin of the GGUF (the engine's very
     weights; made once beside it) and the Q4_K_M file itself (what its users run)."""
     from builder import demo
-    from builder.gguf_twin import f16_twin
+    from builder.bench.gguf_twin import f16_twin
     cache = demo.cache_dir()
     try:
         model = demo.real_model(cache)
@@ -213,8 +213,8 @@ def engine_path(cfg: Config) -> Path:
         if not cfg.engine.is_file():
             raise BenchError(f"no engine binary at {cfg.engine}")
         return cfg.engine.resolve()  # exec would search PATH for a bare name
-    from builder.build import build  # always from the current sources: never a stale ./gemma
-    from builder.errors import BuildError
+    from builder.asm.build import build  # always from the current sources: never a stale ./gemma
+    from builder.asm.errors import BuildError
     try:
         return build(ROOT).binary
     except BuildError as e:
@@ -322,7 +322,7 @@ def time_llama(cfg: Config, gguf: Path, ids: list[int], threads: int) -> Figures
     else:
         with tempfile.TemporaryDirectory(prefix="gemma-bench-") as tmp:
             path = Path(tmp) / "llama.json"
-            r = _checked(run([sys.executable, "-m", "builder.bench_llama", str(gguf),
+            r = _checked(run([sys.executable, "-m", "builder.bench.llama", str(gguf),
                               "--threads", str(threads), "--ids", ",".join(map(str, ids)),
                               "-n", str(cfg.n), "--out", str(path)]),
                          "llama.cpp (llama-cpp-python)")

@@ -33,9 +33,9 @@ import numpy as np
 from tqdm import tqdm
 
 from builder.cli import Parser, model_summary, run
-from builder.convert_gguf import gguf_name
-from builder.checkpoint import FLAGS, SLIDING_PERIOD
-from builder.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, UNKNOWN, USER_DEFINED, Dims, Header,
+from builder.models.convert_gguf import gguf_name
+from builder.models.checkpoint import FLAGS, SLIDING_PERIOD
+from builder.models.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, UNKNOWN, USER_DEFINED, Dims, Header,
                                LayerAttn, ModelFormatError, TensorSpec, Vocab, make_header, tensor_layout,
                                write_model)
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from builder.checkpoint import Checkpoint, ConvertError, check_shapes, source_for
+from builder.models.checkpoint import Checkpoint, ConvertError, check_shapes, source_for
 from builder.cli import Parser, model_summary, run
-from builder.convert_gguf import open_gguf
-from builder.convert_hf import open_hf
-from builder.modelfile import Header, ModelFormatError, tensor_layout, write_model
+from builder.models.convert_gguf import open_gguf
+from builder.models.convert_hf import open_hf
+from builder.models.modelfile import Header, ModelFormatError, tensor_layout, write_model
 
 __all__ = ["ConvertError", "convert", "main", "open_checkpoint"]
 

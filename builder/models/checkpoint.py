@@ -29,7 +29,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from builder.modelfile import (POST_NORMS, QK_NORM, Dims, LayerAttn, ModelFormatError, TensorSpec,
+from builder.models.modelfile import (POST_NORMS, QK_NORM, Dims, LayerAttn, ModelFormatError, TensorSpec,
                                Vocab, tensor_shapes)
 
 CHUNK_ELEMS = 1 << 22  # rows are read and converted ~4M values at a time

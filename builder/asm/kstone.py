@@ -51,8 +51,8 @@ class Keystone:
 
     def _start(self) -> None:
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "builder.kstone"],
-                                     cwd=Path(__file__).resolve().parents[1],
+        self.proc = subprocess.Popen([sys.executable, "-m", "builder.asm.kstone"],
+                                     cwd=Path(__file__).resolve().parents[2],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, text=True)
 

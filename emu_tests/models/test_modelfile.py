@@ -17,7 +17,7 @@ from builder.models.modelfile import (BYTE, CONTROL, HEADER_FIELDS, HEADER_SIZE,
                                LayerAttn, ModelFile, ModelFormatError, Vocab, read_header, rope_freqs,
                                tensor_layout, write_model)
 
-FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "format.md"
+FORMAT_MD = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 
 # docs/format.md, "Header": (name, offset, struct code), copied by hand.
 CONTRACT = """magic 0 8s; version 8 I; header_size 12 I; vocab 16 I; dim 20 I; ffn 24 I;

@@ -33,8 +33,8 @@ from builder.models.modelfile import Dims, LayerAttn, ModelFile, write_model
 from builder.twins.reference import Reference
 from builder.models.synth import synth_source, synth_vocab
 from builder.twins.tokenizer import Tokenizer
-from test_engine_logits import TWIN_TOL, check_rows
-from test_speed_paths import PROMPT, TIMEOUT, run, same_run
+from emu_tests.engine.test_engine_logits import TWIN_TOL, check_rows
+from emu_tests.speed.test_speed_paths import PROMPT, TIMEOUT, run, same_run
 
 F32 = np.float32
 STEPS = 8

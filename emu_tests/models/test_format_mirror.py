@@ -7,7 +7,7 @@ from pathlib import Path
 
 from builder.models import modelfile
 
-FORMAT_ASM = Path(__file__).resolve().parents[1] / "asm" / "format.asm"
+FORMAT_ASM = Path(__file__).resolve().parents[2] / "asm" / "format.asm"
 
 
 def asm_constants() -> dict[str, int]:

@@ -19,7 +19,7 @@ from builder.models.modelfile import HEADER_FIELDS, ModelFile
 from builder.twins.tokenizer import Tokenizer
 from modelfiles import convert_fixture, fixture_path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CASES = json.loads(fixture_path("tok_a.encodings.json").read_text())["cases"]
 OFFSET = {name: (off, code) for name, off, code in HEADER_FIELDS}
 TIMEOUT = 30  # seconds per run; every run here takes milliseconds

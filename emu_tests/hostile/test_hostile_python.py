@@ -674,7 +674,7 @@ def test_regression_F5_safetensors_dtype_of_another_type(tmp_path):
 
 
 ASM_CASES = 80
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WHOLE_PROGRAM = re.compile(r"(link|check): |gemma would be \d+ bytes|asm/gemma\.asm: ")
 
 

@@ -24,7 +24,7 @@ from emu_tests.harness.header import read_header
 from emu_tests.harness.image import with_routines
 from emu_tests.harness.native import NativeRunner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 F32 = np.float32
 U = 2.0 ** -24                          # unit roundoff of float32
 

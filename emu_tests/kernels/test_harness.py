@@ -15,7 +15,7 @@ from emu_tests.harness import code, native
 from emu_tests.harness.native import NativeRunner
 from emu_tests.harness.program import MMAP_BASE, ProgramFault, run_program
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 ADD_LOOP = """
         xor eax, eax

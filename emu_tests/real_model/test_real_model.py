@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from modelfiles import fixture_path
-from test_engine_logits import compare_rows
+from emu_tests.engine.test_engine_logits import compare_rows
 
 REAL_TOL = 2e-4
 VOCAB = 262144

@@ -268,7 +268,7 @@ def test_prompt_blocks_do_not_change_any_logit(gemma, models, tmp_path, name):
 def test_long_prompt_against_twin(gemma, models, tmp_path):
     """ODD's 87-id prompt (5 full blocks and 7) and greedy steps against the numpy twin, with
     test_engine_logits' TWIN_TOL and its near-tie rule for the greedy tokens."""
-    from test_engine_logits import TWIN_TOL, check_rows
+    from emu_tests.engine.test_engine_logits import TWIN_TOL, check_rows
     from builder.models.modelfile import ModelFile
     from builder.twins.reference import Reference
     model = models["odd"]

@@ -1,7 +1,7 @@
 """Session fixtures shared by every test module.
 
 `gemma`: the executable built once per session from the repository's asm/ with
-`builder.build.build` into a temporary directory: `.binary` (Path), `.symbols` (the symbol
+`builder.asm.build.build` into a temporary directory: `.binary` (Path), `.symbols` (the symbol
 map: name -> {"address", "size", "file", "line"}), `.result` (the BuildResult).
 A build failure fails the tests that use it with the builder's one-line message.
 `real_g3`: the real Gemma 3 270M Q4_K_M model as an engine model file, made as `python -m

@@ -5,7 +5,7 @@
 
 `convert_fixture(name, source, out_dir)` converts emu_tests/fixtures/<name> (source "hf": the
 Hugging Face directory; "gguf": its model-f16.gguf) to out_dir/<name>-<source>.bin with
-builder.convert and caches the result for the session. Prefer "hf": its tokenizer tables are
+builder.models.convert and caches the result for the session. Prefer "hf": its tokenizer tables are
 the sentencepiece ones (the fixtures' GGUFs mark user-defined pieces as normal; the weights
 are identical either way). MODELS are the Gemma 1 fixtures, TWINS every fixture with both
 sources (Gemma 1, 2, 3), ORACLES every (name, source) with a recorded transformers oracle

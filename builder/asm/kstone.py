@@ -1,7 +1,7 @@
 """keystone, kept at arm's length.
 
 keystone 0.9.2's LLVM can abort the whole process on some inputs ("LLVM ERROR: ..."), so the
-builder never loads it in its own process: `Keystone` runs `python -m builder.kstone` as a
+builder never loads it in its own process: `Keystone` runs `python -m builder.asm.kstone` as a
 child and sends it batches of (Intel-syntax text, address) over a pipe.
 
 Contract: `Keystone().assemble(batch) -> list[bytes | str]` gives, for each (text, address)

@@ -1,7 +1,7 @@
 """llama.cpp on the same weights, for `python -m builder bench`.
 
 Two ways in, both run as a separate process (its own address space, its own peak RSS):
-- `python -m builder.bench_llama GGUF --threads T --ids 2,651,... -n N --out FILE` uses the
+- `python -m builder.bench.llama GGUF --threads T --ids 2,651,... -n N --out FILE` uses the
   `llama-cpp-python` package: loads the GGUF (mmap), warms up with one token, then times
   `eval(ids)` (the whole prompt in one batch, logits of the last position only, as llama.cpp
   does) and N single-token `eval`s, each fed the argmax of the previous logits (greedy, like

@@ -6,7 +6,7 @@ model of --preset and its F16 GGUF twin with `python -m builder synth`; read bot
 so they sit in the page cache (neither engine then waits for the disk: the table shows major
 page faults, which count the times it did) as a first read from disk leaves them: in 2 MB
 pages where the kernel does that (the report gives the model's share, see warm); then
---repeat rounds of: memory read bandwidth for each thread count (builder.bench_machine, a native AVX2 streaming read of --bw-size bytes), then
+--repeat rounds of: memory read bandwidth for each thread count (builder.bench.machine, a native AVX2 streaming read of --bw-size bytes), then
 for each thread count the engine and llama.cpp, one after the other; bandwidth once more at the
 end. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
@@ -19,21 +19,21 @@ tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--
   the engine processes it when nothing asks for its logits. Both runs are repeated while short
   (up to 5 runs or 0.5 s) and the fastest kept: on a tiny model they are mostly process noise;
 - decode tokens/s: a `-n N --logits FIFO` run; the engine writes one float32 row of vocab
-  logits per evaluated position, and each row's arrival is stamped (builder.bench_run): rows
+  logits per evaluated position, and each row's arrival is stamped (builder.bench.run): rows
   0..P-1 are the prompt, each later row is one generated token's forward pass, so decode
   tokens/s = D / (time of the last row - time of row P-1) over the D decode rows. This counts
   the forward passes actually made (an early end-of-sequence shows as a smaller D and never
   inflates the rate) and excludes start-up and prompt. Writing a 1 MB row into a pipe costs
   ~0.1 ms against a >100 ms forward pass on the 2b preset.
-- peak RSS and peak anonymous memory of the decode run (builder.bench_run): RSS includes the
+- peak RSS and peak anonymous memory of the decode run (builder.bench.run): RSS includes the
   pages of the mapped model file the engine touched; anonymous memory is what it allocated.
 Derived figures: bytes per generated token = the bytes of every tensor in the model file (each
 is read once per token; the KV cache adds ~P x 37 KB on 2b, not counted); decode efficiency =
 decode tokens/s x bytes per token / bandwidth at that thread count; prompt FLOPs per token =
 2 x every matrix weight of the layers + the attention over the prompt (average position) + the
 logits of the last position shared over P; its fraction of the AVX2 FMA peak, measured at
-the start on each thread count (builder.bench_machine: ten independent vfmadd231ps chains per
-thread, so at the clock the cores really run). llama.cpp is timed by builder.bench_llama on the
+the start on each thread count (builder.bench.machine: ten independent vfmadd231ps chains per
+thread, so at the clock the cores really run). llama.cpp is timed by builder.bench.llama on the
 same prompt token ids, with the same thread count.
 """
 from __future__ import annotations

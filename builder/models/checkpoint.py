@@ -10,7 +10,7 @@ row) values, 16 MB as float32; reading allocates at most 6 such chunks at a time
 gguf's dequantization temporaries, the chunk the caller still holds), whatever the tensor's
 size: ~100 MB for the 5.6 GB (float32) embedding of Gemma 3 27B as for a norm. Measured peaks
 of traced allocations: 2.5-3.5 chunks with the default CHUNK_ELEMS, 2.5-4.7 with 64K-value
-chunks, over every type; emu_tests/test_convert.py holds reading to 6 with tracemalloc.
+chunks, over every type; emu_tests/models/test_convert.py holds reading to 6 with tracemalloc.
 
 Generations (`FLAGS`, `SLIDING_PERIOD`): Gemma 1 has neither post norms nor q/k norms and no
 sliding window; Gemma 2 adds the post-attention and post-feed-forward norms (its "ffn_norm" is

@@ -1,9 +1,9 @@
 """`python -m builder convert SRC -o OUT`: a Gemma 1, 2 or 3 checkpoint -> the engine's model file.
 
-SRC is a Hugging Face directory (builder.convert_hf: model_type gemma, gemma2, gemma3_text or
-gemma3; BF16/F16/F32 safetensors) or a llama.cpp .gguf file (builder.convert_gguf:
+SRC is a Hugging Face directory (builder.models.convert_hf: model_type gemma, gemma2, gemma3_text or
+gemma3; BF16/F16/F32 safetensors) or a llama.cpp .gguf file (builder.models.convert_gguf:
 architecture gemma, gemma2 or gemma3; F32/F16/BF16 or quantized tensors). Tensors are read in
-chunks of whole rows with plain file reads (builder.checkpoint.read_rows; no whole-file map)
+chunks of whole rows with plain file reads (builder.models.checkpoint.read_rows; no whole-file map)
 and rounded to FP16 by modelfile.write_model, so memory does not grow with the model: plain
 types convert exactly, quantized ones are dequantized one chunk (~4M values) at a time; peak
 RSS under 200 MB for Gemma-2B, mostly the 256k-piece vocabulary (measured; docs/gemma.md).

@@ -1,4 +1,4 @@
-"""A llama.cpp GGUF file -> a Checkpoint (builder.checkpoint) of Gemma 1, 2 or 3.
+"""A llama.cpp GGUF file -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3.
 
 general.architecture `gemma`, `gemma2` or `gemma3`; keys `{arch}.embedding_length`,
 `.block_count`, `.feed_forward_length`, `.attention.head_count(_kv)`, `.attention.key_length`,

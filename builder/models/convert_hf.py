@@ -1,4 +1,4 @@
-"""A Hugging Face model directory -> a Checkpoint (builder.checkpoint) of Gemma 1, 2 or 3.
+"""A Hugging Face model directory -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3.
 
 Files: config.json, model.safetensors (or the shards model.safetensors.index.json lists;
 BF16, F16 or F32 tensors), tokenizer.model (SentencePiece). Norms are stored as w and written

@@ -3,7 +3,7 @@
 Why not gguf.GGUFReader: it builds two numpy memmap views per string of every array, which for
 Gemma's 256,000-token vocabulary costs ~670 MB of memory and ~15 s before any weight is read
 (measured); this reader keeps plain Python values (~60 MB, under a second). It uses the gguf
-package's constants (value types, GGML tensor types and sizes), and emu_tests/test_convert.py
+package's constants (value types, GGML tensor types and sizes), and emu_tests/models/test_convert.py
 checks it against gguf.GGUFReader.
 
 read_gguf_meta(path) -> GGUFMeta with `kv` (key -> int | float | bool | str | list) and

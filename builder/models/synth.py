@@ -181,7 +181,7 @@ def write_gguf(path: Path, preset: Preset, vocab: Vocab, source, progress: bool 
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     # llama.cpp matches user-defined pieces against the raw text, so it spells their U+2581
-    # as a space (as its convert_hf_to_gguf.py does); builder.convert maps it back.
+    # as a space (as its convert_hf_to_gguf.py does); builder.models.convert maps it back.
     w.add_token_list([p.decode().replace(SPACE, " ") if t == USER_DEFINED else p.decode()
                       for p, t in zip(vocab.pieces, vocab.types)])
     w.add_token_scores([float(s) for s in vocab.scores])

@@ -1,6 +1,6 @@
 """The Gemma (1, 2 and 3) forward pass in numpy float32, read from an engine model file: the
 twin the engine is tested against (docs/format.md, "What the file computes"; proven against
-the fixtures' recorded transformers logits by emu_tests/test_reference.py). Everything it needs comes from the file:
+the fixtures' recorded transformers logits by emu_tests/twins/test_reference.py). Everything it needs comes from the file:
 the header's flags (post norms, q/k norms), attention scale and soft-caps, and each layer's
 window and RoPE frequencies.
 

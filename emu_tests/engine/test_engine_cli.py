@@ -1,6 +1,6 @@
 """The real binary's front end: command line, model validation, tokenizer (--tokens against
 sentencepiece's recorded ids), sampling, output streaming and every error
-with its message and exit status. Models: the fixtures converted by builder.convert."""
+with its message and exit status. Models: the fixtures converted by builder.models.convert."""
 from __future__ import annotations
 
 import json
@@ -91,7 +91,7 @@ def test_tokens_format_and_empty_prompt(engine, mqa):
 @pytest.mark.parametrize("text", [b"\xff\xfe", b"\xe2\x96", b"a\xc3", b"\xf0\x9f\x98",
                                   b"\xc0\xaf", b"\x80\x80 x", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"])
 def test_invalid_utf8_prompt_matches_twin(engine, mqa, text):
-    """Prompts are arbitrary bytes: the engine's ids equal builder.tokenizer's (the twin)."""
+    """Prompts are arbitrary bytes: the engine's ids equal builder.twins.tokenizer's (the twin)."""
     want = Tokenizer(ModelFile(mqa)).encode(text)
     r = run(engine, "-m", mqa, "-p", text, "--tokens")
     assert r.returncode == 0, r.stderr

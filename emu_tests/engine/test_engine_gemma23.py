@@ -2,12 +2,12 @@
 combination the format allows (header flags 0, POST_NORMS, POST_NORMS | QK_NORM; sliding
 windows shorter than the prompt and different per layer; per-layer RoPE frequencies from
 different thetas, with linear scaling 8; att_scale; attention and final soft-caps; GQA and MQA;
-head_dim 22 and 16), their `--logits` rows against the numpy twin (builder.reference) at every
+head_dim 22 and 16), their `--logits` rows against the numpy twin (builder.twins.reference) at every
 prompt position and greedy step: natively on the path this CPU picks, with --baseline, under
 qemu-user -cpu Nehalem and Haswell, and with several thread counts (the same bits for every
 thread count within a path, as test_speed_paths holds the Gemma 1 fixtures to).
 
-The weights are builder.synth's, with the query/key projections and the embedding scaled up
+The weights are builder.models.synth's, with the query/key projections and the embedding scaled up
 (GAINS) so that the features matter: attention scores reach several units (a soft-cap of 4
 bends them) and logits reach several units before a final soft-cap of 3. test_features_matter proves
 each feature moves the twin's logits by far more than the tolerance, so a model file whose
@@ -164,6 +164,7 @@ def test_thread_counts_give_the_same_bits(gemma, models, tmp_path, name):
             same_run(f"{name} {' '.join(path)} -t {t} vs -t 1", got, want, vocab)
 
 
+@pytest.mark.slow  # qemu-user: about 50x slower than native
 @pytest.mark.parametrize("cpu_model,flags", [
     ("Nehalem", []), ("Nehalem", ["-t", "3"]), ("Haswell", []), ("Haswell", ["-t", "2"]),
 ])

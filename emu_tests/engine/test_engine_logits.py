@@ -10,9 +10,9 @@ the recorded tokens.
 
 The fixtures' GGUFs mark user-defined pieces as normal ones, so a GGUF-converted model tokenizes
 a prompt holding `<start_of_turn>` differently from the recorded ids; for such a prompt the
-expected rows and tokens come from the numpy twin (builder/reference.py, proven against the
+expected rows and tokens come from the numpy twin (builder/twins/reference.py, proven against the
 recorded logits within 1.4e-5 by test_reference.py) on the same weights and the twin tokenizer's
-ids (builder/tokenizer.py).
+ids (builder/twins/tokenizer.py).
 
 Tolerance TOL = 1e-4, absolute, on logits of magnitude <= 6.6. Measured: this engine is within
 1.9e-5 (tiny_wide) and 9.3e-6 (tiny_mqa) of the recorded logits on the fast path (fused
@@ -27,7 +27,7 @@ Greedy tokens: where the expected top-2 gap of a step exceeds 2*TOL, every engin
 picks the expected token, so a different one fails; where it does not, the engine may pick the
 other token and the comparison ends at that step (its text legitimately differs from there on).
 
-Synthetic shapes (test_shape_against_twin, builder.synth's random weights, logits <= ~3): the
+Synthetic shapes (test_shape_against_twin, builder.models.synth's random weights, logits <= ~3): the
 synth "tiny" preset (grouped-query attention, 2 query heads per kv head, hd 24); Gemma-2B's
 vocabulary and head shape (256000 x d, H=8, K=1, hd=256, H*hd = 16 d) on a narrow model; and
 odd sizes that exercise every kernel's tail (d=66, ffn=130, hd=22, 3 query heads per kv head).

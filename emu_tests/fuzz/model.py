@@ -1,6 +1,6 @@
 """The engine model file as the fuzzer sees it: header fields, sections, tensors, validity.
 
-The format is defined once, in builder/modelfile.py; this module only parses a valid file
+The format is defined once, in builder/models/modelfile.py; this module only parses a valid file
 (`Base`) into the numbers the mutators aim at (field offsets, section and tensor boundaries,
 piece records, index, user list), states which headers the engine must refuse
 (`header_problems`, exact integer arithmetic) and writes a mutated copy (`write_case`).
@@ -48,7 +48,7 @@ def header_problems(h: dict, file_len: int) -> list[str]:
 
     Rules a memory-safe engine cannot skip: identity, sizes against the file length and
     against the dimensions, every table inside the file, and the ids it indexes with; and the
-    version-2 fields as builder.modelfile refuses them: unknown flags, att_scale not positive
+    version-2 fields as builder.models.modelfile refuses them: unknown flags, att_scale not positive
     and finite, a soft-cap negative, infinite or NaN (0 is none; the engine also refuses a
     soft-cap of -0.0, whose sign bit is set, which the contract allows)."""
     out = []

@@ -4,7 +4,7 @@
 fixtures: dimensions of 1, 3, 5, 7 (no multiple of a vector width), head_dim larger than dim,
 many heads over one kv head, ffn smaller than dim, contexts of 1..7 positions. They are where
 a kernel that assumes a multiple of 4 or 8, or a loop that assumes at least one row, reads
-past a tensor. `write_shape` writes one (builder.synth's vocabulary and seeded weights);
+past a tensor. `write_shape` writes one (builder.models.synth's vocabulary and seeded weights);
 `shape_cases` runs each with short and context-filling prompts, sampling and --logits.
 
 `write_sparse_2b` writes Gemma-2B's header and tokenizer tables at their real offsets and

@@ -12,7 +12,7 @@
 - The model file keeps its bytes and modification time; it is opened read-only and mapped
   PROT_READ + MAP_PRIVATE (seen through qemu-user's -strace).
 - The mutators themselves: reproducible, covering every boundary, and never calling a file
-  invalid that builder.modelfile's reader accepts.
+  invalid that builder.models.modelfile's reader accepts.
 - test_regression_F*: each crash fuzzing found (F1, F2, ...), kept as a named case.
 """
 from __future__ import annotations
@@ -39,6 +39,8 @@ from fuzz.model import Base, header_problems, parse_header, read_prefix, weights
 from fuzz.mutate import Case, MODEL
 from fuzz.runner import judge, run
 from fuzz.shapes import SHAPES
+
+pytestmark = pytest.mark.slow  # the fuzz campaign: ~50 s on 2 cores, and its qemu runs
 
 MIN_CASES = 2000    # at least this many in CI
 BUDGET = 150.0      # seconds after which no case is started (the suite takes ~50 s)
@@ -104,7 +106,7 @@ def test_fuzz_baseline_under_qemu(engine, models, tmp_path):
 def test_odd_shapes_compute_the_reference_logits(engine, models, shape, how, tmp_path):
     """Valid odd shapes (dims 1..33, head_dim > dim, ffn 1), on 1, 3 and 256 threads (more
     threads than rows), on the host's fast path and the baseline one: --logits of a prompt
-    filling most of the context equal builder.reference's. A read past a tensor's end that
+    filling most of the context equal builder.twins.reference's. A read past a tensor's end that
     does not crash, or rows no thread computes, show here as wrong numbers."""
     model = ModelFile(models[shape])
     ctx = min(model.dims.max_ctx, 4096)
@@ -222,7 +224,7 @@ def test_closed_form_weights_size_equals_modelfile(base_model):
 
 def _python_refusals(models: dict[str, Path], tmp: str) -> tuple[int, list[str]]:
     """In a child process (address space 2 GB, 3 s per file): every mutated file that
-    fuzz.model.header_problems calls invalid, opened with builder.modelfile.ModelFile; what
+    fuzz.model.header_problems calls invalid, opened with builder.models.modelfile.ModelFile; what
     it did not refuse."""
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
@@ -254,7 +256,7 @@ def _python_refusals(models: dict[str, Path], tmp: str) -> tuple[int, list[str]]
 
 def test_files_to_refuse_are_refused_by_the_python_reader(models, tmp_path):
     """Twin check of fuzz.model.header_problems: whatever file it calls invalid,
-    builder.modelfile.ModelFile refuses too, promptly and cleanly."""
+    builder.models.modelfile.ModelFile refuses too, promptly and cleanly."""
     for name in suite.MUTATED:
         base = Base.load(models[name])
         assert header_problems(base.header, base.length) == [], name
@@ -299,7 +301,7 @@ def test_regression_F4_max_piece_len_must_be_the_longest_piece(engine, base_mode
                                                                  delta):
     """F4: the engine took any max_piece_len >= the longest piece, and a huge one switched off
     the early "prompt too long" guard: a 128 KB prompt was then merged in O(n^2), 5-7 s. Now
-    max_piece_len must equal the longest piece (as builder.modelfile already required): a
+    max_piece_len must equal the longest piece (as builder.models.modelfile already required): a
     one-line refusal at load, before the prompt is looked at."""
     data = bytearray(base_model.read_bytes())
     longest = ModelFile(base_model).header.max_piece_len

@@ -7,7 +7,7 @@
   line on stderr, no traceback, no output file left behind, well within the timeout.
 - ASM_CASES seeded random one-line mutations of the real asm/ tree (a character deleted,
   inserted or replaced, a token swapped, a line cut, doubled or dropped), each built with
-  builder.build.build in a memory-limited child: it builds, or fails with one BuildError
+  builder.asm.build.build in a memory-limited child: it builds, or fails with one BuildError
   line naming asm/FILE.asm:LINE (or a whole-program reason: link, check, budget), never
   another exception.
 - The Gemma 2/3 paths: hand-written hostile configs (layer_types, bidirectional attention,
@@ -16,7 +16,7 @@
   soft-caps): each a refusal of one line, as above.
 - RANDOM_CASES seeded random mutations of the same three inputs (bytes flipped in the GGUF
   metadata and tensor table, in the safetensors JSON, values of config.json replaced by other
-  types), through `builder.convert.main` in one memory-limited child process (a subprocess
+  types), through `builder.models.convert.main` in one memory-limited child process (a subprocess
   each would take minutes): each ends in 0, or 1/2 with one line on stderr, never an
   exception; and every Gemma 2/3 config key of tiny_g3 set to every odd JSON value, the same way.
 Each family runs its cases two at a time; a failure lists every case that misbehaved.
@@ -46,6 +46,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from modelfiles import fixture_path
 from variants import gguf_variant, hf_variant, kv_set, quantized
+
+pytestmark = pytest.mark.slow  # hundreds of builds and conversions
 
 TIMEOUT = 30        # a conversion of tiny_mqa takes 1-2 s; a hang is what this catches
 MEMORY = 3 << 30    # address-space limit of each run (prlimit): a runaway allocation fails
@@ -618,7 +620,7 @@ FAMILIES = {"random": _random_sources, "gemma3 config": _g3_config_sources}
 
 def _conversions(tmp: str, family: str) -> list[str]:
     """In a child (3 GB address space, 20 s per case): every case of FAMILIES[family] through
-    builder.convert.main; what went wrong."""
+    builder.models.convert.main; what went wrong."""
     from builder.models.convert import main as convert_main
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
 

@@ -1,4 +1,4 @@
-"""builder.convert: both fixture formats give the same model (weights byte for byte) for Gemma
+"""builder.models.convert: both fixture formats give the same model (weights byte for byte) for Gemma
 1, 2 and 3, every source variant (dtypes, shards, older config keys, the multimodal Gemma 3
 layout, GGUF metadata conventions, quantized tensors) converts as specified, reading is
 bounded in memory, and each user error is one clear line."""
@@ -241,7 +241,7 @@ def test_cli(tmp_path, capsys):
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
 
 
-# ---- builder.gguf_meta against gguf.GGUFReader ---------------------------------------------
+# ---- builder.models.gguf_meta against gguf.GGUFReader ---------------------------------------------
 
 
 @pytest.mark.parametrize("name", TWINS)
@@ -530,7 +530,7 @@ def test_k_quants_dequantize_in_row_chunks(tmp_path, monkeypatch, qtype):
 def test_quantized_reading_memory_is_bounded_by_a_chunk(tmp_path, monkeypatch, qtype):
     # A tensor of 8M values (32 MB as float32) read with 64K-value chunks (256 KB as float32):
     # the peak of traced allocations (numpy's included) stays under the 6 chunks
-    # builder.checkpoint states (measured: 3.9-4.7), far below the tensor, and no chunk
+    # builder.models.checkpoint states (measured: 3.9-4.7), far below the tensor, and no chunk
     # exceeds CHUNK_ELEMS values.
     import tracemalloc
     rows, cols, chunk = 4096, 2048, 1 << 16

@@ -1,4 +1,4 @@
-"""asm/format.asm mirrors builder/modelfile.py: every header offset, the magic, the version,
+"""asm/format.asm mirrors builder/models/modelfile.py: every header offset, the magic, the version,
 the sizes and alignments, the header flags, the piece record fields and the piece types."""
 from __future__ import annotations
 

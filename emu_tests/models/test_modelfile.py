@@ -1,4 +1,4 @@
-"""builder.modelfile: the header layout is the one docs/format.md fixes (its table and the
+"""builder.models.modelfile: the header layout is the one docs/format.md fixes (its table and the
 copy below), files round-trip (each layer's window and rope included), the optional tensors
 follow the flags, and the reader rejects wrong magic, version, truncation, inconsistent sizes
 and out-of-range scalars."""

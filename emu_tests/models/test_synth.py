@@ -1,4 +1,4 @@
-"""builder.synth: the tiny presets (Gemma 1, 2, 3) write valid models (readable, their GGUF
+"""builder.models.synth: the tiny presets (Gemma 1, 2, 3) write valid models (readable, their GGUF
 twins convert back to the same bytes, the reference runs on them); the synthetic vocabularies
 tokenize exactly as sentencepiece does when loaded as a sentencepiece model; the big presets'
 headers have the real models' shapes and parameter counts (checked without writing GBs)."""

@@ -9,9 +9,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from builder import demo
 from builder.asm.build import REPO_ROOT
 from modelfiles import fixture_path
+
+pytestmark = pytest.mark.slow  # the real Gemma 3 270M model
 
 
 def test_demo_streams_the_recorded_continuation(real_g3):

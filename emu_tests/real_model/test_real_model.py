@@ -37,6 +37,8 @@ import pytest
 from modelfiles import fixture_path
 from emu_tests.engine.test_engine_logits import compare_rows
 
+pytestmark = pytest.mark.slow  # converting Gemma 3 270M, five prompts on two paths
+
 REAL_TOL = 2e-4
 VOCAB = 262144
 ORACLE = json.loads((fixture_path("real_g3") / "reference.json").read_text())

@@ -17,7 +17,7 @@ run, the row and the logit.
   the fast kernel needs multiples of 16, so the baseline must be chosen).
 - Blocks: the prompt is fed in blocks of 16 tokens, generated tokens one by one; a prompt's
   logits rows equal, bit for bit, those of each of its prefixes (other block boundaries), and
-  the long prompt's rows and greedy steps match the numpy twin (builder.reference).
+  the long prompt's rows and greedy steps match the numpy twin (builder.twins.reference).
 - Threads at rest: with --logits blocked on a full FIFO the process has exactly T threads
   and all of them sleep (state S, no CPU time): the waits are futex waits, not spins.
 - Under qemu-user: `-cpu Nehalem` (no AVX: an AVX instruction would end the run with SIGILL)
@@ -287,6 +287,7 @@ def executed(log: Path, symbols: dict, name: str) -> bool:
                for a in re.findall(r"^0x([0-9a-f]+):", log.read_text(), re.M))
 
 
+@pytest.mark.slow  # qemu-user: about 50x slower than native
 @pytest.mark.parametrize("name,cpu_model,flags,kernel", [
     ("tiny_wide", "Nehalem", [], BASE), ("odd", "Nehalem", ["-t", "2"], BASE),
     ("odd", "Nehalem", ["-t", "3"], BASE), ("tiny_wide", "Haswell", [], FAST),

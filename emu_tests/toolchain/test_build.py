@@ -1,4 +1,4 @@
-"""builder/build.py, end to end: the shipped program's usage path, reproducible output, the
+"""builder/asm/build.py, end to end: the shipped program's usage path, reproducible output, the
 size budget, the symbol map (and .symtab with --symbols), the size table and the command
 line."""
 from __future__ import annotations

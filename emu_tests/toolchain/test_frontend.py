@@ -1,4 +1,4 @@
-"""The FASM-subset front end (builder/fasm.py, expr.py, assemble.py): every directive of the
+"""The FASM-subset front end (builder/asm/fasm.py, expr.py, assemble.py): every directive of the
 subset assembles to what fasm 1.73 makes of it, and every error class stops the build with
 "asm/FILE.asm:LINE: message". Each test writes a small project into a temporary directory
 (conftest's `asm_tree`); expected values are written out by hand (fasm's documented

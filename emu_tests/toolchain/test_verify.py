@@ -1,4 +1,4 @@
-"""builder/verify.py: every instruction keystone produced is read back with capstone and
+"""builder/asm/verify.py: every instruction keystone produced is read back with capstone and
 compared with its source line. Mis-encodings (keystone's EVEX displacement bug, truncated
 immediates, wrong registers, addresses or targets) must stop the build with file:line and
 both forms; correct encodings, including alias spellings, must pass."""

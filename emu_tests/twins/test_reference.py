@@ -1,4 +1,4 @@
-"""builder.reference (numpy float32 Gemma 1, 2, 3) against the recorded transformers oracle:
+"""builder.twins.reference (numpy float32 Gemma 1, 2, 3) against the recorded transformers oracle:
 logits at every prompt position and every greedy step (the recorded greedy tokens are fed
 back), for every fixture converted from its Hugging Face directory and from its GGUF twin,
 and for the real Gemma 3 270M converted from its Q4_K_M GGUF (test_real_g3_*).

@@ -1,4 +1,4 @@
-"""builder.tokenizer (the asm tokenizer's Python twin) against sentencepiece's recorded ids
+"""builder.twins.tokenizer (the asm tokenizer's Python twin) against sentencepiece's recorded ids
 (fixtures/tok_a.encodings.json), reading the tables of the converted tiny_mqa model."""
 from __future__ import annotations
 

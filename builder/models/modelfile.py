@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -180,40 +180,8 @@ class Vocab:
             return self.eos
 
 
-@dataclass(frozen=True)
-class Header:
-    """Every header field but the magic (see HEADER_FIELDS)."""
-    version: int
-    header_size: int
-    vocab: int
-    dim: int
-    ffn: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    max_ctx: int
-    eps: float
-    att_scale: float
-    embed_scale: float
-    bos: int
-    eos: int
-    eot: int
-    byte_base: int
-    n_index: int
-    n_user: int
-    max_piece_len: int
-    pieces_off: int
-    index_off: int
-    user_off: int
-    blob_off: int
-    blob_size: int
-    weights_off: int
-    weights_size: int
-    file_size: int
-    flags: int
-    att_softcap: float
-    final_softcap: float
+class _HeaderMethods:
+    """What Header does beyond holding its fields (Header is made below from HEADER_FIELDS)."""
 
     @property
     def dims(self) -> Dims:
@@ -226,7 +194,7 @@ class Header:
         return _HEADER.pack(MAGIC, *values).ljust(HEADER_SIZE, b"\0")
 
     @classmethod
-    def unpack(cls, data: bytes) -> "Header":
+    def unpack(cls, data: bytes) -> Header:
         if len(data) < HEADER_SIZE:
             raise ModelFormatError(f"file is truncated: {len(data)} bytes, the header alone is {HEADER_SIZE}")
         magic, *values = _HEADER.unpack_from(data)
@@ -238,6 +206,16 @@ class Header:
         if header.header_size != HEADER_SIZE:
             raise ModelFormatError(f"header_size is {header.header_size}, expected {HEADER_SIZE}")
         return header
+
+
+# Every header field but the magic, in file order, typed by its struct code: the dataclass
+# follows HEADER_FIELDS, so a field is added or moved in one place.
+Header = make_dataclass(
+    "Header", [(name, {"I": int, "Q": int, "f": float}[code])
+               for name, _, code in HEADER_FIELDS if name != "magic"],
+    bases=(_HeaderMethods,), frozen=True)
+Header.__module__ = __name__
+Header.__doc__ = "Every header field but the magic (see HEADER_FIELDS), as the file holds it."
 
 
 @dataclass(frozen=True)

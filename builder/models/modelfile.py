@@ -37,7 +37,12 @@ PIECE_REC = 16
 TENSOR_ALIGN = 64
 WEIGHTS_ALIGN = 4096
 FLT_MAX = float(np.finfo(np.float32).max)
-MAX_LAYERS = 1024  # sanity bound: a hostile header must not make readers build huge layouts
+# The largest value of each dimension: what the engine's load_model accepts (asm/model.asm,
+# dim_bits: every size the engine forms stays far below 2^64; the bound on layers also keeps a
+# hostile header from making readers build huge layouts). A file the engine would refuse is
+# never written; emu_tests/models/test_format_mirror.py checks that the two agree.
+DIM_LIMITS = {"vocab": 1 << 24, "dim": 1 << 16, "ffn": 1 << 16, "layers": 1 << 10,
+              "heads": 1 << 10, "kv_heads": 1 << 10, "head_dim": 1 << 16, "max_ctx": 1 << 16}
 
 # header flags: which optional norms every layer has
 POST_NORMS = 1   # post_attn_norm and post_ffn_norm (Gemma 2, 3); ffn_norm is then the pre-norm
@@ -118,12 +123,10 @@ class Dims:
             object.__setattr__(self, "att_scale", float(np.float32(self.head_dim ** -0.5)))
 
     def check(self) -> None:
-        for f in ("vocab", "dim", "ffn", "layers", "heads", "kv_heads", "head_dim", "max_ctx"):
+        for f, limit in DIM_LIMITS.items():
             v = getattr(self, f)
-            if not 0 < v < 2**31:
-                raise ModelFormatError(f"{f} = {v} is out of range")
-        if self.layers > MAX_LAYERS:
-            raise ModelFormatError(f"layers = {self.layers} is implausible (more than {MAX_LAYERS})")
+            if not 0 < v <= limit:
+                raise ModelFormatError(f"{f} = {v} is out of range (1 .. {limit}, what the engine runs)")
         if self.heads % self.kv_heads:
             raise ModelFormatError(f"heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})")
         if self.head_dim % 2:

@@ -19,7 +19,8 @@ import random
 import struct
 from dataclasses import dataclass, replace
 
-from builder.models.modelfile import BYTE, HEADER_FIELDS, HEADER_SIZE, PIECE, PIECE_REC
+from builder.models.modelfile import BYTE, DIM_LIMITS, HEADER_FIELDS, HEADER_SIZE, PIECE, PIECE_REC
+from emu_tests.asm_facts import constant
 
 from .model import PIECE_FIELDS, Base, header_problems, parse_header, weights_size
 
@@ -32,6 +33,8 @@ LINK = b"@LINK@"        # a symbolic link to the case's model file
 HARDLINK = b"@HARDLINK@"    # a hard link to it (the runner makes both per case)
 FIFO = b"@FIFO@"        # a named pipe nobody writes to
 LOOP = b"@LOOP@"        # a symbolic link to itself
+
+DEFAULT_CTX = constant("DEFAULT_CTX")  # -c when not given: min(this, max_ctx) (asm/main.asm)
 
 PROMPTS = [b"Hello world", b"<start_of_turn>user\n\tHi  there</h1><b>x</b>\n\n<end_of_turn>",
            "日本語 🙂 ünïcödé".encode(), b"\x01\x02 \x7f", b"a", b"1234 5678 the cat"]
@@ -349,7 +352,7 @@ class _Maker:
         for p in [b""] + BAD_UTF8:
             for tail in ((b"-n", b"2"), (b"--tokens",)):
                 out.append(Case(f"prompt {p[:12]!r}", argv=(b"-m", MODEL, b"-p", p) + tail))
-        ctx = min(self.h["max_ctx"], 4096)
+        ctx = min(self.h["max_ctx"], DEFAULT_CTX)
         for k in (6, 7, 8, 9):       # k control bytes -> k byte pieces + BOS = k+1 tokens
             out.append(Case(f"-c 8, prompt of {k + 1} tokens", argv=(
                 b"-m", MODEL, b"-c", b"8", b"-p", b"\x01" * k, b"-n", b"4"), reject=k + 1 > 8))
@@ -416,17 +419,17 @@ class _Maker:
 
     def big_contexts(self) -> list[Case]:
         """max_ctx := 65536 (the largest the engine allows): the context filled by -c and by
-        the default (4096), one token past each, and a prompt longer than the fixture's 1024
-        positions run through the model."""
-        base, out = self.header_case("max_ctx := 65536", {"max_ctx": 65536}), []
-        for label, argv, ids in (
-                ("-c 65536, 65536 ids", (b"-c", b"65536", b"-p", b"\x01" * 65535, b"--tokens"), 65536),
-                ("-c 65536, 65537 ids", (b"-c", b"65536", b"-p", b"\x01" * 65536, b"--tokens"), 65537),
-                ("default context, 4096 ids", (b"-p", b"\x01" * 4095, b"--tokens"), 4096),
-                ("default context, 4097 ids", (b"-p", b"\x01" * 4096, b"--tokens"), 4097),
-                ("-c 1100, 1050 ids run", (b"-c", b"1100", b"-p", b"\x01" * 1049, b"-n", b"20"), 1050)):
-            limit = 65536 if b"65536" in argv else 1100 if b"1100" in argv else 4096
-            out.append(replace(base, label=f"max_ctx := 65536, {label}",
+        the default (DEFAULT_CTX), one token past each, and a prompt longer than the fixture's
+        1024 positions run through the model."""
+        big, dflt = DIM_LIMITS["max_ctx"], DEFAULT_CTX
+        base, out = self.header_case(f"max_ctx := {big}", {"max_ctx": big}), []
+        for label, argv, ids, limit in (
+                (f"-c {big}, {big} ids", (b"-c", b"%d" % big, b"-p", b"\x01" * (big - 1), b"--tokens"), big, big),
+                (f"-c {big}, {big + 1} ids", (b"-c", b"%d" % big, b"-p", b"\x01" * big, b"--tokens"), big + 1, big),
+                (f"default context, {dflt} ids", (b"-p", b"\x01" * (dflt - 1), b"--tokens"), dflt, dflt),
+                (f"default context, {dflt + 1} ids", (b"-p", b"\x01" * dflt, b"--tokens"), dflt + 1, dflt),
+                ("-c 1100, 1050 ids run", (b"-c", b"1100", b"-p", b"\x01" * 1049, b"-n", b"20"), 1050, 1100)):
+            out.append(replace(base, label=f"max_ctx := {big}, {label}",
                                argv=(b"-m", MODEL) + argv, reject=ids > limit,
                                accept=ids <= limit))
         return out

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from builder.models.modelfile import Dims, LayerAttn, make_header, write_model
 from builder.models.synth import PRESETS, synth_source, synth_vocab
+from emu_tests.asm_facts import constant
 
 from .mutate import LOGITS, MODEL, Case
 
@@ -82,7 +83,7 @@ def shape_cases(names: list[str]) -> list[Case]:
     whose prompt fits the context and whose -n reaches at most its end must succeed."""
     out = []
     for name in names:
-        ctx = min(SHAPES[name].max_ctx, 4096)
+        ctx = min(SHAPES[name].max_ctx, constant("DEFAULT_CTX"))
         fill = b"\x01" * (ctx - 1)                  # BOS + ctx-1 byte pieces: the context
 
         def n(tokens: int) -> bytes:                # -n reaching the context's end

@@ -34,6 +34,7 @@ import pytest
 from builder.models.modelfile import HEADER_FIELDS, HEADER_SIZE, Dims, ModelFile, ModelFormatError
 from builder.models.modelfile import weights_size as modelfile_weights_size
 from builder.twins.reference import Reference
+from emu_tests.asm_facts import constant
 from fuzz import suite
 from fuzz.model import Base, header_problems, parse_header, read_prefix, weights_size, write_case
 from fuzz.mutate import Case, MODEL
@@ -109,7 +110,7 @@ def test_odd_shapes_compute_the_reference_logits(engine, models, shape, how, tmp
     filling most of the context equal builder.twins.reference's. A read past a tensor's end that
     does not crash, or rows no thread computes, show here as wrong numbers."""
     model = ModelFile(models[shape])
-    ctx = min(model.dims.max_ctx, 4096)
+    ctx = min(model.dims.max_ctx, constant("DEFAULT_CTX"))
     k = max(0, min(ctx - 2, 6))                # prompt: BOS + k byte pieces <0x01>
     ids = [model.header.bos] + [model.header.byte_base + 1] * k
     out = tmp_path / "logits.bin"

@@ -270,7 +270,7 @@ def test_gguf_meta_rejects_truncation(tmp_path):
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c.update(hidden_size="64"), "hidden_size is not an integer"),
     (lambda c: c.pop("intermediate_size"), "no intermediate_size"),
-    (lambda c: c.update(num_hidden_layers=10**6), "layers = 1000000 is implausible"),
+    (lambda c: c.update(num_hidden_layers=10**6), "layers = 1000000 is out of range (1 .. 1024"),
     (lambda c: c.update(num_key_value_heads=3), "heads (4) is not a multiple of kv_heads (3)"),
     (lambda c: c.update(rms_norm_eps=None, head_dim=None), None),  # null means "default"
 ])

@@ -1,23 +1,21 @@
 """asm/format.asm mirrors builder/models/modelfile.py: every header offset, the magic, the version,
-the sizes and alignments, the header flags, the piece record fields and the piece types."""
+the sizes and alignments, the header flags, the piece record fields and the piece types. And the
+other facts asm/ and Python share, or asm/ states twice: the dimension limits (model.asm's
+dim_bits, modelfile.DIM_LIMITS), the buffers' sizes, the GEGLU table's offsets."""
 from __future__ import annotations
 
-import re
-from pathlib import Path
+import math
+
+import numpy as np
 
 from builder.models import modelfile
-
-FORMAT_ASM = Path(__file__).resolve().parents[2] / "asm" / "format.asm"
+from emu_tests.asm_facts import bytes_after, constant, constants_in
+from emu_tests.harness import load_elf
 
 
 def asm_constants() -> dict[str, int]:
-    """NAME = number lines of format.asm (comments stripped)."""
-    out = {}
-    for line in FORMAT_ASM.read_text().splitlines():
-        m = re.fullmatch(r"\s*(\w+)\s*=\s*(0x[0-9A-Fa-f]+|\d+)\s*", line.split(";")[0])
-        if m:
-            out[m.group(1)] = int(m.group(2), 0)
-    return out
+    """The constants asm/format.asm defines."""
+    return constants_in("asm/format.asm")
 
 
 def test_header_offsets():
@@ -61,3 +59,38 @@ def test_piece_record():
     want = {"PIECE_BLOB_OFF": 0, "PIECE_LEN": 4, "PIECE_SCORE": 8, "PIECE_TYPE": 12}
     wrong = [(k, v, asm.get(k)) for k, v in want.items() if asm.get(k) != v]
     assert not wrong, f"(name, modelfile.py, format.asm): {wrong}"
+
+
+def test_dimension_limits_are_the_engines():
+    """modelfile.DIM_LIMITS (what Dims.check accepts) is what load_model accepts: dim_bits,
+    one entry per u32 field from vocab on, in header order (then 31 for the three floats)."""
+    bits = bytes_after("dim_bits")
+    start = [name for name, _, _ in modelfile.HEADER_FIELDS].index("vocab")
+    fields = [(name, off, code) for name, off, code in modelfile.HEADER_FIELDS[start:start + len(bits)]]
+    assert [off for _, off, _ in fields] == [constant("HDR_VOCAB") + 4 * i for i in range(len(bits))]
+    got = {name: 1 << b for (name, _, code), b in zip(fields, bits) if code == "I"}
+    assert got == modelfile.DIM_LIMITS, f"dim_bits gives {got}, modelfile.DIM_LIMITS {modelfile.DIM_LIMITS}"
+    assert [b for (_, _, code), b in zip(fields, bits) if code == "f"] == [31, 31, 31]
+
+
+def test_buffers_have_their_constants_size(gemma):
+    """vars.asm reserves the buffers with literal sizes; the constants the code uses for them
+    must match (and the code's shortcuts must hold: put_byte tests bit 8 of the length,
+    main.asm sets DEFAULT_CTX with `mov ah`)."""
+    sizes = {name: gemma.symbols[name]["size"] for name in ("out_buf", "cpu_mask")}
+    assert sizes == {"out_buf": constant("OUT_BUF_SIZE"), "cpu_mask": constant("CPU_MASK_BYTES")}
+    assert constant("OUT_BUF_SIZE") == 1 << 8
+    assert constant("DEFAULT_CTX") % 256 == 0 and constant("DEFAULT_CTX") < 1 << 16
+    assert constant("BLOCK") == 1 << constant("BLOCK_SHIFT")
+
+
+def test_geglu_table_offsets(gemma):
+    """kernels.asm's GC_* offsets name the right entries of the gelu_c table in the shipped
+    bytes: kappa, the clamp bounds +-126, p's coefficients c0 = 1 .. c6."""
+    image = load_elf(gemma.binary, gemma.symbols)
+    sym = gemma.symbols["gelu_c"]
+    table = np.frombuffer(image.read(sym["address"], sym["size"]), "<f4")
+    at = {name: float(table[constant(name) // 4]) for name in ("GC_KAPPA", "GC_MAX", "GC_ONE", "GC_MIN")}
+    assert at == {"GC_KAPPA": float(np.float32(0.044715)), "GC_MAX": 126.0, "GC_ONE": 1.0, "GC_MIN": -126.0}
+    assert constant("GC_MIN") == constant("GC_ONE") + 7 * 4 == sym["size"] - 4  # c0 .. c6, then min
+    assert abs(table[0] - -2 * math.sqrt(2 / math.pi) / math.log(2)) < 1e-6    # -2 sqrt(2/pi) log2(e)

@@ -41,6 +41,7 @@ from capstone import CS_ARCH_X86, CS_MODE_64, Cs
 
 from builder.models.modelfile import Dims, read_header, write_model
 from builder.models.synth import synth_source, synth_vocab
+from emu_tests.asm_facts import constant
 from emu_tests.harness import I64, In, Out, load_elf
 from emu_tests.harness.native import NativeRunner
 from modelfiles import convert_fixture
@@ -49,7 +50,7 @@ F32 = np.float32
 BASE, FAST, WIDE = "matmul_f16", "matmul_f16_avx2", "matmul_f16_avx512"
 # 50 tokens on the fixtures, 87 on ODD: several blocks of 16 (forward.asm BLOCK) and a rest
 PROMPT = "Hello world, the quick brown fox jumps over the lazy dog; then it runs home and sleeps."
-BLOCK = 16
+BLOCK = constant("BLOCK")
 STEPS = 8
 # fast path vs baseline logits (both fixtures, 50 prompt rows + 8 steps): measured <= 6.4e-6 on
 # logits up to 5.5; 8x margin, still 200x below what a lost column or token moves (> 1e-2)

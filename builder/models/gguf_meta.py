@@ -22,6 +22,8 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
+from linker.layout import align_up
+
 SCALARS = {GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
            GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
            GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
@@ -113,7 +115,7 @@ def read_gguf_meta(path: Path) -> GGUFMeta:
         align = kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
         if not isinstance(align, int) or align <= 0 or align & (align - 1):
             raise GGUFError(f"invalid general.alignment {align!r}")
-        data = -(-f.tell() // align) * align
+        data = align_up(f.tell(), align)
     tensors = {}
     for name, dims, type_id, offset in infos:
         try:

@@ -30,6 +30,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from linker.layout import align_up
+
 MAGIC = b"GEMMAASM"
 VERSION = 2
 HEADER_SIZE = 256
@@ -241,10 +243,6 @@ OPTIONAL = {"q_norm": QK_NORM, "k_norm": QK_NORM, "post_attn_norm": POST_NORMS,
             "post_ffn_norm": POST_NORMS}
 
 
-def _align(n: int, a: int) -> int:
-    return -(-n // a) * a
-
-
 def tensor_shapes(d: Dims) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, dtype) of every tensor, in file order; names: embed, layers.L.X, final_norm."""
     q, kv, hd = d.heads * d.head_dim, d.kv_heads * d.head_dim, d.head_dim
@@ -273,13 +271,13 @@ def tensor_layout(header: Header | Dims) -> list[TensorSpec]:
     for name, shape, dtype in tensor_shapes(dims):
         spec = TensorSpec(name, off, shape, dtype)
         specs.append(spec)
-        off = _align(off + spec.nbytes, TENSOR_ALIGN)
+        off = align_up(off + spec.nbytes, TENSOR_ALIGN)
     return specs
 
 
 def weights_size(dims: Dims) -> int:
     last = tensor_layout(dims)[-1]
-    return _align(last.offset + last.nbytes, TENSOR_ALIGN)
+    return align_up(last.offset + last.nbytes, TENSOR_ALIGN)
 
 
 @dataclass
@@ -339,7 +337,7 @@ def make_header(dims: Dims, vocab: Vocab) -> tuple[Header, Tables]:
     index_off = pieces_off + len(t.pieces)
     user_off = index_off + len(t.index)
     blob_off = user_off + len(t.user)
-    weights_off = _align(blob_off + len(t.blob), WEIGHTS_ALIGN)
+    weights_off = align_up(blob_off + len(t.blob), WEIGHTS_ALIGN)
     wsize = weights_size(dims)
     f32 = lambda v: float(np.float32(v))  # noqa: E731
     header = Header(
@@ -455,7 +453,7 @@ class ModelFile:
         self.dims.check()
         expected = [("pieces_off", HEADER_SIZE), ("index_off", h.pieces_off + PIECE_REC * h.vocab),
                     ("user_off", h.index_off + 4 * h.n_index), ("blob_off", h.user_off + 4 * h.n_user),
-                    ("weights_off", _align(h.blob_off + h.blob_size, WEIGHTS_ALIGN)),
+                    ("weights_off", align_up(h.blob_off + h.blob_size, WEIGHTS_ALIGN)),
                     ("weights_size", weights_size(self.dims)),
                     ("file_size", h.weights_off + h.weights_size)]
         for name, want in expected:

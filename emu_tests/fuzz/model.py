@@ -16,12 +16,9 @@ from pathlib import Path
 from builder.models.modelfile import (FLAGS, FLT_MAX, HEADER_FIELDS, HEADER_SIZE, MAGIC, PIECE, PIECE_REC,
                                POST_NORMS, QK_NORM, TENSOR_ALIGN, VERSION, WEIGHTS_ALIGN, Header,
                                tensor_layout)
+from linker.layout import align_up
 
 PIECE_FIELDS = [("blob_off", 0), ("len", 4), ("score", 8), ("type", 12)]    # u32 / f32 each
-
-
-def _up(n: int, a: int) -> int:
-    return -(-n // a) * a
 
 
 def weights_size(h: dict) -> int:
@@ -34,8 +31,8 @@ def weights_size(h: dict) -> int:
     sizes = [4, 4 * (hd // 2), 4 * d, 2 * q * d, 2 * kv * d, 2 * kv * d, 2 * d * q, 4 * d,
              2 * f * d, 2 * f * d, 2 * d * f]
     sizes += [4 * hd] * 2 * bool(flags & QK_NORM) + [4 * d] * 2 * bool(flags & POST_NORMS)
-    layer = sum(_up(n, TENSOR_ALIGN) for n in sizes)
-    return _up(2 * h["vocab"] * d, TENSOR_ALIGN) + h["layers"] * layer + _up(4 * d, TENSOR_ALIGN)
+    layer = sum(align_up(n, TENSOR_ALIGN) for n in sizes)
+    return align_up(2 * h["vocab"] * d, TENSOR_ALIGN) + h["layers"] * layer + align_up(4 * d, TENSOR_ALIGN)
 
 
 def parse_header(data: bytes) -> dict:

@@ -24,10 +24,10 @@ import faulthandler
 import os
 import signal
 import struct
-from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
+
+from builder.bench.machine import cpu_flags
 
 from . import code
 from .call import INT_REGS, JUNK_XMM, N_STACK_ARGS, CallResult, plan, place
@@ -113,14 +113,6 @@ def _mmap(size: int, flags: int) -> int:
 def _mprotect(addr: int, size: int, prot: int) -> None:
     if _libc.mprotect(addr, size, prot):
         raise OSError(ctypes.get_errno(), "mprotect failed")
-
-
-@lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
 
 
 class NativeRunner:

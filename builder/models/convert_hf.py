@@ -33,12 +33,11 @@ import json
 import math
 import struct
 from pathlib import Path
-from typing import Iterator
 
 from builder.models.checkpoint import (FLAGS, PLAIN, SLIDING_PERIOD, Checkpoint, ConvertError, SourceTensor,
                                 check_attn, check_dims, field, is_kind, sliding_by_period, stored_tensors,
                                 tensor_name)
-from builder.models.modelfile import NORMAL, Dims, LayerAttn, Vocab
+from builder.models.modelfile import Dims, LayerAttn, Vocab
 
 # model_type -> (generation, the architectures entry it must have)
 MODEL_TYPES = {"gemma": ("gemma", "GemmaForCausalLM"), "gemma2": ("gemma2", "Gemma2ForCausalLM"),
@@ -73,42 +72,18 @@ def hf_name(engine_name: str, generation: str = "gemma", prefix: str = "model.")
     return prefix + tensor_name(engine_name, NAMES if generation == "gemma" else NAMES_2)
 
 
-def _protobuf_fields(buf: bytes) -> Iterator[tuple[int, bytes | int]]:
-    """(field number, value) of a serialized protobuf message (wire types 0, 1, 2, 5)."""
-    def varint(i: int) -> tuple[int, int]:
-        value = shift = 0
-        while True:
-            b = buf[i]
-            value, shift, i = value | (b & 0x7F) << shift, shift + 7, i + 1
-            if b < 0x80:
-                return value, i
-    i = 0
-    while i < len(buf):
-        key, i = varint(i)
-        wire = key & 7
-        if wire == 0:
-            value, i = varint(i)
-        elif wire == 2:
-            n, i = varint(i)
-            value, i = buf[i:i + n], i + n
-        elif wire in (1, 5):
-            n = 8 if wire == 1 else 4
-            value, i = buf[i:i + n], i + n
-        else:
-            raise ValueError(f"protobuf wire type {wire}")
-        yield key >> 3, value
-
-
 def sentencepiece_vocab(path: Path) -> Vocab:
     """The vocabulary of a tokenizer.model: pieces and scores through sentencepiece; the piece
-    types (sentencepiece's Python API cannot tell USER_DEFINED from NORMAL) from the
-    ModelProto (field 1 = pieces, in each piece field 3 = type, default NORMAL)."""
+    types (sentencepiece's Python API cannot tell USER_DEFINED from NORMAL) from its ModelProto,
+    read with sentencepiece's own sentencepiece_model_pb2 (types numbered as modelfile's)."""
     import sentencepiece as spm
+    from google.protobuf.message import DecodeError
+    from sentencepiece import sentencepiece_model_pb2
     try:
         sp = spm.SentencePieceProcessor(model_file=str(path))
-        types = [next((v for f, v in _protobuf_fields(p) if f == 3), NORMAL)
-                 for f, p in _protobuf_fields(sp.serialized_model_proto()) if f == 1]
-    except (RuntimeError, OSError, ValueError, IndexError) as e:
+        proto = sentencepiece_model_pb2.ModelProto.FromString(sp.serialized_model_proto())
+        types = [piece.type for piece in proto.pieces]
+    except (RuntimeError, OSError, ValueError, DecodeError) as e:
         raise ConvertError(f"{path}: not a sentencepiece model ({str(e).splitlines()[0] if str(e) else e})") from None
     n = sp.vocab_size()
     if len(types) != n or sp.bos_id() < 0 or sp.eos_id() < 0:
@@ -118,7 +93,10 @@ def sentencepiece_vocab(path: Path) -> Vocab:
 
 
 def safetensors_index(path: Path) -> dict[str, SourceTensor]:
-    """The tensors of one .safetensors file (8-byte header length, JSON header, data)."""
+    """The tensors of one .safetensors file (8-byte header length, JSON header, data), each
+    with its file offset, for read_rows' chunked plain reads. Read here, not with the
+    safetensors package: its safe_open exposes no offsets, and its numpy side cannot hand out
+    BF16 tensors, Gemma's (numpy has no bfloat16). The tests hold this index to safe_open's."""
     with open(path, "rb") as f:
         head = f.read(8)
         try:

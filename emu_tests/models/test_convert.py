@@ -13,10 +13,10 @@ import pytest
 
 from builder.models import checkpoint
 from builder.models import convert as conv
-from builder.models import convert_gguf
+from builder.models import convert_gguf, convert_hf
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
-from builder.models.modelfile import (CONTROL, HEADER_FIELDS, NORMAL, USER_DEFINED, LayerAttn, ModelFile,
-                               ModelFormatError, rope_freqs)
+from builder.models.modelfile import (BYTE, CONTROL, HEADER_FIELDS, NORMAL, UNKNOWN, UNUSED, USER_DEFINED,
+                                      LayerAttn, ModelFile, ModelFormatError, rope_freqs)
 from modelfiles import TWINS, convert_fixture, fixture_path
 from variants import (K_SCALES, bf16_to_f32, gguf_variant, hf_variant, kv_set, quantized,
                       read_safetensors, write_safetensors)
@@ -257,6 +257,27 @@ def test_gguf_meta_matches_gguf_reader(name):
         m = meta.tensors[t.name]
         assert (m.type, m.shape, m.offset, m.nbytes) == \
             (t.tensor_type.name, tuple(reversed(t.shape.tolist())), t.data_offset, t.n_bytes), t.name
+
+
+@pytest.mark.parametrize("name", TWINS)
+def test_safetensors_index_matches_safe_open(name):
+    """The hand-read index (convert_hf.safetensors_index) lists what safetensors' safe_open
+    lists: every name, dtype and shape."""
+    from safetensors import safe_open
+    path = fixture_path(name) / "model.safetensors"
+    index = convert_hf.safetensors_index(path)
+    with safe_open(path, framework="numpy") as f:
+        want = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+    assert {k: (t.dtype, t.shape) for k, t in index.items()} == want
+
+
+def test_piece_types_are_sentencepieces():
+    """modelfile's piece types are sentencepiece's ModelProto ones (sentencepiece_vocab copies
+    them across unchanged)."""
+    from sentencepiece import sentencepiece_model_pb2
+    types = dict(sentencepiece_model_pb2.ModelProto.SentencePiece.Type.items())
+    assert types == {"NORMAL": NORMAL, "UNKNOWN": UNKNOWN, "CONTROL": CONTROL,
+                     "USER_DEFINED": USER_DEFINED, "UNUSED": UNUSED, "BYTE": BYTE}
 
 
 def test_gguf_meta_rejects_truncation(tmp_path):

@@ -1,5 +1,5 @@
-; format.asm: the model file's layout, mirrored from builder/modelfile.py (HEADER_FIELDS);
-; emu_tests/test_format_mirror.py checks every constant here against it.
+; format.asm: the model file's layout, mirrored from builder/models/modelfile.py
+; (HEADER_FIELDS); emu_tests/models/test_format_mirror.py checks every constant here against it.
 
 MODEL_MAGIC     = 0x4D5341414D4D4547        ; "GEMMAASM" read as a little-endian qword
 MODEL_VERSION   = 2

@@ -1,5 +1,6 @@
 ; forward.asm: the Gemma graph (docs/gemma.md): model_setup lays out the weights and
-; buffers once, forward runs one token through the layers. Arithmetic lives in kernels.asm.
+; buffers once, forward runs a block of 1 .. BLOCK tokens through the layers. Arithmetic
+; lives in kernels.asm.
 ; Registers inside forward: rbx = model header, rbp = fwd_vars (variables as [rbp+FV_*]),
 ; r12 = the next weight tensor (tensors are read in file order), r13 = the byte offset of
 ; pos's row in a K or V block (for the q, k, v products), then where the q/k norm weights

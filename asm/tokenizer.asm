@@ -1,5 +1,5 @@
 ; tokenizer.asm: the prompt's token ids (docs/gemma.md "The tokenizer", the twin of
-; builder/tokenizer.py step for step). A symbol is a run of the normalised text, a record of
+; builder/twins/tokenizer.py step for step). A symbol is a run of the normalised text, a record of
 ; SYM bytes. Symbols are contiguous: symbol j ends where j+1 starts; a sentinel record holds
 ; the text's end. Each record caches its pair with the next symbol, so that a merge pass is
 ; a scan and only the two pairs around a merge are looked up again.

@@ -18,7 +18,7 @@ class Reg:
     """A register: `name` as fasm spells it, `kind` (gpr, xmm, ymm, zmm, st, mm, k), `size` in
     bytes, `rex` (encoding it needs a REX/VEX extension), `high` (ah bh ch dh), `evex` (only
     AVX-512 can encode it: zmm, k, xmm16-31, ymm16-31; known here so that capstone's names
-    can be read, refused in sources)."""
+    can be read; in sources only zmm0-zmm31 are accepted, and those without displacements)."""
     name: str
     kind: str
     size: int

@@ -156,7 +156,7 @@ def test_fast_kernel_near_baseline(cpu):
 def test_avx512_kernel_gives_the_avx2_bits(cpu, d, n):
     """matmul_f16_avx512 does matmul_f16_avx2's arithmetic lane for lane (a zmm accumulator is
     the two chains side by side, the sums go through the same .finish), so every result has the
-    same bits: k = 4 (its two-row loop), k < 4 (handed to matmul_f16_avx2), an odd last row
+    same bits: k = 4 (its four-row loop), k < 4 (handed to matmul_f16_avx2), an odd last row
     (handed over too), with and without accumulate; call_fast checks ostride's gaps."""
     w, x, old = kernel_case(d, n, 4, d * 31 + n)
     for k in (1, 2, 3, 4):
@@ -314,7 +314,7 @@ def test_qemu_cpu_models_choose_and_agree(gemma, models, tmp_path, name, cpu_mod
 
 def test_avx512_loop_runs_natively_unless_baseline(gemma, models):
     """On a CPU with AVX-512F (this project's machines) a prompt block runs matmul_f16_avx512's
-    two-row zmm loop: under gdb, a breakpoint on its first EVEX instruction is hit; with
+    four-row zmm loop: under gdb, a breakpoint on its first EVEX instruction is hit; with
     --baseline it never is. (Its bits are the AVX2 path's: test_qemu_cpu_models_choose_and_agree
     holds qemu's Haswell runs, AVX2 only, to native runs.)"""
     from emu_tests.harness.native import cpu_flags

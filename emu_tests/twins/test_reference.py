@@ -119,6 +119,7 @@ def real(real_g3):
         return ref, oracle, dict(z)
 
 
+@pytest.mark.slow  # the real model through the numpy twin: ~90 s for the four prompts
 @pytest.mark.parametrize("i", REAL_PROMPTS)
 def test_real_g3_matches_oracle(real, i):
     ref, oracle, z = real

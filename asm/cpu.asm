@@ -17,6 +17,7 @@ CPUID7_AVX512F = 16                                     ; leaf 7 ebx
 cpu_setup:
         push    rbx
         lea     rsi, [matmul_f16]
+        lea     r8, [matmul_q8]
         push    1
         pop     rdi
         cmp     byte [opt_tokens+1], 0  ; --baseline (main.asm)
@@ -40,6 +41,7 @@ cpu_setup:
         test    al, XCR0_SSE_AVX
         jnz     .chosen
         lea     rsi, [matmul_f16_avx2]
+        lea     r8, [matmul_q8_avx2]
         mov     dil, FAST_TOKENS
         test    al, XCR0_AVX512         ; (eax is XCR0 inverted)
         jnz     .chosen
@@ -52,6 +54,7 @@ cpu_setup:
         lea     rsi, [matmul_f16_avx512]
 .chosen:
         mov     [job_kernel], rsi
+        mov     [job_kernel_q8], r8
         mov     [job_tokens], edi
         pop     rbx
         ret

@@ -26,9 +26,15 @@ FAST_TOKENS = 4                         ; tokens per call at most (cpu.asm: job_
 TOKEN_CODE = 13         ; bytes of each of .t3, .t2, .t1 (one token; k = 2..4 tests catch a change)
 PREFETCH_AHEAD = 8192
 
+matmul_q8_avx2:
+        lea     rax, [matmul_f16_avx2.q8]
+        jmp     matmul_f16_avx2.go
 matmul_f16_avx2:
+        lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
+.go:
         push    r9                      ; [rsp]: accumulate; k at [rsp+16], ostride [rsp+24]
         imul    r10d, ecx, 4            ; s: bytes of an x_t
+        xchg    rax, rcx                ; rcx: the loader (kept to the end)
         lea     r11, [r10+r10*2]        ; 3s
         imul    eax, [rsp+16], TOKEN_CODE
         lea     r9, [.t0+TOKEN_CODE]
@@ -36,7 +42,7 @@ matmul_f16_avx2:
 .row:
         vzeroall                        ; ymm0-3: tokens 0-3, even groups; ymm4-7: odd
         mov     eax, r10d               ; bytes of x_t to go
-        jmp     .top
+        jmp     rcx
 .t3:
         vfmadd231ps ymm3, ymm8, [rsi+r11]
         vfmadd231ps ymm7, ymm9, [rsi+r11+32]
@@ -50,13 +56,31 @@ matmul_f16_avx2:
         vfmadd231ps ymm0, ymm8, [rsi]
         vfmadd231ps ymm4, ymm9, [rsi+32]
         add     rsi, 64
-.top:
+        prefetcht0 [rdx+PREFETCH_AHEAD]
+        jmp     rcx
+.f16:                                   ; ymm8, ymm9: the next 16 FP16 weights
         sub     eax, 64
         jb      .sum
-        prefetcht0 [rdx+PREFETCH_AHEAD]
         vcvtph2ps ymm8, [rdx]           ; exact
         vcvtph2ps ymm9, [rdx+16]
         add     rdx, 32
+        jmp     r9
+.q8:                                    ; the same from Q8_0 blocks (n a multiple of 32)
+        sub     eax, 64
+        jb      .sum
+        test    al, 64                  ; a block's first 16 (eax = s - 64 mod 128): its d
+        jz      .half
+        vpbroadcastw xmm10, [rdx]
+        vcvtph2ps ymm10, xmm10          ; d in every lane, exact
+        add     rdx, 2
+.half:
+        vpmovsxbd ymm8, [rdx]
+        vpmovsxbd ymm9, [rdx+8]
+        add     rdx, 16
+        vcvtdq2ps ymm8, ymm8
+        vcvtdq2ps ymm9, ymm9
+        vmulps  ymm8, ymm8, ymm10       ; d q: exact (11 by 8 significant bits)
+        vmulps  ymm9, ymm9, ymm10
         jmp     r9
 .sum:
         sub     rsi, r10                ; x again

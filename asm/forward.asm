@@ -60,18 +60,21 @@ model_setup:
         lea     rsi, [rsi+rax*2]        ; post_attn_norm, post_ffn_norm
 .matrices:
         mov     rdi, rax                ; final norm
-        mov     eax, [rbp+FV_Q_DIM]
-        call    tensor_bytes            ; wq wo
         mov     eax, [rbp+FV_KV_DIM]
-        call    tensor_bytes            ; wk wv
+        call    matrix_bytes            ; wk
+        add     rsi, rax                ; wv
+        mov     eax, [rbp+FV_Q_DIM]
+        call    matrix_pair             ; wq, wo
         mov     eax, [rbx+HDR_FFN]
-        call    tensor_bytes            ; gate up
-        add     rsi, rax                ; down
+        call    matrix_pair             ; up, down
+        call    matrix_bytes            ; gate
         mov     eax, [rbx+HDR_LAYERS]
         imul    rsi, rax
         add     rdi, rsi
         mov     eax, [rbx+HDR_VOCAB]
-        call    tensor_bytes            ; embed
+        push    rsi
+        call    matrix_bytes            ; embed
+        pop     rsi
         add     rdi, rax
         cmp     rdi, [rbx+HDR_WEIGHTS_SIZE]
         jne     err_header
@@ -131,12 +134,21 @@ forward:
         xor     r9d, r9d
         mov     r15, [rbp+FV_X]         ; x_t
         mov     r14d, edx               ; tokens left
+        mov     ecx, [rbx+HDR_DIM]
+        push    rsi
+        call    matrix_bytes            ; r10: an embedding row's bytes
+        pop     rsi
+        mov     r13, r10
+        lea     r12, [matmul_f16]       ; x_t = embed[token t] (d,1) @ [embed_scale]: exact
+        cmp     r11, [job_kernel]
+        je      .embed
+        lea     r12, [dequant_q8]       ; the same from Q8_0 blocks
 .embed:
         mov     r8d, [rbx+HDR_DIM]
         lodsd                           ; token t
-        imul    rax, r8
+        imul    rax, r13
         mov     rdx, [rbp+FV_EMBED]
-        lea     rdx, [rdx+rax*2]
+        add     rdx, rax
         mov     rdi, r15
         lea     r15, [r15+r8*4]
         push    1
@@ -144,8 +156,8 @@ forward:
         push    rsi                     ; ids (twice: rsp stays 16-aligned)
         push    rsi
         lea     rsi, [rbx+HDR_EMBED_SCALE]
-        call    matmul_f16              ; x_t = embed[token t] (d,1) @ [embed_scale]: exact
-        pop     rsi                     ; (matmul_f16 keeps r9)
+        call    r12                     ; (keeps r9)
+        pop     rsi
         pop     rsi
         dec     r14d
         jnz     .embed
@@ -318,7 +330,7 @@ fwd_matmul:
 .w:
         mov     eax, r8d
         push    rsi                     ; (aligns rsp for the call)
-        call    tensor_bytes            ; W's room
+        call    matrix_bytes            ; W's room, row bytes, kernel
         pop     rsi
         mov     rdx, r12
         add     r12, rax
@@ -460,6 +472,43 @@ fwd_frame:
         lea     rbp, [fwd_vars]
         mov     rbx, [model_base]
         jmp     r11
+
+; matrix_pair: matrix_bytes of (rows, cols), then of (cols, rows), both added to rsi.
+;   in: eax rows, ecx cols, rbx header, rsi   out: rsi (eax, ecx kept)   clobbers: r10 r11
+matrix_pair:
+        push    rax
+        push    rcx
+        call    matrix_bytes
+        pop     rax                     ; cols
+        pop     rcx                     ; rows
+        push    rcx
+        push    rax
+        call    matrix_bytes            ; the transposed
+        pop     rcx
+        pop     rax
+        ret
+
+; matrix_bytes: the room a (rows, cols) matrix takes in the weights, padding included (FP16,
+; or Q8_0 blocks when the header has FLAG_Q8_0 and cols is a multiple of QK8_0), added to
+; rsi; its bytes per row and its kernel (cpu.asm's choice for that type).
+;   in: eax rows, ecx cols (upper halves zero), rbx header, rsi
+;   out: rax the room, rsi + rax, r10 bytes per row, r11 the kernel   clobbers: nothing else
+matrix_bytes:
+        lea     r10d, [rcx+rcx]         ; FP16: 2 bytes a weight
+        mov     r11, [job_kernel]
+        test    byte [rbx+HDR_FLAGS], FLAG_Q8_0
+        jz      .room
+        test    cl, QK8_0-1
+        jnz     .room
+        imul    r10d, ecx, 17           ; Q8_0: 34 bytes per 32 weights
+        shr     r10d, 4
+        mov     r11, [job_kernel_q8]
+.room:
+        imul    rax, r10
+        add     rax, TENSOR_ALIGN-1
+        and     al, -TENSOR_ALIGN       ; (the upper bytes: unchanged, as by and rax)
+        add     rsi, rax
+        ret
 
 ; tensor_bytes: the room a (rows, cols) f16 tensor takes in the weights, padding included,
 ; added twice to rsi (a pair of such tensors).

@@ -62,6 +62,9 @@ V_OUT_BUF       = out_buf - front_base
 job_vars:
 job_share:      rq 1            ; each thread's share: mm_share or att_share (forward.asm)
 job_kernel:     rq 1            ; matmul_f16, matmul_f16_avx2 or matmul_f16_avx512 (cpu.asm)
+job_kernel_q8:  rq 1            ; matmul_q8 or matmul_q8_avx2 (cpu.asm): Q8_0 matrices
+job_call:       rq 1            ; the current product's kernel: one of the two (par_matmul)
+job_rowb:       rq 1            ; the current product's bytes per row of W
 job_out:        rq 1            ; xout
 job_x:          rq 1            ; x
 job_w:          rq 1            ; W
@@ -77,6 +80,8 @@ job_tokens:     rd 1            ; tokens per kernel call at most: 1 or 4 (cpu.as
 cpu_mask:       rb 128          ; sched_getaffinity's mask (CPU_MASK_BYTES)
 
 J_KERNEL        = job_kernel - job_vars
+J_CALL          = job_call - job_vars
+J_ROWB          = job_rowb - job_vars
 J_OUT           = job_out - job_vars
 J_X             = job_x - job_vars
 J_W             = job_w - job_vars

@@ -17,6 +17,9 @@
 ; ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then + xout. So every prompt block and
 ; thread count gives the same bits; they differ from the baseline's (each product rounded
 ; before its add) by a few ulp of the sum.
+; matmul_q8_avx2: the same with W in Q8_0 blocks (kernels.asm: matmul_q8), n a multiple of
+; 32: each 16 weights d q (exact in float32) go through the very same fused multiply-adds, so
+; its results are matmul_f16_avx2's on those weights, bit for bit.
 ; The weights are prefetched 8 KB ahead (4 and 16 KB measured no better); without it decode
 ; runs ~25% slower, with the model in 4 KB or in 2 MB pages.
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
@@ -42,7 +45,7 @@ matmul_f16_avx2:
 .row:
         vzeroall                        ; ymm0-3: tokens 0-3, even groups; ymm4-7: odd
         mov     eax, r10d               ; bytes of x_t to go
-        jmp     rcx
+        jmp     .top
 .t3:
         vfmadd231ps ymm3, ymm8, [rsi+r11]
         vfmadd231ps ymm7, ymm9, [rsi+r11+32]
@@ -57,17 +60,16 @@ matmul_f16_avx2:
         vfmadd231ps ymm4, ymm9, [rsi+32]
         add     rsi, 64
         prefetcht0 [rdx+PREFETCH_AHEAD]
-        jmp     rcx
-.f16:                                   ; ymm8, ymm9: the next 16 FP16 weights
+.top:
         sub     eax, 64
         jb      .sum
+        jmp     rcx
+.f16:                                   ; ymm8, ymm9: the next 16 FP16 weights
         vcvtph2ps ymm8, [rdx]           ; exact
         vcvtph2ps ymm9, [rdx+16]
         add     rdx, 32
         jmp     r9
 .q8:                                    ; the same from Q8_0 blocks (n a multiple of 32)
-        sub     eax, 64
-        jb      .sum
         test    al, 64                  ; a block's first 16 (eax = s - 64 mod 128): its d
         jz      .half
         vpbroadcastw xmm10, [rdx]

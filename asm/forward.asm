@@ -136,13 +136,10 @@ forward:
         mov     r14d, edx               ; tokens left
         mov     ecx, [rbx+HDR_DIM]
         push    rsi
-        call    matrix_bytes            ; r10: an embedding row's bytes
+        call    matrix_bytes            ; r10: an embedding row's bytes, rdx: its lookup
         pop     rsi
         mov     r13, r10
-        lea     r12, [matmul_f16]       ; x_t = embed[token t] (d,1) @ [embed_scale]: exact
-        cmp     r11, [job_kernel]
-        je      .embed
-        lea     r12, [dequant_q8]       ; the same from Q8_0 blocks
+        mov     r12, rdx
 .embed:
         mov     r8d, [rbx+HDR_DIM]
         lodsd                           ; token t
@@ -156,7 +153,7 @@ forward:
         push    rsi                     ; ids (twice: rsp stays 16-aligned)
         push    rsi
         lea     rsi, [rbx+HDR_EMBED_SCALE]
-        call    r12                     ; (keeps r9)
+        call    r12                     ; x_t = embed[token t] embed_scale (keeps r9)
         pop     rsi
         pop     rsi
         dec     r14d
@@ -474,7 +471,7 @@ fwd_frame:
         jmp     r11
 
 ; matrix_pair: matrix_bytes of (rows, cols), then of (cols, rows), both added to rsi.
-;   in: eax rows, ecx cols, rbx header, rsi   out: rsi (eax, ecx kept)   clobbers: r10 r11
+;   in: eax rows, ecx cols, rbx header, rsi   out: rsi (eax, ecx kept)   clobbers: rdx r10 r11
 matrix_pair:
         push    rax
         push    rcx
@@ -490,12 +487,16 @@ matrix_pair:
 
 ; matrix_bytes: the room a (rows, cols) matrix takes in the weights, padding included (FP16,
 ; or Q8_0 blocks when the header has FLAG_Q8_0 and cols is a multiple of QK8_0), added to
-; rsi; its bytes per row and its kernel (cpu.asm's choice for that type).
+; rsi; its bytes per row, its kernel (cpu.asm's choice for that type) and the routine that
+; looks up a row of it (the embedding: matmul_f16 of the row as a (cols,1) column by [s], or
+; dequant_q8).
 ;   in: eax rows, ecx cols (upper halves zero), rbx header, rsi
-;   out: rax the room, rsi + rax, r10 bytes per row, r11 the kernel   clobbers: nothing else
+;   out: rax the room, rsi + rax, r10 bytes per row, r11 the kernel, rdx the lookup
+;   clobbers: nothing else
 matrix_bytes:
         lea     r10d, [rcx+rcx]         ; FP16: 2 bytes a weight
         mov     r11, [job_kernel]
+        lea     rdx, [matmul_f16]
         test    byte [rbx+HDR_FLAGS], FLAG_Q8_0
         jz      .room
         test    cl, QK8_0-1
@@ -503,6 +504,7 @@ matrix_bytes:
         imul    r10d, ecx, 17           ; Q8_0: 34 bytes per 32 weights
         shr     r10d, 4
         mov     r11, [job_kernel_q8]
+        lea     rdx, [dequant_q8]
 .room:
         imul    rax, r10
         add     rax, TENSOR_ALIGN-1

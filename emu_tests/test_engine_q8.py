@@ -23,13 +23,13 @@ from builder.synth import PRESETS, synth_source, synth_vocab
 from builder.tokenizer import Tokenizer
 from emu_tests.test_engine_logits import (SHAPE_STEPS, SHAPE_TEXT, TWIN_TOL, check_rows,
                                           run_engine)
-from emu_tests.test_speed_paths import same_bits
+from emu_tests.test_speed_paths import executed, run, same_bits, same_run
 
 Q8_SHAPES = {
     "tiny": PRESETS["tiny"].dims,
     "tiny-g2": PRESETS["tiny-g2"].dims,
     "tiny-g3": PRESETS["tiny-g3"].dims,
-    "mixed": Dims(vocab=700, dim=96, ffn=144, layers=2, heads=3, kv_heads=1, head_dim=32, max_ctx=64),
+    "mixed": Dims(vocab=700, dim=96, ffn=144, layers=2, heads=3, kv_heads=1, head_dim=32, max_ctx=256),
 }
 ATTN = {name: PRESETS[name].attn for name in ("tiny", "tiny-g2", "tiny-g3")}
 PATHS = {"fast": (), "baseline": ("--baseline",), "t3": ("-t", "3")}
@@ -73,3 +73,24 @@ def test_q8_bits_do_not_depend_on_threads(gemma, q8_models, tmp_path, base):
     for t in (2, 3):
         same_bits(f"q8_0 {base} -t {t} vs -t 1", runs[t], runs[1])
     assert np.isfinite(runs[1]).all()
+
+
+@pytest.mark.parametrize("cpu_model,flags,kernel", [
+    ("Nehalem", [], "matmul_q8"), ("Nehalem", ["-t", "3"], "matmul_q8"),
+    ("Haswell", [], "matmul_q8_avx2"), ("Haswell", ["--baseline"], "matmul_q8"),
+])
+def test_q8_under_qemu(gemma, q8_models, tmp_path, cpu_model, flags, kernel):
+    """The mixed file (Q8_0 and FP16 matrices) under qemu-user: the Q8_0 kernel the CPU model
+    calls for runs (never the AVX2 one on Nehalem or with --baseline) and gives the native
+    bits of that kernel."""
+    model = q8_models["mixed"].path
+    native = ["--baseline", "-t", "1"] if kernel == "matmul_q8" else ["-t", "1"]
+    want = run([], gemma.binary, model, native, tmp_path / "want.f32")
+    log = tmp_path / "in_asm.log"
+    got = run(["qemu-x86_64", "-cpu", cpu_model, "-d", "in_asm", "-D", str(log)], gemma.binary,
+              model, flags, tmp_path / "got.f32")
+    what = f"mixed q8_0: qemu -cpu {cpu_model} {' '.join(flags) or '(default)'}"
+    assert executed(log, gemma.symbols, kernel), f"{what}: {kernel} never ran"
+    assert kernel == "matmul_q8_avx2" or not executed(log, gemma.symbols, "matmul_q8_avx2"), \
+        f"{what}: matmul_q8_avx2 ran"
+    same_run(f"{what} vs native {' '.join(native)}", got, want, q8_models["mixed"].dims.vocab)

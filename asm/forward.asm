@@ -14,16 +14,13 @@ BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feed
 ; model_setup: derived dimensions, the weights size check, weight and buffer pointers.
 ; Relies on the header validation in model.asm (dims >= 1, <= 2^16; vocab <= 2^24; layers,
 ; heads <= 2^10; heads % kv_heads == 0; ctx_len <= max_ctx), so no product below overflows.
-;   in: model_base, ctx_len, n_threads   out: fwd_vars set, the kernel chosen (cpu_setup), the
-;   workers started (threads_start); fatal "bad header" if weights_size is not the layout's
-;   size, "out of memory", "cannot start threads"
-;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0 (preserves the rest)
+;   in: rbx model header (model_base), ctx_len, n_threads   out: fwd_vars set, the kernel
+;   chosen (cpu_setup), the workers started (threads_start); fatal "bad header" if
+;   weights_size is not the layout's size, "out of memory", "cannot start threads"
+;   clobbers: rax rcx rdx rsi rdi r8-r12 xmm0 (preserves the rest)
 model_setup:
-        push    rbx
-        push    rbp
-        push    rax                     ; aligns rsp for the calls
+        push    rbp                     ; (also aligns rsp for the calls)
         lea     rbp, [fwd_vars]
-        mov     rbx, [model_base]
         mov     eax, [rbx+HDR_HEAD_DIM]
         mov     ecx, eax
         imul    eax, [rbx+HDR_HEADS]
@@ -97,20 +94,18 @@ model_setup:
         imul    rdx, rcx
         imul    rdi, rax, 7
         lea     rdi, [rdi+rdx*2]
-        mov     rbx, rax                ; S (the header is done with)
+        mov     r12, rax                ; S
         call    alloc
-        mov     rdi, rbp
+        lea     rdi, [rbp+FV_X]         ; (fwd_vars is 16 bytes into the record: vars.asm)
         push    8
         pop     rcx
 .pointer:
         stosq                           ; FV_X, FV_XB, ..., FV_LOGITS, FV_KV
-        add     rax, rbx
+        add     rax, r12
         loop    .pointer
-        call    cpu_setup               ; the kernel (cpu.asm)
-        call    threads_start           ; the workers (threads.asm)
-        pop     rax
+        call    cpu_setup               ; the kernel (cpu.asm; keeps rbx)
+        call    threads_start           ; the workers (threads.asm; keeps rbx)
         pop     rbp
-        pop     rbx
         ret
 
 ; forward: a block of B tokens at positions pos .. pos+B-1 through the model, layer by layer:
@@ -189,7 +184,7 @@ forward:
         cmp     ecx, [rbp+FV_B]
         jb      .token
         mov     [rbp+FV_KLAYER], r14
-        lea     rax, [att_share]
+        mov     eax, att_share          ; (addresses are below 2^32)
         call    par_run                 ; xb_h = attention of every token and head (threads)
         mov     rsi, [rbp+FV_XB]
         mov     ecx, [rbp+FV_Q_DIM]

@@ -181,8 +181,7 @@ setup:
         push    0x41                    ; O_WRONLY | O_CREAT: nothing truncated yet
         pop     rsi
         mov     edx, 420                ; 0644
-        call    sys_open
-        test    eax, eax
+        call    sys_open                ; (flags: test rax, rax)
         jns     logits_open
 err_cannot_write:                       ; [rsp] = the path
         pop     rbx
@@ -201,8 +200,7 @@ logits_open:                            ; (setup, continued)
         pop     rdi
         push    rdi
         mov     esi, 0x201              ; O_WRONLY | O_TRUNC, the same file again
-        call    sys_open
-        test    eax, eax
+        call    sys_open                ; (flags: test rax, rax)
         js      err_cannot_write
         pop     rcx
         mov     [rbp+V_LOGITS_FD], eax

@@ -26,22 +26,19 @@ EPIPE = 32                      ; write to a pipe nobody reads
 ; message the zero-terminated text after `call fatal_here` (without the "gemma: " prefix and
 ; the newline).   in: [rsp] -> the message   out: never returns
 fatal_here:
-        xor     ebx, ebx
+        mov     ebx, msg_prefix + 7     ; the empty argument: the prefix's zero byte
 ; fatal_arg_here: the same with an argument appended, "gemma: MESSAGEARGUMENT\n", the
 ; argument cut at its first control byte (so that the message stays one line) and at 256
-; bytes.   in: [rsp] -> the message, rbx argument (zero-terminated) or 0   out: never returns
+; bytes.   in: [rsp] -> the message, rbx argument (zero-terminated)   out: never returns
 fatal_arg_here:
-        lea     rsi, [msg_prefix]
+        mov     esi, msg_prefix         ; (addresses are below 2^32)
         call    put_err
         pop     rsi                     ; the message
         call    put_err
         push    rbx
         pop     rsi
-        test    rsi, rsi
-        jz      .newline
         mov     cl, ' '
-        call    put_err_until
-.newline:
+        call    put_err_until           ; (an empty argument: a write of 0 bytes)
         push    10                      ; "\n", 0 on the stack
         push    rsp
         pop     rsi
@@ -113,17 +110,17 @@ sys_mmap:
 
 ; help: -h / --help: print the usage text on stdout and exit with status 0.
 help:
-        lea     rsi, [msg_usage]
         push    STDOUT
-        pop     rdi
-        mov     cl, 1
-        call    write_until
-        dec     edi                     ; STDOUT (1) - 1 = 0
-        jmp     sys_exit
+        jmp     short usage.put
 ; usage: print the usage text on stderr and exit with EXIT_USAGE.
 usage:
-        lea     rsi, [msg_usage]
-        call    put_err                 ; edi = STDERR = EXIT_USAGE
+        push    STDERR
+.put:
+        pop     rdi
+        mov     esi, msg_usage
+        mov     cl, 1
+        call    write_until
+        and     edi, EXIT_USAGE         ; STDOUT (1) -> 0; STDERR (2) -> EXIT_USAGE (2)
 ; sys_exit: exit_group(2), ending every thread.
 ;   in: edi status   out: never returns
 sys_exit:

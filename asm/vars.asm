@@ -92,10 +92,12 @@ J_SHARE         = job_share - job_vars
 J_TOKENS        = job_tokens - job_vars
 
 ; ---- forward ----------------------------------------------------------------------------
-; The first eight qwords are set in this order by model_setup's pointer loop.
-fwd_vars:
+; The first eight qwords are set in this order by model_setup's pointer loop. fwd_vars (rbp
+; in forward.asm) is 16 bytes into the record, so that [rbp + FV_*] reaches every field with
+; a one-byte displacement (-16 .. 127).
 fv_x:           rq 1            ; x (d,): the residual stream
 fv_xb:          rq 1            ; xb (max(d, H*hd),): normed x, then the heads' outputs
+fwd_vars:
 fv_q:           rq 1            ; q (H*hd,)
 fv_att:         rq 1            ; att (BLOCK, ctx): per attention thread, scores then probabilities
 fv_hb:          rq 1            ; hb (ffn,)

@@ -35,6 +35,7 @@ model_setup:
         ; weights: embed, layers x (window, rope, [2 q/k norms], 2 or 4 norms, wq wo, wk wv,
         ; gate up down), final norm
         mov     edx, [rbx+HDR_FLAGS]
+        mov     [rbp+FV_FLAGS], edx     ; (tested with a one-byte displacement)
         mov     ecx, [rbx+HDR_HEAD_DIM]
         push    TENSOR_ALIGN            ; a layer's: its window (one u32)
         pop     rsi
@@ -96,7 +97,7 @@ model_setup:
         lea     rdi, [rdi+rdx*2]
         mov     r12, rax                ; S
         call    alloc
-        lea     rdi, [rbp+FV_X]         ; (fwd_vars is 16 bytes into the record: vars.asm)
+        lea     rdi, [rbp+FV_X]         ; (fwd_vars is 24 bytes into the record: vars.asm)
         push    8
         pop     rcx
 .pointer:
@@ -287,7 +288,7 @@ fwd_skip:
 ; w) instead, w the d float32 after W (the product goes through hb2).   in: rsi src, ecx n
 fwd_residual:
         mov     r8d, [rbx+HDR_DIM]
-        test    byte [rbx+HDR_FLAGS], FLAG_POST_NORMS
+        test    byte [rbp+FV_FLAGS], FLAG_POST_NORMS
         jnz     .post
         mov     rdi, [rbp+FV_X]
         mov     r9b, 1
@@ -337,7 +338,7 @@ fwd_ropes:
 ; them; then rope on the n heads of x at position pos with this layer's frequencies.
 ;   in: rdi x, esi n, ecx pos (kept), r12
 fwd_rope:
-        test    byte [rbx+HDR_FLAGS], FLAG_QK_NORM
+        test    byte [rbp+FV_FLAGS], FLAG_QK_NORM
         jz      .rope
         push    rcx
         push    rsi
@@ -388,7 +389,7 @@ att_share:
         cmova   r14d, eax               ; the end: min(B H, (k+1) c)
 .task:
         cmp     r13d, r14d
-        jae     .done
+        jae     forward.done            ; the same pushes: forward's epilogue
         mov     eax, r13d
         xor     edx, edx
         div     dword [rbx+HDR_HEADS]   ; t, h
@@ -437,8 +438,6 @@ att_share:
         call    matvec_t_f32            ; o_h = V_g^T (hd,n_t) @ att
         inc     r13d
         jmp     .task
-.done:
-        jmp     forward.done            ; the same pushes: forward's epilogue
 
 ; fwd_frame: the frame forward and att_share share (both leave through forward.done): pushes
 ; rbx rbp r12-r15 and r8 (so rsp is 16-aligned for calls when the caller's was 8 mod 16).

@@ -18,14 +18,14 @@ DEFAULT_CTX = 4096
 start:
         mov     ebp, front_base         ; for good (vars.asm)
         ; writes to a closed pipe must return EPIPE (then output.asm exits quietly)
-        ; rather than kill the process: block SIGPIPE.
-        lea     esi, [rbp+V_OUT_BUF]    ; a sigset in the (still zeroed) out_buf (rbp < 2^32)
-        mov     byte [rsi+1], SIGPIPE_BIT shr 8
-        xor     edi, edi                ; SIG_BLOCK
-        xor     edx, edx
-        push    8                       ; sizeof(sigset_t) as the kernel counts it
-        pop     rcx
+        ; rather than kill the process: block SIGPIPE. Linux starts an ELF program with every
+        ; general register but rsp zero (ELF_PLAT_INIT; so does qemu-user): edi = SIG_BLOCK,
+        ; rdx = no old set, and rcx's upper bytes already are.
+        lea     esi, [rbp+V_HELP]       ; the sigset: the (still zero) -h slot, whose byte 0 (the
+        mov     byte [rsi+1], SIGPIPE_BIT shr 8 ; flag) stays 0 (rbp < 2^32)
+        mov     cl, 8                   ; sizeof(sigset_t) as the kernel counts it
         call    sys_sigprocmask
+        mov     [rbp+V_PROMPT], rsi     ; no -p: the empty prompt, that byte 0 (without -h)
         pop     rcx                     ; argc
         dec     ecx
         jle     usage
@@ -407,11 +407,9 @@ read_prompt:
         call    sys_open
         js      err_cannot_read
 .opened:
-        push    rax                     ; fd (twice: rsp stays 16-aligned for alloc)
-        push    rax
+        push    rax                     ; fd (rsp 16-aligned for alloc)
         mov     edi, PROMPT_FILE_MAX + 2
         call    alloc
-        pop     rdi
         pop     rdi                     ; fd
         lea     rsi, [rax+1]
         mov     [rbp+V_PROMPT], rsi
@@ -427,6 +425,6 @@ read_prompt:
 .end:
         cmp     byte [rsi-1], 10
         jne     .done
-        mov     byte [rsi-1], 0
+        mov     [rsi-1], al             ; 0 (the read that returned it)
 .done:
         ret

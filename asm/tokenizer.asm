@@ -20,11 +20,7 @@ SYM_SCORE       = 16            ; f32 score of the pair's piece
 ;   (fatal "prompt too long" for more ids than ctx_len, or early when the text alone proves
 ;   it: more bytes than ctx_len * max_piece_len)
 tokenize:
-        mov     rsi, [rbp+V_PROMPT]
-        test    rsi, rsi
-        jnz     .measure
-        lea     rsi, [rbp+V_PROMPT]     ; no -p: the empty prompt (the null pointer's bytes)
-.measure:
+        mov     rsi, [rbp+V_PROMPT]     ; (never 0: main.asm's start sets an empty default)
         push    rsi
         pop     rdi
         xor     eax, eax

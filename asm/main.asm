@@ -24,7 +24,8 @@ start:
         lea     esi, [rbp+V_HELP]       ; the sigset: the (still zero) -h slot, whose byte 0 (the
         mov     byte [rsi+1], SIGPIPE_BIT shr 8 ; flag) stays 0 (rbp < 2^32)
         mov     cl, 8                   ; sizeof(sigset_t) as the kernel counts it
-        call    sys_sigprocmask
+        mov     al, SYS_rt_sigprocmask  ; (its only call: no wrapper)
+        call    sys_call
         mov     [rbp+V_PROMPT], rsi     ; no -p: the empty prompt, that byte 0 (without -h)
         pop     rcx                     ; argc
         dec     ecx
@@ -209,8 +210,7 @@ logits_open:                            ; (setup, continued)
 ; (forward.asm), then sample, print and feed each new id (appended to the ids). r15d =
 ; position, r12 -> ids, r13d = prompt length (>= 1), r14d = ids still to generate (-n),
 ; rbx = header.
-generate:
-        xor     r15d, r15d
+generate:                               ; (r15 = 0: tokenize)
         mov     r14d, [rbp+V_N]
 .prompt:
         push    BLOCK
@@ -415,7 +415,8 @@ read_prompt:
         mov     [rbp+V_PROMPT], rsi
         mov     edx, PROMPT_FILE_MAX
 .read:
-        call    sys_read
+        xor     eax, eax                ; SYS_read (its only call: no wrapper)
+        call    sys_call
         js      err_cannot_read         ; (a directory: EISDIR)
         jz      .end
         add     rsi, rax

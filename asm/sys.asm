@@ -67,26 +67,18 @@ write_until:
 ; Each wrapper loads its syscall number into al and joins sys_call (which zero-extends it).
 ;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno, flags of
 ;   test rax, rax (SF: failed)   clobbers: rcx r10 r11
-; sys_read(fd, buf, len); sys_write(fd, buf, len); sys_open(path, flags, mode);
-; sys_fstat(fd, statbuf);
-; sys_sigprocmask(how, set, oldset, setsize);
+; sys_write(fd, buf, len); sys_open(path, flags, mode); sys_fstat(fd, statbuf);
 ; sys_sched_getaffinity(pid, len, mask); sys_futex(addr, op, val, timeout);
 ; sys_clone(flags, stack, ...): in the child, sys_call's `ret` pops the address stored at
 ; [stack]; sys_mmap(addr, len, prot, flags, fd, off).
 sys_write:                              ; (write_until runs on into it)
         mov     al, SYS_write
         jmp     sys_call
-sys_read:
-        mov     al, SYS_read
-        jmp     sys_call
 sys_open:
         mov     al, SYS_open
         jmp     sys_call
 sys_fstat:
         mov     al, SYS_fstat
-        jmp     sys_call
-sys_sigprocmask:
-        mov     al, SYS_rt_sigprocmask
         jmp     sys_call
 sys_sched_getaffinity:
         mov     al, SYS_sched_getaffinity
@@ -126,7 +118,7 @@ usage:
 sys_exit:
         mov     al, SYS_exit_group
 ; sys_call: the system call whose number is in al (a call used once loads al itself:
-; madvise(addr, len, advice) in model.asm).
+; madvise(addr, len, advice) in model.asm, rt_sigprocmask and read in main.asm).
 ;   in: al number, rdi rsi rdx rcx r8 r9   out: rax result or -errno, flags of test rax, rax
 ;   clobbers: rcx r10 r11
 sys_call:

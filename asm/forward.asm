@@ -117,9 +117,10 @@ model_setup:
 ; of tokens fed before.
 ;   in: rsi ids (B u32 tokens, each < vocab), ecx pos, edx B (1 .. BLOCK, pos + B <= ctx_len),
 ;   r8d the prompt's length
-;   out: rax logits (B, vocab) float32: every row with --logits (logits_fd); else the last
-;   row, and none at all for a block that ends before the prompt does
-;   clobbers: rcx rdx rsi rdi r8-r11 xmm0-xmm15 (preserves rbx rbp r12-r15)
+;   out: the logits (float32, vocab a row): every row with --logits (logits_fd); else the
+;   last row, and none at all for a block that ends before the prompt does (then rax rsi
+;   edx undefined); rax -> the last row, rsi -> the rows written, edx = their bytes
+;   clobbers: rcx rdi r8-r11 xmm0-xmm15 (preserves rbx rbp r12-r15)
 forward:
         call    fwd_frame               ; [rsp]: the prompt's length (r8)
         mov     [rbp+FV_B], edx
@@ -212,35 +213,39 @@ forward:
         mov     rdi, [rbp+FV_LOGITS]
         mov     r12, [rbp+FV_EMBED]
         mov     r8d, [rbx+HDR_VOCAB]
+        mov     eax, [rbp+FV_B]
+        dec     eax
+        imul    eax, r8d
+        lea     rdx, [rdi+rax*4]        ; the last token's row (all sampling needs)
         cmp     dword [logits_fd], 0
         jne     .all                    ; --logits: every token's row
         mov     eax, [rbp+FV_N_T]       ; pos + B
         cmp     eax, [rsp]
         jb      .done                   ; a block before the prompt's end: none
-        mov     eax, [rbp+FV_B]         ; else the last token's (all sampling needs)
-        dec     eax
-        imul    eax, r8d
-        lea     rdi, [rdi+rax*4]
+        mov     rdi, rdx                ; else the last token's alone
         mov     byte [rbp+FV_B], 1      ; (B <= BLOCK: the upper bytes are 0)
         jmp     .logits
 .all:
         mov     rsi, [rbp+FV_XB]
 .logits:
-        push    rdi                     ; the first row (twice: rsp stays 16-aligned)
-        push    rdi
+        push    rdx                     ; the last row
+        push    rdi                     ; the first row written
         call    fwd_matmul              ; logits = embed (vocab,d) @ xb
         pop     rdi
-        pop     rdi
-        mov     eax, [rbx+HDR_FINAL_SOFTCAP]
-        test    eax, eax
-        jz      .done
-        movd    xmm1, eax
-        movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
         mov     esi, [rbx+HDR_VOCAB]
         imul    esi, [rbp+FV_B]         ; the rows written (FV_B: 1 without --logits)
-        call    softcap                 ; logits = c tanh(logits / c)
+        mov     eax, [rbx+HDR_FINAL_SOFTCAP]
+        test    eax, eax
+        jz      .capped
+        movd    xmm1, eax
+        movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
+        call    softcap                 ; logits = c tanh(logits / c); keeps rdi rsi
+.capped:
+        pop     rax                     ; -> the last row
+        shl     esi, 2
+        mov     edx, esi                ; bytes of the rows written
+        mov     rsi, rdi                ; -> the first of them
 .done:
-        mov     rax, [rbp+FV_LOGITS]
         pop     rcx
         pop     r15
         pop     r14

@@ -220,25 +220,15 @@ generate:                               ; (r15 = 0: tokenize)
         cmp     eax, edx
         cmovl   edx, eax
 .block:
-        push    rdx                     ; B (twice: rsp stays 16-aligned)
-        push    rdx
         lea     rsi, [r12+r15*4]
         mov     ecx, r15d
+        add     r15d, edx               ; (the position after the block)
         mov     r8d, r13d
-        call    forward                 ; rax -> B rows of logits (main's: the last one)
-        pop     rdx
-        pop     rdx
-        add     r15d, edx
-        mov     ecx, [rbx+HDR_VOCAB]
-        shl     ecx, 2                  ; bytes of a row
-        imul    edx, ecx                ; of the B rows
-        lea     rdi, [rax+rdx]
-        sub     rdi, rcx
-        push    rdi                     ; the last row, for sampling
+        call    forward                 ; rax -> the last row; rsi, edx: every row (--logits)
+        push    rax                     ; the last row, for sampling
         mov     edi, [rbp+V_LOGITS_FD]
         test    edi, edi
         jz      .logits_done
-        xchg    rsi, rax
         call    write_all
 .logits_done:
         pop     rdi

@@ -370,13 +370,13 @@ fwd_rope:
 ; into xb (where q_h is in q). Thread k's att is att + k ctx floats
 ; (room for BLOCK threads; threads k >= BLOCK get no tasks). Each task as one thread would.
 ;   in: esi k (rbx job_vars: unused)   out: o_h of those tasks
-;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm2 (keeps rbx rbp r12-r15)
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm2 (keeps rbx rbp r13-r15)
 att_share:
         call    fwd_frame
-        mov     r15d, [ctx_len]
-        imul    r15d, esi
-        shl     r15, 2
-        add     r15, [rbp+FV_ATT]       ; thread k's att
+        mov     eax, [ctx_len]
+        imul    eax, esi
+        mov     r15, [rbp+FV_ATT]
+        lea     r15, [r15+rax*4]        ; thread k's att
         mov     ecx, [job_t]
         push    BLOCK
         pop     rax
@@ -388,19 +388,19 @@ att_share:
         xor     edx, edx
         div     ecx                     ; c
         imul    esi, eax
-        mov     r13d, esi               ; i = k c
+        mov     r12d, esi               ; i = k c
         add     eax, esi
         cmp     r14d, eax
         cmova   r14d, eax               ; the end: min(B H, (k+1) c)
 .task:
-        cmp     r13d, r14d
+        cmp     r12d, r14d
         jae     forward.done            ; the same pushes: forward's epilogue
-        mov     eax, r13d
+        mov     eax, r12d
         xor     edx, edx
         div     dword [rbx+HDR_HEADS]   ; t, h
         add     eax, [rbp+FV_POS]
         inc     eax
-        mov     r12d, eax               ; n_t
+        mov     r13d, eax               ; n_t
         xchg    eax, edx
         cdq
         div     dword [rbp+FV_GROUP]    ; g
@@ -408,26 +408,26 @@ att_share:
         imul    eax, ecx
         mov     rdx, [rbp+FV_KLAYER]
         lea     rdx, [rdx+rax*4]        ; K_g
-        lea     eax, [r12-1]            ; pos + t
+        lea     eax, [r13-1]            ; pos + t
         sub     eax, [rbp+FV_WINDOW]    ; - (w - 1): the first position attended, when > 0
         jbe     .all
-        sub     r12d, eax               ; n_t: the w positions from there
+        sub     r13d, eax               ; n_t: the w positions from there
         imul    rax, [rbp+FV_KV_ROW]
         add     rdx, rax                ; K_g from there
 .all:
         push    rdx                     ; (with rax: rsp stays 16-aligned for the calls)
-        mov     eax, r13d
+        mov     eax, r12d
         imul    eax, ecx                ; i hd: q_h's and o_h's offset in floats
         push    rax
         mov     rsi, [rbp+FV_Q]
         lea     rsi, [rsi+rax*4]        ; q_h
         mov     rdi, r15
-        mov     r8d, r12d
+        mov     r8d, r13d
         mov     r9, [rbp+FV_KV_ROW]
         call    matvec_f32              ; att = K_g (n_t,hd) @ q_h; keeps ecx
         mov     r8d, ecx                ; hd
         mov     rdi, r15
-        mov     esi, r12d
+        mov     esi, r13d
         movss   xmm0, [rbx+HDR_ATT_SCALE]
         movss   xmm1, [rbx+HDR_ATT_SOFTCAP]
         call    softcap                 ; att = cap(att att_scale); keeps rdi rsi r8
@@ -441,7 +441,7 @@ att_share:
         lea     rdi, [rdi+rax*4]        ; o_h
         mov     r9, [rbp+FV_KV_ROW]
         call    matvec_t_f32            ; o_h = V_g^T (hd,n_t) @ att
-        inc     r13d
+        inc     r12d
         jmp     .task
 
 ; fwd_frame: the frame forward and att_share share (both leave through forward.done): pushes

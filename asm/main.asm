@@ -399,11 +399,11 @@ read_prompt:
 .opened:
         push    rax                     ; fd (rsp 16-aligned for alloc)
         mov     edi, PROMPT_FILE_MAX + 2
-        call    alloc
+        call    alloc                   ; rsi = PROMPT_FILE_MAX + 2
         pop     rdi                     ; fd
+        lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
         lea     rsi, [rax+1]
         mov     [rbp+V_PROMPT], rsi
-        mov     edx, PROMPT_FILE_MAX
 .read:
         xor     eax, eax                ; SYS_read (its only call: no wrapper)
         call    sys_call

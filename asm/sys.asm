@@ -130,8 +130,8 @@ sys_call:
         ret
 
 ; alloc: a zeroed, private, anonymous read-write mapping.
-;   in: rdi bytes   out: rax address (fatal "out of memory" on failure)
-;   clobbers: rcx rdx rsi rdi r8-r11
+;   in: rdi bytes   out: rax address (fatal "out of memory" on failure), rsi = the bytes
+;   clobbers: rcx rdx rdi r8-r11
 alloc:
         push    rdi
         pop     rsi

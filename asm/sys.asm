@@ -38,7 +38,8 @@ fatal_arg_here:
         push    rbx
         pop     rsi
         mov     cl, ' '
-        call    put_err_until           ; (an empty argument: a write of 0 bytes)
+        call    write_until             ; (edi = STDERR still; an empty argument: a write of 0
+                                        ; bytes)
         push    10                      ; "\n", 0 on the stack
         push    rsp
         pop     rsi
@@ -46,15 +47,15 @@ fatal_arg_here:
         dec     edi                     ; STDERR (2) - 1 = EXIT_ERROR
         jmp     sys_exit
 
-; put_err: write a zero-terminated string to stderr.
+; put_err: write a zero-terminated string (at most 256 bytes of it) to stderr.
 ;   in: rsi string   out: edi = STDERR, rax bytes written or -errno   clobbers: rcx rdx r10 r11
 put_err:
-        mov     cl, 1
-; put_err_until: the same, the string ending at its first byte below cl, or after 256 bytes.
-put_err_until:
         push    STDERR
         pop     rdi
-; write_until: put_err_until to the file descriptor edi.
+; write_str: the same to the file descriptor edi.
+write_str:
+        mov     cl, 1
+; write_until: the same, the string ending at its first byte below cl, or after 256 bytes.
 write_until:
         xor     edx, edx
 .measure:
@@ -110,8 +111,7 @@ usage:
 .put:
         pop     rdi
         mov     esi, msg_usage
-        mov     cl, 1
-        call    write_until
+        call    write_str
         and     edi, EXIT_USAGE         ; STDOUT (1) -> 0; STDERR (2) -> EXIT_USAGE (2)
 ; sys_exit: exit_group(2), ending every thread.
 ;   in: edi status   out: never returns

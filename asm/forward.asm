@@ -14,12 +14,14 @@ BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feed
 ; model_setup: derived dimensions, the weights size check, weight and buffer pointers.
 ; Relies on the header validation in model.asm (dims >= 1, <= 2^16; vocab <= 2^24; layers,
 ; heads <= 2^10; heads % kv_heads == 0; ctx_len <= max_ctx), so no product below overflows.
-;   in: rbx model header (model_base), ctx_len, n_threads   out: fwd_vars set, the kernel
-;   chosen (cpu_setup), the workers started (threads_start); fatal "bad header" if
-;   weights_size is not the layout's size, "out of memory", "cannot start threads"
+;   in: rbx model header (model_base), rbp front_base (ctx_len), n_threads
+;   out: fwd_vars set, the kernel chosen (cpu_setup), the workers started (threads_start);
+;   fatal "bad header" if weights_size is not the layout's size, "out of memory", "cannot
+;   start threads"
 ;   clobbers: rax rcx rdx rsi rdi r8-r12 xmm0 (preserves the rest)
 model_setup:
         push    rbp                     ; (also aligns rsp for the calls)
+        mov     r8d, [rbp+V_CTX_LEN]    ; (kept for the KV cache's size below)
         lea     rbp, [fwd_vars]
         mov     eax, [rbx+HDR_HEAD_DIM]
         mov     ecx, eax
@@ -80,19 +82,18 @@ model_setup:
         mov     [rbp+FV_LAYER0], rdx
         ; one mapping: 7 scratch vectors of S bytes each (x xb q att hb hb2 logits), then the
         ; KV cache: per layer a K and a V block of ctx_len rows of kv_dim float32
-        mov     ecx, [ctx_len]
         mov     eax, [rbx+HDR_DIM]
         add     eax, [rbp+FV_Q_DIM]
         add     eax, [rbx+HDR_FFN]
-        add     eax, ecx
+        add     eax, r8d                ; ctx_len
         add     eax, [rbx+HDR_VOCAB]
         add     eax, 15
         and     al, -16
         shl     eax, 2 + BLOCK_SHIFT    ; S: holds any vector for a block, a multiple of 64
-        imul    rcx, [rbp+FV_KV_ROW]
-        mov     [rbp+FV_KV_BLOCK], rcx
+        imul    r8, [rbp+FV_KV_ROW]
+        mov     [rbp+FV_KV_BLOCK], r8
         mov     edx, [rbx+HDR_LAYERS]
-        imul    rdx, rcx
+        imul    rdx, r8
         imul    rdi, rax, 7
         lea     rdi, [rdi+rdx*2]
         mov     r12, rax                ; S
@@ -125,6 +126,8 @@ forward:
         call    fwd_frame               ; [rsp]: the prompt's length (r8)
         mov     [rbp+FV_B], edx
         mov     [rbp+FV_POS], ecx
+        lea     eax, [rcx+rdx]
+        mov     [rbp+FV_N_T], eax       ; pos + B: where the token loops end
         xor     r9d, r9d
         mov     r15, [rbp+FV_X]         ; x_t
         mov     r14d, edx               ; tokens left
@@ -161,7 +164,6 @@ forward:
         call    fwd_skip                ; past rope's hd/2 float32
         call    fwd_norm                ; xb = rmsnorm(x, attn_norm)
         mov     r13d, [rbp+FV_POS]
-        mov     [rbp+FV_N_T], r13d      ; (the token loop's start)
         imul    r13, [rbp+FV_KV_ROW]    ; pos's row in a K or V block
         mov     r15, [rbp+FV_Q]         ; q_h of token t: runs over the whole of q
         mov     rdi, r15
@@ -175,15 +177,13 @@ forward:
         mov     r8d, [rbp+FV_KV_DIM]
         call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos ..
         mov     r13, r12                ; q_norm, k_norm (FLAG_QK_NORM), or wo
+        mov     ecx, [rbp+FV_POS]       ; pos + t
 .token:
-        mov     ecx, [rbp+FV_N_T]       ; pos + t
-        inc     dword [rbp+FV_N_T]      ; (after the block: pos + B)
         call    fwd_ropes               ; q_t, k_t = rope(norm(q_t)), rope(norm(k_t)); keeps
         mov     eax, [rbp+FV_Q_DIM]     ; ecx; r12 past the q/k norms (if any): wo
         lea     r15, [r15+rax*4]        ; the next q_t
-        sub     ecx, [rbp+FV_POS]
         inc     ecx
-        cmp     ecx, [rbp+FV_B]
+        cmp     ecx, [rbp+FV_N_T]
         jb      .token
         mov     [rbp+FV_KLAYER], r14
         mov     eax, att_share          ; (addresses are below 2^32)

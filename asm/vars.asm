@@ -114,7 +114,7 @@ fv_q_dim:       rd 1            ; H*hd
 fv_kv_dim:      rd 1            ; K*hd
 fv_group:       rd 1            ; H/K: query heads per kv head
 fv_window:      rd 1            ; this layer's window w - 1 (w = 0, none: 2^32 - 1)
-fv_n_t:         rd 1            ; pos + 1: positions attended
+fv_n_t:         rd 1            ; pos + B: the end of the block's positions
 fv_layers_left: rd 1            ; layer countdown in forward
 fv_b:           rd 1            ; B: tokens in this block
 fv_pos:         rd 1            ; the block's first position

@@ -29,7 +29,7 @@ model_setup:
         mov     [rbp+FV_Q_DIM], eax
         imul    ecx, [rbx+HDR_KV_HEADS]
         mov     [rbp+FV_KV_DIM], ecx
-        xor     edx, edx
+        cdq                             ; (eax < 2^31)
         div     ecx                     ; H hd / (K hd)
         mov     [rbp+FV_GROUP], eax
         shl     ecx, 2
@@ -385,7 +385,7 @@ att_share:
         mov     r14d, [rbp+FV_B]
         imul    r14d, [rbx+HDR_HEADS]   ; B H tasks
         lea     eax, [r14+rcx-1]
-        xor     edx, edx
+        cdq                             ; (eax < 2^31)
         div     ecx                     ; c
         imul    esi, eax
         mov     r12d, esi               ; i = k c
@@ -396,7 +396,7 @@ att_share:
         cmp     r12d, r14d
         jae     forward.done            ; the same pushes: forward's epilogue
         mov     eax, r12d
-        xor     edx, edx
+        cdq                             ; (i < 2^31)
         div     dword [rbx+HDR_HEADS]   ; t, h
         add     eax, [rbp+FV_POS]
         inc     eax

@@ -32,7 +32,8 @@ start:
         jle     usage
         pop     rax                     ; argv[0]
         dec     dword [rbp+V_N]         ; 0xFFFFFFFF (from 0)
-        mov     word [rbp+V_TOP_P+2], 0x3F80    ; 1.0 (0x3F800000)
+        fld1                            ; --top-p 1.0 (the x87 stack is empty)
+        fstp    dword [rbp+V_TOP_P]
         pop     rbx                     ; argv[1] (argc >= 2)
 
 ; The command line, popped off the stack: each argument must be a flag of opt_table; rbx =
@@ -117,6 +118,12 @@ err_no_model:
         call    fatal_here
         db      'no model (-m)', 0
 
+; help: -h / --help: print the usage text on stdout and exit with status 0 (sys.asm's usage
+; code; here in short-jump reach of setup).
+help:
+        push    STDOUT
+        jmp     usage.put
+
 ; setup: the model, the context, the prompt's ids; then the generation loop (next_arg
 ; goes on here once every argument is parsed).
 ;   in: rbp front_base with the options stored   out: never returns (exits)
@@ -159,7 +166,7 @@ setup:
         push    10
         pop     rcx
 .digit_out:
-        xor     edx, edx
+        cdq                             ; (ids < 2^24)
         div     ecx
         push    rdx
         test    eax, eax

@@ -101,11 +101,8 @@ sys_mmap:
         mov     al, SYS_mmap
         jmp     sys_call
 
-; help: -h / --help: print the usage text on stdout and exit with status 0.
-help:
-        push    STDOUT
-        jmp     short usage.put
-; usage: print the usage text on stderr and exit with EXIT_USAGE.
+; usage: print the usage text on stderr and exit with EXIT_USAGE (help in main.asm: on
+; stdout, status 0, from .put).
 usage:
         push    STDERR
 .put:

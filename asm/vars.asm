@@ -7,7 +7,7 @@
 ; here with a one-byte displacement. Option slots are qwords (opt_table in main.asm).
 front_vars:
 opt_model:      rq 1            ; -m path
-opt_prompt:     rq 1            ; -p text (0: empty prompt)
+opt_prompt:     rq 1            ; -p text (default: an empty string, start in main.asm)
 opt_logits:     rq 1            ; --logits path (0: none)
 rng_state:      rq 1            ; -s, then the generator's state (sample.asm)
 opt_n:          rq 1            ; -n, low dword (0xFFFFFFFF: until EOS or a full context)
@@ -29,7 +29,7 @@ logits_fd:      rd 1            ; --logits file descriptor (0: none)
 out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
-opt_help:       rq 1            ; -h / --help, low byte
+opt_help:       rq 1            ; -h / --help, low byte (byte 1: the SIGPIPE bit, start)
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -97,11 +97,13 @@ J_SHARE         = job_share - job_vars
 J_TOKENS        = job_tokens - job_vars
 
 ; ---- forward ----------------------------------------------------------------------------
-; The first eight qwords are set in this order by model_setup's pointer loop.
-fwd_vars:
+; The first eight qwords are set in this order by model_setup's pointer loop. fwd_vars (rbp
+; in forward.asm) is 24 bytes into the record, so that [rbp + FV_*] reaches every field with
+; a one-byte displacement (-24 .. 127).
 fv_x:           rq 1            ; x (d,): the residual stream
 fv_xb:          rq 1            ; xb (max(d, H*hd),): normed x, then the heads' outputs
 fv_q:           rq 1            ; q (H*hd,)
+fwd_vars:
 fv_att:         rq 1            ; att (BLOCK, ctx): per attention thread, scores then probabilities
 fv_hb:          rq 1            ; hb (ffn,)
 fv_hb2:         rq 1            ; hb2 (ffn,)
@@ -111,16 +113,17 @@ fv_embed:       rq 1            ; embedding f16 (vocab, d), the first tensor
 fv_layer0:      rq 1            ; layer 0's attn_norm, the second tensor
 fv_kv_block:    rq 1            ; bytes of one K or V block: ctx * K*hd * 4
 fv_kv_row:      rq 1            ; bytes of one cache row: K*hd * 4
+fv_klayer:      rq 1            ; this layer's K block (for att_share)
+fv_rope:        rq 1            ; this layer's rope tensor: hd/2 inverse frequencies
 fv_q_dim:       rd 1            ; H*hd
 fv_kv_dim:      rd 1            ; K*hd
 fv_group:       rd 1            ; H/K: query heads per kv head
 fv_window:      rd 1            ; this layer's window w - 1 (w = 0, none: 2^32 - 1)
-fv_n_t:         rd 1            ; pos + 1: positions attended
+fv_n_t:         rd 1            ; pos + B: the end of the block's positions
 fv_layers_left: rd 1            ; layer countdown in forward
 fv_b:           rd 1            ; B: tokens in this block
 fv_pos:         rd 1            ; the block's first position
-fv_klayer:      rq 1            ; this layer's K block (for att_share)
-fv_rope:        rq 1            ; this layer's rope tensor: hd/2 inverse frequencies
+fv_flags:       rd 1            ; the header's flags (FLAG_*), copied by model_setup
 
 FV_X            = fv_x - fwd_vars
 FV_XB           = fv_xb - fwd_vars
@@ -144,3 +147,4 @@ FV_B            = fv_b - fwd_vars
 FV_POS          = fv_pos - fwd_vars
 FV_KLAYER       = fv_klayer - fwd_vars
 FV_ROPE         = fv_rope - fwd_vars
+FV_FLAGS        = fv_flags - fwd_vars

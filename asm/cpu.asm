@@ -10,21 +10,21 @@ CPUID7_AVX512F = 16                                     ; leaf 7 ebx
 ; XCR0 bits 1 and 2 (all that kernel uses) and the model's dim, ffn and heads x head_dim are
 ; multiples of 16 (its precondition; every Gemma is), unless --baseline was given; then
 ; matmul_f16_avx512 instead when CPUID leaf 7 reports AVX512F and XCR0 bits 5-7 are set too;
-; matmul_f16 and 1 otherwise.
-;   in: --baseline (byte 1 of opt_tokens), model_base, rbp fwd_vars (FV_Q_DIM)
-;   out: job_kernel, job_tokens
-;   clobbers: rax rcx rdx rsi rdi
+; matmul_f16 and 1 otherwise. Q8_0 matrices: matmul_q8_avx2 with either fast kernel (there is
+; no AVX-512 one), matmul_q8 with matmul_f16.
+;   in: --baseline (byte 1 of opt_tokens), rbx the model header, rbp fwd_vars (FV_Q_DIM)
+;   out: job_kernel, job_kernel_q8 (matmul_q8 or matmul_q8_avx2), job_tokens
+;   clobbers: rax rcx rdx rsi rdi r8
 cpu_setup:
         push    rbx
-        lea     rsi, [matmul_f16]
-        lea     r8, [matmul_q8]
+        mov     esi, matmul_f16     ; (addresses are below 2^32)
+        mov     r8d, matmul_q8
         push    1
         pop     rdi
         cmp     byte [opt_tokens+1], 0  ; --baseline (main.asm)
         jne     .chosen
-        mov     rax, [model_base]
-        mov     ecx, [rax+HDR_DIM]
-        or      ecx, [rax+HDR_FFN]
+        mov     ecx, [rbx+HDR_DIM]
+        or      ecx, [rbx+HDR_FFN]
         or      ecx, [rbp+FV_Q_DIM]
         test    cl, 15
         jnz     .chosen                 ; a product's n (dim, ffn, heads x head_dim) is not
@@ -40,8 +40,8 @@ cpu_setup:
         not     eax
         test    al, XCR0_SSE_AVX
         jnz     .chosen
-        lea     rsi, [matmul_f16_avx2]
-        lea     r8, [matmul_q8_avx2]
+        mov     esi, matmul_f16_avx2
+        mov     r8d, matmul_q8_avx2
         mov     dil, FAST_TOKENS
         test    al, XCR0_AVX512         ; (eax is XCR0 inverted)
         jnz     .chosen
@@ -51,7 +51,7 @@ cpu_setup:
         cpuid
         bt      ebx, CPUID7_AVX512F
         jnc     .chosen
-        lea     rsi, [matmul_f16_avx512]
+        mov     esi, matmul_f16_avx512
 .chosen:
         mov     [job_kernel], rsi
         mov     [job_kernel_q8], r8

@@ -470,7 +470,7 @@ fwd_frame:
         jmp     r11
 
 ; matrix_pair: matrix_bytes of (rows, cols), then of (cols, rows), both added to rsi.
-;   in: eax rows, ecx cols, rbx header, rsi   out: rsi (eax, ecx kept)   clobbers: rdx r10 r11
+;   in: eax rows, ecx cols, rbp fwd_vars, rsi   out: rsi (eax, ecx kept)   clobbers: rdx r10 r11
 matrix_pair:
         push    rax
         push    rcx
@@ -489,21 +489,21 @@ matrix_pair:
 ; rsi; its bytes per row, its kernel (cpu.asm's choice for that type) and the routine that
 ; looks up a row of it (the embedding: matmul_f16 of the row as a (cols,1) column by [s], or
 ; dequant_q8).
-;   in: eax rows, ecx cols (upper halves zero), rbx header, rsi
+;   in: eax rows, ecx cols (upper halves zero), rbp fwd_vars (FV_FLAGS), rsi
 ;   out: rax the room, rsi + rax, r10 bytes per row, r11 the kernel, rdx the lookup
 ;   clobbers: nothing else
 matrix_bytes:
         lea     r10d, [rcx+rcx]         ; FP16: 2 bytes a weight
         mov     r11, [job_kernel]
-        lea     rdx, [matmul_f16]
-        test    byte [rbx+HDR_FLAGS], FLAG_Q8_0
+        mov     edx, matmul_f16         ; (addresses are below 2^32)
+        test    byte [rbp+FV_FLAGS], FLAG_Q8_0
         jz      .room
         test    cl, QK8_0-1
         jnz     .room
         imul    r10d, ecx, 17           ; Q8_0: 34 bytes per 32 weights
         shr     r10d, 4
         mov     r11, [job_kernel_q8]
-        lea     rdx, [dequant_q8]
+        mov     edx, dequant_q8
 .room:
         imul    rax, r10
         add     rax, TENSOR_ALIGN-1

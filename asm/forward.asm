@@ -22,10 +22,10 @@ BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feed
 model_setup:
         push    rbp                     ; (also aligns rsp for the calls)
         mov     r8d, [rbp+V_CTX_LEN]    ; (kept for the KV cache's size below)
-        lea     rbp, [fwd_vars]
+        lea     ebp, [rbp+fwd_vars-front_base]  ; fwd_vars (addresses are below 2^32)
         mov     eax, [rbx+HDR_HEAD_DIM]
         mov     ecx, eax
-        imul    eax, [rbx+HDR_HEADS]
+        mul     dword [rbx+HDR_HEADS]   ; (mul: shorter than imul; edx unused)
         mov     [rbp+FV_Q_DIM], eax
         imul    ecx, [rbx+HDR_KV_HEADS]
         mov     [rbp+FV_KV_DIM], ecx
@@ -36,7 +36,8 @@ model_setup:
         mov     [rbp+FV_KV_ROW], rcx
         ; weights: embed, layers x (window, rope, [2 q/k norms], 2 or 4 norms, wq wo, wk wv,
         ; gate up down), final norm
-        mov     edx, [rbx+HDR_FLAGS]
+        lea     r9, [rbx+HDR_BLOB_SIZE] ; r9: the header's fields past 127 with a disp8
+        mov     edx, [r9+HDR_FLAGS-HDR_BLOB_SIZE]
         mov     [rbp+FV_FLAGS], edx     ; (tested with a one-byte displacement)
         mov     ecx, [rbx+HDR_HEAD_DIM]
         push    TENSOR_ALIGN            ; a layer's: its window (one u32)
@@ -76,9 +77,9 @@ model_setup:
         call    matrix_bytes            ; embed
         pop     rsi
         add     rdi, rax
-        cmp     rdi, [rbx+HDR_WEIGHTS_SIZE]
+        cmp     rdi, [r9+HDR_WEIGHTS_SIZE-HDR_BLOB_SIZE]
         jne     err_header
-        mov     rdx, [rbx+HDR_WEIGHTS_OFF]
+        mov     rdx, [r9+HDR_WEIGHTS_OFF-HDR_BLOB_SIZE]
         add     rdx, rbx
         mov     [rbp+FV_EMBED], rdx
         add     rdx, rax
@@ -101,7 +102,7 @@ model_setup:
         lea     rdi, [rdi+rdx*2]
         mov     r12, rax                ; S
         call    alloc
-        lea     rdi, [rbp+FV_X]         ; (fwd_vars is 24 bytes into the record: vars.asm)
+        lea     rdi, [rbp+FV_X]         ; (fwd_vars is 32 bytes into the record: vars.asm)
         push    8
         pop     rcx
 .pointer:
@@ -224,7 +225,7 @@ forward:
         mov     r8d, [rbx+HDR_VOCAB]
         mov     eax, [rbp+FV_B]
         dec     eax
-        imul    eax, r8d
+        mul     r8d                     ; (edx: 0)
         lea     rdx, [rdi+rax*4]        ; the last token's row (all sampling needs)
         cmp     dword [logits_fd], 0
         jne     .all                    ; --logits: every token's row
@@ -345,7 +346,7 @@ fwd_ropes:
         mov     esi, [rbx+HDR_HEADS]
         call    fwd_rope
         pop     rax
-        imul    rax, [rbp+FV_KV_ROW]
+        mul     qword [rbp+FV_KV_ROW]   ; (rdx: free here)
         lea     rdi, [r14+rax]
         mov     esi, [rbx+HDR_KV_HEADS]
 ; fwd_rope: with FLAG_QK_NORM each head = rmsnorm(head, the hd float32 at r12), r12 past
@@ -379,11 +380,11 @@ fwd_rope:
 ; into xb (where q_h is in q). Thread k's att is att + k ctx floats
 ; (room for BLOCK threads; threads k >= BLOCK get no tasks). Each task as one thread would.
 ;   in: esi k (rbx job_vars: unused)   out: o_h of those tasks
-;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm2 (keeps rbx rbp r13-r15)
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm2 (keeps rbx rbp r12-r15)
 att_share:
         call    fwd_frame
         mov     eax, [ctx_len]
-        imul    eax, esi
+        mul     esi                     ; (edx: free here)
         mov     r15, [rbp+FV_ATT]
         lea     r15, [r15+rax*4]        ; thread k's att
         mov     ecx, [job_t]
@@ -414,7 +415,7 @@ att_share:
         cdq
         div     dword [rbp+FV_GROUP]    ; g
         mov     ecx, [rbx+HDR_HEAD_DIM]
-        imul    eax, ecx
+        mul     ecx                     ; (edx: free here)
         mov     rdx, [rbp+FV_KLAYER]
         lea     rdx, [rdx+rax*4]        ; K_g
         lea     eax, [r13-1]            ; pos + t
@@ -466,7 +467,7 @@ fwd_frame:
         push    r15
         push    r8
         lea     rbp, [fwd_vars]
-        mov     rbx, [model_base]
+        mov     rbx, [rbp+FV_MODEL_BASE]        ; (model_base: a disp8 from fwd_vars)
         jmp     r11
 
 ; matrix_pair: matrix_bytes of (rows, cols), then of (cols, rows), both added to rsi.

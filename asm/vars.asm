@@ -1,11 +1,69 @@
 ; vars.asm: the engine's zero-initialised state (bss). Reserved space takes no file bytes.
-; Two sections: "front" (W-front: command line, model mapping, tokenizer, sampler, output)
-; and "forward" (W-fwd: weights, KV cache, activations). Keep qwords first, then dwords.
+; Three sections: "forward" (W-fwd: weights, KV cache, activations), "front" (W-front:
+; command line, model mapping, tokenizer, sampler, output) and "fast" (W-fast: the threads).
+; Keep qwords first, then dwords.
+
+; ---- forward ----------------------------------------------------------------------------
+; The first eight qwords are set in this order by model_setup's pointer loop. fwd_vars (rbp
+; in forward.asm) is 32 bytes into the record, so that [rbp + FV_*] reaches every field, and
+; model_base just after the record, with a one-byte displacement (-32 .. 127).
+fv_x:           rq 1            ; x (d,): the residual stream
+fv_xb:          rq 1            ; xb (max(d, H*hd),): normed x, then the heads' outputs
+fv_q:           rq 1            ; q (H*hd,)
+fv_att:         rq 1            ; att (BLOCK, ctx): per attention thread, scores then probabilities
+fwd_vars:
+fv_hb:          rq 1            ; hb (ffn,)
+fv_hb2:         rq 1            ; hb2 (ffn,)
+fv_logits:      rq 1            ; logits (vocab,)
+fv_kv:          rq 1            ; KV cache: per layer K (ctx, K*hd), then V (ctx, K*hd)
+fv_embed:       rq 1            ; embedding f16 (vocab, d), the first tensor
+fv_layer0:      rq 1            ; layer 0's attn_norm, the second tensor
+fv_kv_block:    rq 1            ; bytes of one K or V block: ctx * K*hd * 4
+fv_kv_row:      rq 1            ; bytes of one cache row: K*hd * 4
+fv_klayer:      rq 1            ; this layer's K block (for att_share)
+fv_rope:        rq 1            ; this layer's rope tensor: hd/2 inverse frequencies
+fv_q_dim:       rd 1            ; H*hd
+fv_kv_dim:      rd 1            ; K*hd
+fv_group:       rd 1            ; H/K: query heads per kv head
+fv_window:      rd 1            ; this layer's window w - 1 (w = 0, none: 2^32 - 1)
+fv_n_t:         rd 1            ; pos + B: the end of the block's positions
+fv_layers_left: rd 1            ; layer countdown in forward
+fv_b:           rd 1            ; B: tokens in this block
+fv_pos:         rd 1            ; the block's first position
+fv_flags:       rd 1            ; the header's flags (FLAG_*), copied by model_setup
+                rd 1            ; (the front's qwords stay 8-aligned)
+
+FV_X            = fv_x - fwd_vars
+FV_XB           = fv_xb - fwd_vars
+FV_Q            = fv_q - fwd_vars
+FV_ATT          = fv_att - fwd_vars
+FV_HB           = fv_hb - fwd_vars
+FV_HB2          = fv_hb2 - fwd_vars
+FV_LOGITS       = fv_logits - fwd_vars
+FV_KV           = fv_kv - fwd_vars
+FV_EMBED        = fv_embed - fwd_vars
+FV_LAYER0       = fv_layer0 - fwd_vars
+FV_KV_BLOCK     = fv_kv_block - fwd_vars
+FV_KV_ROW       = fv_kv_row - fwd_vars
+FV_Q_DIM        = fv_q_dim - fwd_vars
+FV_KV_DIM       = fv_kv_dim - fwd_vars
+FV_GROUP        = fv_group - fwd_vars
+FV_WINDOW       = fv_window - fwd_vars
+FV_N_T          = fv_n_t - fwd_vars
+FV_LAYERS_LEFT  = fv_layers_left - fwd_vars
+FV_B            = fv_b - fwd_vars
+FV_POS          = fv_pos - fwd_vars
+FV_KLAYER       = fv_klayer - fwd_vars
+FV_ROPE         = fv_rope - fwd_vars
+FV_FLAGS        = fv_flags - fwd_vars
+FV_MODEL_BASE   = model_base - fwd_vars
 
 ; ---- front ------------------------------------------------------------------------------
 ; From start-up on the front end keeps rbp = front_base: [rbp + V_*] reaches every variable
 ; here with a one-byte displacement. Option slots are qwords (opt_table in main.asm).
 front_vars:
+model_base:     rq 1            ; address of the read-only mapping of the model file (first:
+                                ; forward.asm reaches it as [rbp + FV_MODEL_BASE])
 opt_model:      rq 1            ; -m path
 opt_prompt:     rq 1            ; -p text (default: an empty string, start in main.asm)
 opt_logits:     rq 1            ; --logits path (0: none)
@@ -16,7 +74,6 @@ opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
 opt_tokens:     rq 1            ; --tokens, low byte; --baseline, byte 1 (cpu.asm)
-model_base:     rq 1            ; address of the read-only mapping of the model file
 model_size:     rq 1            ; its length in bytes
 pieces_ptr:     rq 1            ; model_base + pieces_off (PIECE_REC records); these four in
                                 ; the header's order of their offsets (model.asm loops)
@@ -96,55 +153,3 @@ J_B             = job_b - job_vars
 J_SHARE         = job_share - job_vars
 J_TOKENS        = job_tokens - job_vars
 
-; ---- forward ----------------------------------------------------------------------------
-; The first eight qwords are set in this order by model_setup's pointer loop. fwd_vars (rbp
-; in forward.asm) is 24 bytes into the record, so that [rbp + FV_*] reaches every field with
-; a one-byte displacement (-24 .. 127).
-fv_x:           rq 1            ; x (d,): the residual stream
-fv_xb:          rq 1            ; xb (max(d, H*hd),): normed x, then the heads' outputs
-fv_q:           rq 1            ; q (H*hd,)
-fwd_vars:
-fv_att:         rq 1            ; att (BLOCK, ctx): per attention thread, scores then probabilities
-fv_hb:          rq 1            ; hb (ffn,)
-fv_hb2:         rq 1            ; hb2 (ffn,)
-fv_logits:      rq 1            ; logits (vocab,)
-fv_kv:          rq 1            ; KV cache: per layer K (ctx, K*hd), then V (ctx, K*hd)
-fv_embed:       rq 1            ; embedding f16 (vocab, d), the first tensor
-fv_layer0:      rq 1            ; layer 0's attn_norm, the second tensor
-fv_kv_block:    rq 1            ; bytes of one K or V block: ctx * K*hd * 4
-fv_kv_row:      rq 1            ; bytes of one cache row: K*hd * 4
-fv_klayer:      rq 1            ; this layer's K block (for att_share)
-fv_rope:        rq 1            ; this layer's rope tensor: hd/2 inverse frequencies
-fv_q_dim:       rd 1            ; H*hd
-fv_kv_dim:      rd 1            ; K*hd
-fv_group:       rd 1            ; H/K: query heads per kv head
-fv_window:      rd 1            ; this layer's window w - 1 (w = 0, none: 2^32 - 1)
-fv_n_t:         rd 1            ; pos + B: the end of the block's positions
-fv_layers_left: rd 1            ; layer countdown in forward
-fv_b:           rd 1            ; B: tokens in this block
-fv_pos:         rd 1            ; the block's first position
-fv_flags:       rd 1            ; the header's flags (FLAG_*), copied by model_setup
-
-FV_X            = fv_x - fwd_vars
-FV_XB           = fv_xb - fwd_vars
-FV_Q            = fv_q - fwd_vars
-FV_ATT          = fv_att - fwd_vars
-FV_HB           = fv_hb - fwd_vars
-FV_HB2          = fv_hb2 - fwd_vars
-FV_LOGITS       = fv_logits - fwd_vars
-FV_KV           = fv_kv - fwd_vars
-FV_EMBED        = fv_embed - fwd_vars
-FV_LAYER0       = fv_layer0 - fwd_vars
-FV_KV_BLOCK     = fv_kv_block - fwd_vars
-FV_KV_ROW       = fv_kv_row - fwd_vars
-FV_Q_DIM        = fv_q_dim - fwd_vars
-FV_KV_DIM       = fv_kv_dim - fwd_vars
-FV_GROUP        = fv_group - fwd_vars
-FV_WINDOW       = fv_window - fwd_vars
-FV_N_T          = fv_n_t - fwd_vars
-FV_LAYERS_LEFT  = fv_layers_left - fwd_vars
-FV_B            = fv_b - fwd_vars
-FV_POS          = fv_pos - fwd_vars
-FV_KLAYER       = fv_klayer - fwd_vars
-FV_ROPE         = fv_rope - fwd_vars
-FV_FLAGS        = fv_flags - fwd_vars

@@ -118,7 +118,7 @@ V_OUT_BUF       = out_buf - front_base
 ; [job_vars + J_*].
 job_vars:
 job_share:      rq 1            ; each thread's share: mm_share or att_share (forward.asm)
-job_kernel:     rq 1            ; matmul_f16, matmul_f16_avx2 or matmul_f16_avx512 (cpu.asm)
+job_kernel:     rq 1            ; matmul_f16 or matmul_f16_avx2 (cpu.asm)
 job_kernel_q8:  rq 1            ; matmul_q8 or matmul_q8_avx2 (cpu.asm): Q8_0 matrices
 job_call:       rq 1            ; the current product's kernel: one of the two (par_matmul)
 job_rowb:       rq 1            ; the current product's bytes per row of W

@@ -298,6 +298,13 @@ def test_f16_twin_holds_the_engines_weights(tmp_path):
     convert(src, tmp_path / "a.bin", progress=False)
     convert(tmp_path / "twin.gguf", tmp_path / "b.bin", progress=False)
     assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()
+    # its Q8_0 twin: the GGUF of what convert --type q8_0 makes of the source (Q8_0 blocks
+    # copied, the rest quantized from the dequantized values), converting back to those bytes
+    f16_twin(src, tmp_path / "q8.gguf", progress=False, wtype="q8_0")
+    assert {t.type for t in read_gguf_meta(tmp_path / "q8.gguf").tensors.values()} == {"Q8_0", "F32"}
+    convert(src, tmp_path / "qa.bin", progress=False, wtype="q8_0")
+    convert(tmp_path / "q8.gguf", tmp_path / "qb.bin", progress=False, wtype="q8_0")
+    assert (tmp_path / "qa.bin").read_bytes() == (tmp_path / "qb.bin").read_bytes()
 
 
 def fake_result(decode: dict[str, float]) -> bench_report.Result:

@@ -243,6 +243,8 @@ def test_llama_bench_output_is_parsed():
     (["-t", "0"], "--threads wants positive integers"),
     (["--bw-size", "12"], "--bw-size wants at least 1M"),
     (["--gguf", "x.gguf"], "--gguf goes with --model"),
+    (["--model", "m.bin", "--type", "q8_0"], "--type goes with a preset"),
+    (["--type", "f16,q4_0"], "--type wants f16 or q8_0 (comma-separated or repeated), not 'q4_0'"),
     (["--model", "/nonexistent/m.bin", "--engine", "/bin/true"], "no such file: /nonexistent/m.bin"),
     (["--preset", "tiny", "--engine", "/bin/false"], "the engine's --tokens failed: exit status 1"),
 ])

@@ -107,7 +107,7 @@ def source_for(ckpt: Checkpoint):
     """A modelfile.TensorSource reading from ckpt (shapes checked by check_shapes)."""
     def source(spec: TensorSpec) -> Iterator[np.ndarray]:
         t = ckpt.tensors[spec.name]
-        return read_rows(t, math.prod(spec.shape[:-1]), spec.dtype == "q8_0" == t.dtype.lower())
+        return read_rows(t, math.prod(spec.shape[:-1]), blocks=spec.dtype == "q8_0" and t.dtype == "Q8_0")
     return source
 
 

@@ -1,8 +1,8 @@
 """Hostile input on the real binary.
 
 - The fuzz run: fuzz.suite's CASES seeded cases (emu_tests/fuzz: mutated engine files of
-  tiny_mqa, tiny_wide and tiny_mqa-from-GGUF, valid odd-shaped and sparse 2B models, hostile
-  command lines), two subprocesses of ./gemma at a time, TIMEOUT s each. Budget: no case is
+  tiny_mqa, tiny_wide, tiny_mqa-from-GGUF, a synthetic Gemma 3 file in FP16 and in Q8_0, valid
+  odd-shaped and sparse 2B models, hostile command lines), two subprocesses of ./gemma at a time, TIMEOUT s each. Budget: no case is
   started after BUDGET s, and at least MIN_CASES must have run (the report line the test
   prints gives the count and the rate). Every run must exit normally; a refusal is exactly one
   "gemma: ..." line on stderr and nothing on stdout; inputs the contract makes invalid must
@@ -224,8 +224,8 @@ def test_closed_form_weights_size_equals_modelfile(base_model):
 def test_mutators_make_q8_0_cases(tmp_path):
     """On a Q8_0 base the weight mutators edit whole blocks: the systematic cases set every
     block's FP16 scale (NaN, inf, FP16's max ...) with q = 127, the random ones one block's
-    scale or one of its q, never past the tensor; no case of the base is refused. (Running
-    them through the engine waits for its Q8_0 support: suite.MUTATED has no Q8_0 base yet.)"""
+    scale or one of its q, never past the tensor; no case of the base is refused. (The suite
+    runs such cases through the engine on shapes.Q8_BASE.)"""
     from builder import synth
     from fuzz import mutate
     synth.synth("tiny-g3", tmp_path / "q.bin", progress=False, wtype="q8_0")

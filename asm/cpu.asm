@@ -2,28 +2,26 @@
 
 CPUID1_NEED = (1 shl 12) or (1 shl 27) or (1 shl 28) or (1 shl 29) ; ecx: FMA OSXSAVE AVX F16C
 XCR0_SSE_AVX = 6                                        ; the OS saves XMM and YMM state
-XCR0_AVX512 = 0xE0                                      ; and opmask, ZMM0-15 upper, ZMM16-31
-CPUID7_AVX512F = 16                                     ; leaf 7 ebx
 
 ; cpu_setup: the matrix-product kernel every thread calls and the tokens it takes per call:
 ; matmul_f16_avx2 and 4 when CPUID leaf 1 reports AVX, FMA, F16C and OSXSAVE, XGETBV shows
 ; XCR0 bits 1 and 2 (all that kernel uses) and the model's dim, ffn and heads x head_dim are
-; multiples of 16 (its precondition; every Gemma is), unless --baseline was given; then
-; matmul_f16_avx512 instead when CPUID leaf 7 reports AVX512F and XCR0 bits 5-7 are set too;
-; matmul_f16 and 1 otherwise.
-;   in: --baseline (byte 1 of opt_tokens), model_base, rbp fwd_vars (FV_Q_DIM)
-;   out: job_kernel, job_tokens
-;   clobbers: rax rcx rdx rsi rdi
+; multiples of 16 (its precondition; every Gemma is), unless --baseline was given;
+; matmul_f16 and 1 otherwise. Q8_0 matrices: matmul_q8_avx2 with the first, matmul_q8 with the
+; second.
+;   in: --baseline (byte 1 of opt_tokens), rbx the model header, rbp fwd_vars (FV_Q_DIM)
+;   out: job_kernel, job_kernel_q8 (matmul_q8 or matmul_q8_avx2), job_tokens
+;   clobbers: rax rcx rdx rsi rdi r8
 cpu_setup:
         push    rbx
-        lea     rsi, [matmul_f16]
+        mov     esi, matmul_f16     ; (addresses are below 2^32)
+        mov     r8d, matmul_q8
         push    1
         pop     rdi
         cmp     byte [opt_tokens+1], 0  ; --baseline (main.asm)
         jne     .chosen
-        mov     rax, [model_base]
-        mov     ecx, [rax+HDR_DIM]
-        or      ecx, [rax+HDR_FFN]
+        mov     ecx, [rbx+HDR_DIM]
+        or      ecx, [rbx+HDR_FFN]
         or      ecx, [rbp+FV_Q_DIM]
         test    cl, 15
         jnz     .chosen                 ; a product's n (dim, ffn, heads x head_dim) is not
@@ -39,19 +37,12 @@ cpu_setup:
         not     eax
         test    al, XCR0_SSE_AVX
         jnz     .chosen
-        lea     rsi, [matmul_f16_avx2]
+        mov     esi, matmul_f16_avx2
+        mov     r8d, matmul_q8_avx2
         mov     dil, FAST_TOKENS
-        test    al, XCR0_AVX512         ; (eax is XCR0 inverted)
-        jnz     .chosen
-        push    7
-        pop     rax                     ; CPUID leaf 7,
-        xor     ecx, ecx                ; subleaf 0: extended features
-        cpuid
-        bt      ebx, CPUID7_AVX512F
-        jnc     .chosen
-        lea     rsi, [matmul_f16_avx512]
 .chosen:
         mov     [job_kernel], rsi
+        mov     [job_kernel_q8], r8
         mov     [job_tokens], edi
         pop     rbx
         ret

@@ -42,9 +42,11 @@ HDR_FLAGS       = 152           ; u32: FLAG_* below
 HDR_ATT_SOFTCAP = 156           ; f32: 0 = none, else c: scores s -> c tanh(s / c)
 HDR_FINAL_SOFTCAP = 160         ; f32: the same on the logits
 
-; header flags: the optional norms every layer has
+; header flags: the optional norms every layer has, and the matrices' type
 FLAG_POST_NORMS = 1             ; post_attn_norm, post_ffn_norm (ffn_norm is then the pre-norm)
 FLAG_QK_NORM    = 2             ; q_norm, k_norm (head_dim each), on every head before rope
+FLAG_Q8_0       = 4             ; a matrix with rows of a multiple of QK8_0 weights: Q8_0 blocks
+QK8_0           = 32            ; weights per Q8_0 block: an FP16 scale d, QK8_0 int8 q
 
 ; piece record fields
 PIECE_BLOB_OFF  = 0

@@ -15,30 +15,31 @@ BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feed
 ; model_setup: derived dimensions, the weights size check, weight and buffer pointers.
 ; Relies on the header validation in model.asm (dims >= 1, <= 2^16; vocab <= 2^24; layers,
 ; heads <= 2^10; heads % kv_heads == 0; ctx_len <= max_ctx), so no product below overflows.
-;   in: model_base, ctx_len, n_threads   out: fwd_vars set, the kernel chosen (cpu_setup), the
-;   workers started (threads_start); fatal "bad header" if weights_size is not the layout's
-;   size, "out of memory", "cannot start threads"
-;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0 (preserves the rest)
+;   in: rbx model header (model_base), rbp front_base (ctx_len), n_threads
+;   out: fwd_vars set, the kernel chosen (cpu_setup), the workers started (threads_start);
+;   fatal "bad header" if weights_size is not the layout's size, "out of memory", "cannot
+;   start threads"
+;   clobbers: rax rcx rdx rsi rdi r8-r12 xmm0 (preserves the rest)
 model_setup:
-        push    rbx
-        push    rbp
-        push    rax                     ; aligns rsp for the calls
-        lea     rbp, [fwd_vars]
-        mov     rbx, [model_base]
+        push    rbp                     ; (also aligns rsp for the calls)
+        mov     r8d, [rbp+V_CTX_LEN]    ; (kept for the KV cache's size below)
+        lea     ebp, [rbp+fwd_vars-front_base]  ; fwd_vars (addresses are below 2^32)
         mov     eax, [rbx+HDR_HEAD_DIM]
         mov     ecx, eax
-        imul    eax, [rbx+HDR_HEADS]
+        mul     dword [rbx+HDR_HEADS]   ; (mul: shorter than imul; edx unused)
         mov     [rbp+FV_Q_DIM], eax
         imul    ecx, [rbx+HDR_KV_HEADS]
         mov     [rbp+FV_KV_DIM], ecx
-        xor     edx, edx
+        cdq                             ; (eax < 2^31)
         div     ecx                     ; H hd / (K hd)
         mov     [rbp+FV_GROUP], eax
         shl     ecx, 2
         mov     [rbp+FV_KV_ROW], rcx
         ; weights: embed, layers x (window, rope, [2 q/k norms], 2 or 4 norms, wq wo, wk wv,
         ; gate up down), final norm
-        mov     edx, [rbx+HDR_FLAGS]
+        lea     r9, [rbx+HDR_BLOB_SIZE] ; r9: the header's fields past 127 with a disp8
+        mov     edx, [r9+HDR_FLAGS-HDR_BLOB_SIZE]
+        mov     [rbp+FV_FLAGS], edx     ; (tested with a one-byte displacement)
         mov     ecx, [rbx+HDR_HEAD_DIM]
         push    TENSOR_ALIGN            ; a layer's: its window (one u32)
         pop     rsi
@@ -61,57 +62,57 @@ model_setup:
         lea     rsi, [rsi+rax*2]        ; post_attn_norm, post_ffn_norm
 .matrices:
         mov     rdi, rax                ; final norm
-        mov     eax, [rbp+FV_Q_DIM]
-        call    tensor_bytes            ; wq wo
         mov     eax, [rbp+FV_KV_DIM]
-        call    tensor_bytes            ; wk wv
+        call    matrix_bytes            ; wk
+        add     rsi, rax                ; wv
+        mov     eax, [rbp+FV_Q_DIM]
+        call    matrix_pair             ; wq, wo
         mov     eax, [rbx+HDR_FFN]
-        call    tensor_bytes            ; gate up
-        add     rsi, rax                ; down
+        call    matrix_pair             ; up, down
+        call    matrix_bytes            ; gate
         mov     eax, [rbx+HDR_LAYERS]
         imul    rsi, rax
         add     rdi, rsi
         mov     eax, [rbx+HDR_VOCAB]
-        call    tensor_bytes            ; embed
+        push    rsi
+        call    matrix_bytes            ; embed
+        pop     rsi
         add     rdi, rax
-        cmp     rdi, [rbx+HDR_WEIGHTS_SIZE]
+        cmp     rdi, [r9+HDR_WEIGHTS_SIZE-HDR_BLOB_SIZE]
         jne     err_header
-        mov     rdx, [rbx+HDR_WEIGHTS_OFF]
+        mov     rdx, [r9+HDR_WEIGHTS_OFF-HDR_BLOB_SIZE]
         add     rdx, rbx
         mov     [rbp+FV_EMBED], rdx
         add     rdx, rax
         mov     [rbp+FV_LAYER0], rdx
         ; one mapping: 7 scratch vectors of S bytes each (x xb q att hb hb2 logits), then the
         ; KV cache: per layer a K and a V block of ctx_len rows of kv_dim float32
-        mov     ecx, [ctx_len]
         mov     eax, [rbx+HDR_DIM]
         add     eax, [rbp+FV_Q_DIM]
         add     eax, [rbx+HDR_FFN]
-        add     eax, ecx
+        add     eax, r8d                ; ctx_len
         add     eax, [rbx+HDR_VOCAB]
         add     eax, 15
         and     al, -16
         shl     eax, 2 + BLOCK_SHIFT    ; S: holds any vector for a block, a multiple of 64
-        imul    rcx, [rbp+FV_KV_ROW]
-        mov     [rbp+FV_KV_BLOCK], rcx
+        imul    r8, [rbp+FV_KV_ROW]
+        mov     [rbp+FV_KV_BLOCK], r8
         mov     edx, [rbx+HDR_LAYERS]
-        imul    rdx, rcx
+        imul    rdx, r8
         imul    rdi, rax, 7
         lea     rdi, [rdi+rdx*2]
-        mov     rbx, rax                ; S (the header is done with)
+        mov     r12, rax                ; S
         call    alloc
-        mov     rdi, rbp
+        lea     rdi, [rbp+FV_X]         ; (fwd_vars is 32 bytes into the record: vars.asm)
         push    8
         pop     rcx
 .pointer:
         stosq                           ; FV_X, FV_XB, ..., FV_LOGITS, FV_KV
-        add     rax, rbx
+        add     rax, r12
         loop    .pointer
-        call    cpu_setup               ; the kernel (cpu.asm)
-        call    threads_start           ; the workers (threads.asm)
-        pop     rax
+        call    cpu_setup               ; the kernel (cpu.asm; keeps rbx)
+        call    threads_start           ; the workers (threads.asm; keeps rbx)
         pop     rbp
-        pop     rbx
         ret
 
 ; forward: a block of B tokens at positions pos .. pos+B-1 through the model, layer by layer:
@@ -122,22 +123,31 @@ model_setup:
 ; of tokens fed before.
 ;   in: rsi ids (B u32 tokens, each < vocab), ecx pos, edx B (1 .. BLOCK, pos + B <= ctx_len),
 ;   r8d the prompt's length
-;   out: rax logits (B, vocab) float32: every row with --logits (logits_fd); else the last
-;   row, and none at all for a block that ends before the prompt does
-;   clobbers: rcx rdx rsi rdi r8-r11 xmm0-xmm15 (preserves rbx rbp r12-r15)
+;   out: the logits (float32, vocab a row): every row with --logits (logits_fd); else the
+;   last row, and none at all for a block that ends before the prompt does (then rax rsi
+;   edx undefined); rax -> the last row, rsi -> the rows written, edx = their bytes
+;   clobbers: rcx rdi r8-r11 xmm0-xmm15 (preserves rbx rbp r12-r15)
 forward:
         call    fwd_frame               ; [rsp]: the prompt's length (r8)
         mov     [rbp+FV_B], edx
         mov     [rbp+FV_POS], ecx
+        lea     eax, [rcx+rdx]
+        mov     [rbp+FV_N_T], eax       ; pos + B: where the token loops end
         xor     r9d, r9d
         mov     r15, [rbp+FV_X]         ; x_t
         mov     r14d, edx               ; tokens left
+        mov     ecx, [rbx+HDR_DIM]
+        push    rsi
+        call    matrix_bytes            ; r10: an embedding row's bytes, rdx: its lookup
+        pop     rsi
+        mov     r13, r10
+        mov     r12, rdx
 .embed:
         mov     r8d, [rbx+HDR_DIM]
         lodsd                           ; token t
-        imul    rax, r8
+        imul    rax, r13
         mov     rdx, [rbp+FV_EMBED]
-        lea     rdx, [rdx+rax*2]
+        add     rdx, rax
         mov     rdi, r15
         lea     r15, [r15+r8*4]
         push    1
@@ -145,8 +155,8 @@ forward:
         push    rsi                     ; ids (twice: rsp stays 16-aligned)
         push    rsi
         lea     rsi, [rbx+HDR_EMBED_SCALE]
-        call    matmul_f16              ; x_t = embed[token t] (d,1) @ [embed_scale]: exact
-        pop     rsi                     ; (matmul_f16 keeps r9)
+        call    r12                     ; x_t = embed[token t] embed_scale (keeps r9)
+        pop     rsi
         pop     rsi
         dec     r14d
         jnz     .embed
@@ -165,7 +175,6 @@ forward:
         call    fwd_skip                ; past rope's hd/2 float32
         call    fwd_norm                ; xb = rmsnorm(x, attn_norm)
         mov     r13d, [rbp+FV_POS]
-        mov     [rbp+FV_N_T], r13d      ; (the token loop's start)
         imul    r13, [rbp+FV_KV_ROW]    ; pos's row in a K or V block
         mov     r15, [rbp+FV_Q]         ; q_h of token t: runs over the whole of q
         mov     rdi, r15
@@ -179,18 +188,16 @@ forward:
         mov     r8d, [rbp+FV_KV_DIM]
         call    fwd_matmul_xb           ; v = wv @ xb, into the V cache at pos ..
         mov     r13, r12                ; q_norm, k_norm (FLAG_QK_NORM), or wo
+        mov     ecx, [rbp+FV_POS]       ; pos + t
 .token:
-        mov     ecx, [rbp+FV_N_T]       ; pos + t
-        inc     dword [rbp+FV_N_T]      ; (after the block: pos + B)
         call    fwd_ropes               ; q_t, k_t = rope(norm(q_t)), rope(norm(k_t)); keeps
         mov     eax, [rbp+FV_Q_DIM]     ; ecx; r12 past the q/k norms (if any): wo
         lea     r15, [r15+rax*4]        ; the next q_t
-        sub     ecx, [rbp+FV_POS]
         inc     ecx
-        cmp     ecx, [rbp+FV_B]
+        cmp     ecx, [rbp+FV_N_T]
         jb      .token
         mov     [rbp+FV_KLAYER], r14
-        lea     rax, [att_share]
+        mov     eax, att_share          ; (addresses are below 2^32)
         call    par_run                 ; xb_h = attention of every token and head (threads)
         mov     rsi, [rbp+FV_XB]
         mov     ecx, [rbp+FV_Q_DIM]
@@ -217,35 +224,39 @@ forward:
         mov     rdi, [rbp+FV_LOGITS]
         mov     r12, [rbp+FV_EMBED]
         mov     r8d, [rbx+HDR_VOCAB]
+        mov     eax, [rbp+FV_B]
+        dec     eax
+        mul     r8d                     ; (edx: 0)
+        lea     rdx, [rdi+rax*4]        ; the last token's row (all sampling needs)
         cmp     dword [logits_fd], 0
         jne     .all                    ; --logits: every token's row
         mov     eax, [rbp+FV_N_T]       ; pos + B
         cmp     eax, [rsp]
         jb      .done                   ; a block before the prompt's end: none
-        mov     eax, [rbp+FV_B]         ; else the last token's (all sampling needs)
-        dec     eax
-        imul    eax, r8d
-        lea     rdi, [rdi+rax*4]
+        mov     rdi, rdx                ; else the last token's alone
         mov     byte [rbp+FV_B], 1      ; (B <= BLOCK: the upper bytes are 0)
         jmp     .logits
 .all:
         mov     rsi, [rbp+FV_XB]
 .logits:
-        push    rdi                     ; the first row (twice: rsp stays 16-aligned)
-        push    rdi
+        push    rdx                     ; the last row
+        push    rdi                     ; the first row written
         call    fwd_matmul              ; logits = embed (vocab,d) @ xb
         pop     rdi
-        pop     rdi
-        mov     eax, [rbx+HDR_FINAL_SOFTCAP]
-        test    eax, eax
-        jz      .done
-        movd    xmm1, eax
-        movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
         mov     esi, [rbx+HDR_VOCAB]
         imul    esi, [rbp+FV_B]         ; the rows written (FV_B: 1 without --logits)
-        call    softcap                 ; logits = c tanh(logits / c)
+        mov     eax, [rbx+HDR_FINAL_SOFTCAP]
+        test    eax, eax
+        jz      .capped
+        movd    xmm1, eax
+        movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
+        call    softcap                 ; logits = c tanh(logits / c); keeps rdi rsi
+.capped:
+        pop     rax                     ; -> the last row
+        shl     esi, 2
+        mov     edx, esi                ; bytes of the rows written
+        mov     rsi, rdi                ; -> the first of them
 .done:
-        mov     rax, [rbp+FV_LOGITS]
         pop     rcx
         pop     r15
         pop     r14
@@ -293,7 +304,7 @@ fwd_skip:
 ; w) instead, w the d float32 after W (the product goes through hb2).   in: rsi src, ecx n
 fwd_residual:
         mov     r8d, [rbx+HDR_DIM]
-        test    byte [rbx+HDR_FLAGS], FLAG_POST_NORMS
+        test    byte [rbp+FV_FLAGS], FLAG_POST_NORMS
         jnz     .post
         mov     rdi, [rbp+FV_X]
         mov     r9b, 1
@@ -319,7 +330,7 @@ fwd_matmul:
 .w:
         mov     eax, r8d
         push    rsi                     ; (aligns rsp for the call)
-        call    tensor_bytes            ; W's room
+        call    matrix_bytes            ; W's room, row bytes, kernel
         pop     rsi
         mov     rdx, r12
         add     r12, rax
@@ -336,14 +347,14 @@ fwd_ropes:
         mov     esi, [rbx+HDR_HEADS]
         call    fwd_rope
         pop     rax
-        imul    rax, [rbp+FV_KV_ROW]
+        mul     qword [rbp+FV_KV_ROW]   ; (rdx: free here)
         lea     rdi, [r14+rax]
         mov     esi, [rbx+HDR_KV_HEADS]
 ; fwd_rope: with FLAG_QK_NORM each head = rmsnorm(head, the hd float32 at r12), r12 past
 ; them; then rope on the n heads of x at position pos with this layer's frequencies.
 ;   in: rdi x, esi n, ecx pos (kept), r12
 fwd_rope:
-        test    byte [rbx+HDR_FLAGS], FLAG_QK_NORM
+        test    byte [rbp+FV_FLAGS], FLAG_QK_NORM
         jz      .rope
         push    rcx
         push    rsi
@@ -373,10 +384,10 @@ fwd_rope:
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm2 (keeps rbx rbp r12-r15)
 att_share:
         call    fwd_frame
-        mov     r15d, [ctx_len]
-        imul    r15d, esi
-        shl     r15, 2
-        add     r15, [rbp+FV_ATT]       ; thread k's att
+        mov     eax, [ctx_len]
+        mul     esi                     ; (edx: free here)
+        mov     r15, [rbp+FV_ATT]
+        lea     r15, [r15+rax*4]        ; thread k's att
         mov     ecx, [job_t]
         push    BLOCK
         pop     rax
@@ -385,49 +396,49 @@ att_share:
         mov     r14d, [rbp+FV_B]
         imul    r14d, [rbx+HDR_HEADS]   ; B H tasks
         lea     eax, [r14+rcx-1]
-        xor     edx, edx
+        cdq                             ; (eax < 2^31)
         div     ecx                     ; c
         imul    esi, eax
-        mov     r13d, esi               ; i = k c
+        mov     r12d, esi               ; i = k c
         add     eax, esi
         cmp     r14d, eax
         cmova   r14d, eax               ; the end: min(B H, (k+1) c)
 .task:
-        cmp     r13d, r14d
-        jae     .done
-        mov     eax, r13d
-        xor     edx, edx
+        cmp     r12d, r14d
+        jae     forward.done            ; the same pushes: forward's epilogue
+        mov     eax, r12d
+        cdq                             ; (i < 2^31)
         div     dword [rbx+HDR_HEADS]   ; t, h
         add     eax, [rbp+FV_POS]
         inc     eax
-        mov     r12d, eax               ; n_t
+        mov     r13d, eax               ; n_t
         xchg    eax, edx
         cdq
         div     dword [rbp+FV_GROUP]    ; g
         mov     ecx, [rbx+HDR_HEAD_DIM]
-        imul    eax, ecx
+        mul     ecx                     ; (edx: free here)
         mov     rdx, [rbp+FV_KLAYER]
         lea     rdx, [rdx+rax*4]        ; K_g
-        lea     eax, [r12-1]            ; pos + t
+        lea     eax, [r13-1]            ; pos + t
         sub     eax, [rbp+FV_WINDOW]    ; - (w - 1): the first position attended, when > 0
         jbe     .all
-        sub     r12d, eax               ; n_t: the w positions from there
+        sub     r13d, eax               ; n_t: the w positions from there
         imul    rax, [rbp+FV_KV_ROW]
         add     rdx, rax                ; K_g from there
 .all:
         push    rdx                     ; (with rax: rsp stays 16-aligned for the calls)
-        mov     eax, r13d
+        mov     eax, r12d
         imul    eax, ecx                ; i hd: q_h's and o_h's offset in floats
         push    rax
         mov     rsi, [rbp+FV_Q]
         lea     rsi, [rsi+rax*4]        ; q_h
         mov     rdi, r15
-        mov     r8d, r12d
+        mov     r8d, r13d
         mov     r9, [rbp+FV_KV_ROW]
         call    matvec_f32              ; att = K_g (n_t,hd) @ q_h; keeps ecx
         mov     r8d, ecx                ; hd
         mov     rdi, r15
-        mov     esi, r12d
+        mov     esi, r13d
         movss   xmm0, [rbx+HDR_ATT_SCALE]
         movss   xmm1, [rbx+HDR_ATT_SOFTCAP]
         call    softcap                 ; att = cap(att att_scale); keeps rdi rsi r8
@@ -441,10 +452,8 @@ att_share:
         lea     rdi, [rdi+rax*4]        ; o_h
         mov     r9, [rbp+FV_KV_ROW]
         call    matvec_t_f32            ; o_h = V_g^T (hd,n_t) @ att
-        inc     r13d
+        inc     r12d
         jmp     .task
-.done:
-        jmp     forward.done            ; the same pushes: forward's epilogue
 
 ; fwd_frame: the frame forward and att_share share (both leave through forward.done): pushes
 ; rbx rbp r12-r15 and r8 (so rsp is 16-aligned for calls when the caller's was 8 mod 16).
@@ -459,8 +468,50 @@ fwd_frame:
         push    r15
         push    r8
         lea     rbp, [fwd_vars]
-        mov     rbx, [model_base]
+        mov     rbx, [rbp+FV_MODEL_BASE]        ; (model_base: a disp8 from fwd_vars)
         jmp     r11
+
+; matrix_pair: matrix_bytes of (rows, cols), then of (cols, rows), both added to rsi.
+;   in: eax rows, ecx cols, rbp fwd_vars, rsi   out: rsi (eax, ecx kept)   clobbers: rdx r10 r11
+matrix_pair:
+        push    rax
+        push    rcx
+        call    matrix_bytes
+        pop     rax                     ; cols
+        pop     rcx                     ; rows
+        push    rcx
+        push    rax
+        call    matrix_bytes            ; the transposed
+        pop     rcx
+        pop     rax
+        ret
+
+; matrix_bytes: the room a (rows, cols) matrix takes in the weights, padding included (FP16,
+; or Q8_0 blocks when the header has FLAG_Q8_0 and cols is a multiple of QK8_0), added to
+; rsi; its bytes per row, its kernel (cpu.asm's choice for that type) and the routine that
+; looks up a row of it (the embedding: matmul_f16 of the row as a (cols,1) column by [s], or
+; dequant_q8).
+;   in: eax rows, ecx cols (upper halves zero), rbp fwd_vars (FV_FLAGS), rsi
+;   out: rax the room, rsi + rax, r10 bytes per row, r11 the kernel, rdx the lookup
+;   clobbers: nothing else
+matrix_bytes:
+        lea     r10d, [rcx+rcx]         ; FP16: 2 bytes a weight
+        mov     r11, [job_kernel]
+        mov     edx, matmul_f16         ; (addresses are below 2^32)
+        test    byte [rbp+FV_FLAGS], FLAG_Q8_0
+        jz      .room
+        test    cl, QK8_0-1
+        jnz     .room
+        imul    r10d, ecx, 17           ; Q8_0: 34 bytes per 32 weights
+        shr     r10d, 4
+        mov     r11, [job_kernel_q8]
+        mov     edx, dequant_q8
+.room:
+        imul    rax, r10
+        add     rax, TENSOR_ALIGN-1
+        and     al, -TENSOR_ALIGN       ; (the upper bytes: unchanged, as by and rax)
+        add     rsi, rax
+        ret
 
 ; tensor_bytes: the room a (rows, cols) f16 tensor takes in the weights, padding included,
 ; added twice to rsi (a pair of such tensors).

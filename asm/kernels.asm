@@ -13,8 +13,10 @@
 ; remain; the leftover columns one at a time into lane 0; then ((l0 + l4) + (l1 + l5)) +
 ; ((l2 + l6) + (l3 + l7)); then + xout when accumulating. Every product is rounded.
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n, r8d d, r9d accumulate
-;   out: xout   clobbers: rax rcx rdx rdi r8 r11 xmm0-xmm4 xmm6 xmm7
+;   out: xout   clobbers: rax rcx rdx rdi r8 r10 r11 xmm0-xmm4 xmm6 xmm7
 matmul_f16:
+        lea     r10, [.col]             ; a row's loop (matmul_q8 has its own)
+.setup:
         mov     rax, 0x778000008FFFFFFF ; 2^112 (float32 bits), the mask
         movq    xmm6, rax
         pshufd  xmm7, xmm6, 0x55        ; 2^112 in every lane
@@ -23,6 +25,7 @@ matmul_f16:
         xorps   xmm0, xmm0
         xorps   xmm4, xmm4
         xor     eax, eax                ; column
+        jmp     r10
 .col:
         lea     r11d, [rax+8]
         cmp     r11d, ecx
@@ -49,6 +52,7 @@ matmul_f16:
         cmp     eax, ecx
         jb      .col
         lea     rdx, [rdx+rax*2]        ; the next row (eax = n, upper half zero)
+.sum:
         addps   xmm0, xmm4
         haddps  xmm0, xmm0
         haddps  xmm0, xmm0
@@ -270,6 +274,62 @@ geglu:
         mulss   xmm0, [rsi+rcx*4-4]
         movss   [rdi+rcx*4-4], xmm0
         loop    .unit
+        ret
+
+; matmul_q8: matmul_f16's product with W in Q8_0 blocks (n a multiple of 32; x 16-byte
+; aligned): a block is an FP16 scale d then 32 int8 q; each weight d q is exact in float32
+; (11 by 8 significant bits), then the same float32 operations as matmul_f16, lane for lane:
+; its results are matmul_f16's on those weights, bit for bit.
+; dequant_q8: xout (d,) = (d_b q_i) s, the first d weights of the Q8_0 row W times the scalar
+; at rsi, each rounded once (as matmul_f16 gives for an FP16 (d,1) column by [s]: an
+; embedding row); ecx = 1 (that call's n) tells it from matmul_q8.
+;   in: rdi xout, rsi x, rdx W (rows of n/32 blocks of 34 bytes), ecx n, r8d d, r9d accumulate
+;   out: xout   clobbers: rax rcx rdx rdi r8 r10 r11 xmm0-xmm7
+dequant_q8:
+        lea     r10, [matmul_q8.deq]
+        jmp     matmul_f16.setup
+matmul_q8:
+        lea     r10, [.col]
+        jmp     matmul_f16.setup
+.deq:
+        movss   xmm2, [rsi]
+        shufps  xmm2, xmm2, 0           ; s in every lane
+.col:                                   ; xmm1, xmm3: the weights of columns j .. j+7
+        test    al, QK8_0-1
+        jnz     .q
+        movd    xmm5, [rdx]             ; a block's start: d, then its first two q
+        pslld   xmm5, 16                ; d in the upper half: as matmul_f16's halves
+        psrad   xmm5, 3
+        andps   xmm5, xmm6
+        mulps   xmm5, xmm7
+        shufps  xmm5, xmm5, 0           ; d in every lane
+        add     rdx, 2
+.q:
+        pmovsxbd xmm1, [rdx]
+        pmovsxbd xmm3, [rdx+4]
+        add     rdx, 8
+        cvtdq2ps xmm1, xmm1
+        cvtdq2ps xmm3, xmm3
+        mulps   xmm1, xmm5              ; d q: exact
+        mulps   xmm3, xmm5
+        cmp     cl, 1                   ; dequant_q8 (n of a product: a multiple of 32)
+        je      .d8
+        mulps   xmm1, [rsi+rax*4]
+        mulps   xmm3, [rsi+rax*4+16]
+        addps   xmm0, xmm1
+        addps   xmm4, xmm3
+        add     eax, 8
+        cmp     eax, ecx
+        jb      .col
+        jmp     matmul_f16.sum
+.d8:
+        mulps   xmm1, xmm2
+        mulps   xmm3, xmm2
+        movups  [rdi+rax*4], xmm1
+        movups  [rdi+rax*4+16], xmm3
+        add     eax, 8
+        cmp     eax, r8d
+        jb      .col
         ret
 
 ; rope: rotate each of the n_heads heads of x (n_heads, hd) by position pos, half-split pairs

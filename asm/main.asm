@@ -18,20 +18,22 @@ DEFAULT_CTX = 4096
 start:
         mov     ebp, front_base         ; for good (vars.asm)
         ; writes to a closed pipe must return EPIPE (then output.asm exits quietly)
-        ; rather than kill the process: block SIGPIPE.
-        lea     esi, [rbp+V_OUT_BUF]    ; a sigset in the (still zeroed) out_buf (rbp < 2^32)
-        mov     byte [rsi+1], SIGPIPE_BIT shr 8
-        xor     edi, edi                ; SIG_BLOCK
-        xor     edx, edx
-        push    8                       ; sizeof(sigset_t) as the kernel counts it
-        pop     rcx
-        call    sys_sigprocmask
+        ; rather than kill the process: block SIGPIPE. Linux starts an ELF program with every
+        ; general register but rsp zero (ELF_PLAT_INIT; so does qemu-user): edi = SIG_BLOCK,
+        ; rdx = no old set, and rcx's upper bytes already are.
+        lea     esi, [rbp+V_HELP]       ; the sigset: the (still zero) -h slot, whose byte 0 (the
+        mov     byte [rsi+1], SIGPIPE_BIT shr 8 ; flag) stays 0 (rbp < 2^32)
+        mov     cl, 8                   ; sizeof(sigset_t) as the kernel counts it
+        mov     al, SYS_rt_sigprocmask  ; (its only call: no wrapper)
+        call    sys_call
+        mov     [rbp+V_PROMPT], rsi     ; no -p: the empty prompt, that byte 0 (without -h)
         pop     rcx                     ; argc
         dec     ecx
         jle     usage
         pop     rax                     ; argv[0]
         dec     dword [rbp+V_N]         ; 0xFFFFFFFF (from 0)
-        mov     word [rbp+V_TOP_P+2], 0x3F80    ; 1.0 (0x3F800000)
+        fld1                            ; --top-p 1.0 (the x87 stack is empty)
+        fstp    dword [rbp+V_TOP_P]
         pop     rbx                     ; argv[1] (argc >= 2)
 
 ; The command line, popped off the stack: each argument must be a flag of opt_table; rbx =
@@ -116,6 +118,12 @@ err_no_model:
         call    fatal_here
         db      'no model (-m)', 0
 
+; help: -h / --help: print the usage text on stdout and exit with status 0 (sys.asm's usage
+; code; here in short-jump reach of setup).
+help:
+        push    STDOUT
+        jmp     usage.put
+
 ; setup: the model, the context, the prompt's ids; then the generation loop (next_arg
 ; goes on here once every argument is parsed).
 ;   in: rbp front_base with the options stored   out: never returns (exits)
@@ -158,7 +166,7 @@ setup:
         push    10
         pop     rcx
 .digit_out:
-        xor     edx, edx
+        cdq                             ; (ids < 2^24)
         div     ecx
         push    rdx
         test    eax, eax
@@ -181,8 +189,7 @@ setup:
         push    0x41                    ; O_WRONLY | O_CREAT: nothing truncated yet
         pop     rsi
         mov     edx, 420                ; 0644
-        call    sys_open
-        test    eax, eax
+        call    sys_open                ; (flags: test rax, rax)
         jns     logits_open
 err_cannot_write:                       ; [rsp] = the path
         pop     rbx
@@ -201,8 +208,7 @@ logits_open:                            ; (setup, continued)
         pop     rdi
         push    rdi
         mov     esi, 0x201              ; O_WRONLY | O_TRUNC, the same file again
-        call    sys_open
-        test    eax, eax
+        call    sys_open                ; (flags: test rax, rax)
         js      err_cannot_write
         pop     rcx
         mov     [rbp+V_LOGITS_FD], eax
@@ -211,8 +217,7 @@ logits_open:                            ; (setup, continued)
 ; (forward.asm), then sample, print and feed each new id (appended to the ids). r15d =
 ; position, r12 -> ids, r13d = prompt length (>= 1), r14d = ids still to generate (-n),
 ; rbx = header.
-generate:
-        xor     r15d, r15d
+generate:                               ; (r15 = 0: tokenize)
         mov     r14d, [rbp+V_N]
 .prompt:
         push    BLOCK
@@ -222,25 +227,15 @@ generate:
         cmp     eax, edx
         cmovl   edx, eax
 .block:
-        push    rdx                     ; B (twice: rsp stays 16-aligned)
-        push    rdx
         lea     rsi, [r12+r15*4]
         mov     ecx, r15d
+        add     r15d, edx               ; (the position after the block)
         mov     r8d, r13d
-        call    forward                 ; rax -> B rows of logits (main's: the last one)
-        pop     rdx
-        pop     rdx
-        add     r15d, edx
-        mov     ecx, [rbx+HDR_VOCAB]
-        shl     ecx, 2                  ; bytes of a row
-        imul    edx, ecx                ; of the B rows
-        lea     rdi, [rax+rdx]
-        sub     rdi, rcx
-        push    rdi                     ; the last row, for sampling
+        call    forward                 ; rax -> the last row; rsi, edx: every row (--logits)
+        push    rax                     ; the last row, for sampling
         mov     edi, [rbp+V_LOGITS_FD]
         test    edi, edi
         jz      .logits_done
-        xchg    rsi, rax
         call    write_all
 .logits_done:
         pop     rdi
@@ -409,17 +404,16 @@ read_prompt:
         call    sys_open
         js      err_cannot_read
 .opened:
-        push    rax                     ; fd (twice: rsp stays 16-aligned for alloc)
-        push    rax
+        push    rax                     ; fd (rsp 16-aligned for alloc)
         mov     edi, PROMPT_FILE_MAX + 2
-        call    alloc
-        pop     rdi
+        call    alloc                   ; rsi = PROMPT_FILE_MAX + 2
         pop     rdi                     ; fd
+        lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
         lea     rsi, [rax+1]
         mov     [rbp+V_PROMPT], rsi
-        mov     edx, PROMPT_FILE_MAX
 .read:
-        call    sys_read
+        xor     eax, eax                ; SYS_read (its only call: no wrapper)
+        call    sys_call
         js      err_cannot_read         ; (a directory: EISDIR)
         jz      .end
         add     rsi, rax
@@ -429,6 +423,6 @@ read_prompt:
 .end:
         cmp     byte [rsi-1], 10
         jne     .done
-        mov     byte [rsi-1], 0
+        mov     [rsi-1], al             ; 0 (the read that returned it)
 .done:
         ret

@@ -98,7 +98,7 @@ check_header:                           ; (load_model, after the magic and the v
         jnz     err_header
         dec     edx
         jns     .field
-        cmp     dword [rbx+HDR_FLAGS], FLAG_POST_NORMS or FLAG_QK_NORM
+        cmp     dword [rbx+HDR_FLAGS], FLAG_POST_NORMS or FLAG_QK_NORM or FLAG_Q8_0
         ja      err_header
         mov     eax, 0x7F7FFFFF         ; FLT_MAX's bits: a soft-cap's bits must not exceed
         cmp     [rbx+HDR_ATT_SOFTCAP], eax      ; them (0: none; no sign, inf or NaN)

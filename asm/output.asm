@@ -72,17 +72,16 @@ flush:
 write_all:
         test    edx, edx
         jz      flush.done
-        call    sys_write
-        cmp     eax, -EPIPE             ; (counts are below 2^31: eax tells)
-        je      .gone
-        test    eax, eax
-        jle     .failed                 ; an error, or no progress
+        call    sys_write               ; (flags: test rax, rax)
+        jle     .error                  ; an error, or no progress
         mov     [rbp+V_WROTE], al
         add     rsi, rax
         sub     edx, eax
         jmp     write_all
-.gone:
-        cmp     byte [rbp+V_WROTE], 0
+.error:
+        cmp     eax, -EPIPE             ; (counts are below 2^31: eax tells)
+        jne     .failed
+        cmp     byte [rbp+V_WROTE], 0   ; EPIPE: gone after something got through?
         je      .failed
         push    EXIT_ERROR
         pop     rdi

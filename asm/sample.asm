@@ -79,7 +79,7 @@ sample:
         jmp     .bisect
 .draw:
         mov     rax, 6364136223846793005
-        imul    rax, [rbp+V_RNG]
+        mul     qword [rbp+V_RNG]       ; (the low half, as imul's; rdx: free here)
         inc     rax
         mov     [rbp+V_RNG], rax
         shr     rax, 40                 ; 24 random bits

@@ -26,22 +26,20 @@ EPIPE = 32                      ; write to a pipe nobody reads
 ; message the zero-terminated text after `call fatal_here` (without the "gemma: " prefix and
 ; the newline).   in: [rsp] -> the message   out: never returns
 fatal_here:
-        xor     ebx, ebx
+        mov     ebx, msg_prefix + 7     ; the empty argument: the prefix's zero byte
 ; fatal_arg_here: the same with an argument appended, "gemma: MESSAGEARGUMENT\n", the
 ; argument cut at its first control byte (so that the message stays one line) and at 256
-; bytes.   in: [rsp] -> the message, rbx argument (zero-terminated) or 0   out: never returns
+; bytes.   in: [rsp] -> the message, rbx argument (zero-terminated)   out: never returns
 fatal_arg_here:
-        lea     rsi, [msg_prefix]
+        mov     esi, msg_prefix         ; (addresses are below 2^32)
         call    put_err
         pop     rsi                     ; the message
         call    put_err
         push    rbx
         pop     rsi
-        test    rsi, rsi
-        jz      .newline
         mov     cl, ' '
-        call    put_err_until
-.newline:
+        call    write_until             ; (edi = STDERR still; an empty argument: a write of 0
+                                        ; bytes)
         push    10                      ; "\n", 0 on the stack
         push    rsp
         pop     rsi
@@ -49,15 +47,15 @@ fatal_arg_here:
         dec     edi                     ; STDERR (2) - 1 = EXIT_ERROR
         jmp     sys_exit
 
-; put_err: write a zero-terminated string to stderr.
+; put_err: write a zero-terminated string (at most 256 bytes of it) to stderr.
 ;   in: rsi string   out: edi = STDERR, rax bytes written or -errno   clobbers: rcx rdx r10 r11
 put_err:
-        mov     cl, 1
-; put_err_until: the same, the string ending at its first byte below cl, or after 256 bytes.
-put_err_until:
         push    STDERR
         pop     rdi
-; write_until: put_err_until to the file descriptor edi.
+; write_str: the same to the file descriptor edi.
+write_str:
+        mov     cl, 1
+; write_until: the same, the string ending at its first byte below cl, or after 256 bytes.
 write_until:
         xor     edx, edx
 .measure:
@@ -70,26 +68,18 @@ write_until:
 ; Each wrapper loads its syscall number into al and joins sys_call (which zero-extends it).
 ;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno, flags of
 ;   test rax, rax (SF: failed)   clobbers: rcx r10 r11
-; sys_read(fd, buf, len); sys_write(fd, buf, len); sys_open(path, flags, mode);
-; sys_fstat(fd, statbuf);
-; sys_sigprocmask(how, set, oldset, setsize);
+; sys_write(fd, buf, len); sys_open(path, flags, mode); sys_fstat(fd, statbuf);
 ; sys_sched_getaffinity(pid, len, mask); sys_futex(addr, op, val, timeout);
 ; sys_clone(flags, stack, ...): in the child, sys_call's `ret` pops the address stored at
 ; [stack]; sys_mmap(addr, len, prot, flags, fd, off).
 sys_write:                              ; (write_until runs on into it)
         mov     al, SYS_write
         jmp     sys_call
-sys_read:
-        mov     al, SYS_read
-        jmp     sys_call
 sys_open:
         mov     al, SYS_open
         jmp     sys_call
 sys_fstat:
         mov     al, SYS_fstat
-        jmp     sys_call
-sys_sigprocmask:
-        mov     al, SYS_rt_sigprocmask
         jmp     sys_call
 sys_sched_getaffinity:
         mov     al, SYS_sched_getaffinity
@@ -111,25 +101,21 @@ sys_mmap:
         mov     al, SYS_mmap
         jmp     sys_call
 
-; help: -h / --help: print the usage text on stdout and exit with status 0.
-help:
-        lea     rsi, [msg_usage]
-        push    STDOUT
-        pop     rdi
-        mov     cl, 1
-        call    write_until
-        dec     edi                     ; STDOUT (1) - 1 = 0
-        jmp     sys_exit
-; usage: print the usage text on stderr and exit with EXIT_USAGE.
+; usage: print the usage text on stderr and exit with EXIT_USAGE (help in main.asm: on
+; stdout, status 0, from .put).
 usage:
-        lea     rsi, [msg_usage]
-        call    put_err                 ; edi = STDERR = EXIT_USAGE
+        push    STDERR
+.put:
+        pop     rdi
+        mov     esi, msg_usage
+        call    write_str
+        and     edi, EXIT_USAGE         ; STDOUT (1) -> 0; STDERR (2) -> EXIT_USAGE (2)
 ; sys_exit: exit_group(2), ending every thread.
 ;   in: edi status   out: never returns
 sys_exit:
         mov     al, SYS_exit_group
 ; sys_call: the system call whose number is in al (a call used once loads al itself:
-; madvise(addr, len, advice) in model.asm).
+; madvise(addr, len, advice) in model.asm, rt_sigprocmask and read in main.asm).
 ;   in: al number, rdi rsi rdx rcx r8 r9   out: rax result or -errno, flags of test rax, rax
 ;   clobbers: rcx r10 r11
 sys_call:
@@ -141,8 +127,8 @@ sys_call:
         ret
 
 ; alloc: a zeroed, private, anonymous read-write mapping.
-;   in: rdi bytes   out: rax address (fatal "out of memory" on failure)
-;   clobbers: rcx rdx rsi rdi r8-r11
+;   in: rdi bytes   out: rax address (fatal "out of memory" on failure), rsi = the bytes
+;   clobbers: rcx rdx rdi r8-r11
 alloc:
         push    rdi
         pop     rsi

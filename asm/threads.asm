@@ -81,7 +81,8 @@ worker:
 ; par_matmul: matmul_f16's product for B tokens, by the chosen kernel (cpu.asm), rows split
 ; over T threads: xout (B,d) = rows of W (d,n) @ each of x (B,n).
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16), eax B,
-;   job_gate (mm_share)   out: xout; job_gate = 0 again
+;   r10 bytes per row of W, r11 the kernel (job_kernel or job_kernel_q8), job_gate (mm_share)
+;   out: xout; job_gate = 0 again
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 par_matmul:
         push    rbx
@@ -93,6 +94,8 @@ par_matmul:
         mov     [rbx+J_N], ecx
         mov     [rbx+J_D], r8d
         mov     [rbx+J_ACC], r9d
+        mov     [rbx+J_ROWB], r10
+        mov     [rbx+J_CALL], r11
         lea     rax, [mm_share]
         jmp     par_run.go
 
@@ -185,16 +188,16 @@ mm_share:
         mov     rsi, [rbx+J_X]
         lea     rsi, [rsi+rax*4]        ; x + t n * 4
         mov     eax, r12d
-        imul    rax, rcx
+        imul    rax, [rbx+J_ROWB]
         mov     rdx, [rbx+J_W]
-        lea     rdx, [rdx+rax*2]        ; W + row n * 2
+        add     rdx, rax                ; W + row (bytes per row)
         mov     eax, [rbx+J_B]
         sub     eax, ebp
         cmp     eax, [rbx+J_TOKENS]
         cmova   eax, [rbx+J_TOKENS]
         push    rax                     ; the kernel's tokens
         mov     r9d, [rbx+J_ACC]
-        call    qword [rbx+J_KERNEL]
+        call    qword [rbx+J_CALL]
         pop     rax
         pop     rcx
         add     ebp, eax

@@ -16,15 +16,12 @@ SYM_SCORE       = 16            ; f32 score of the pair's piece
 ; symbol; merge the adjacent free pair whose bytes are the best-scoring normal piece
 ; (leftmost on ties) until none is; each symbol -> its id, or one byte piece per byte.
 ;   in: rbx header, rbp front_base, opt_prompt   out: r12 -> ids (BOS first, room for
-;   ctx_len), r13d = their count   clobbers: rax rcx rdx rsi rdi r8-r11 r14 r15 xmm0
+;   ctx_len), r13d = their count, r15 = 0 (main.asm's position)
+;   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0
 ;   (fatal "prompt too long" for more ids than ctx_len, or early when the text alone proves
 ;   it: more bytes than ctx_len * max_piece_len)
 tokenize:
-        mov     rsi, [rbp+V_PROMPT]
-        test    rsi, rsi
-        jnz     .measure
-        lea     rsi, [rbp+V_PROMPT]     ; no -p: the empty prompt (the null pointer's bytes)
-.measure:
+        mov     rsi, [rbp+V_PROMPT]     ; (never 0: main.asm's start sets an empty default)
         push    rsi
         pop     rdi
         xor     eax, eax
@@ -149,7 +146,7 @@ tokenize:
         jmp     .pair
 .pass_done:
         test    r15, r15
-        jz      .merged
+        jz      .merged                 ; (r15 = 0 from here on: the out value)
         lea     rdi, [r15+SYM]
         lea     rsi, [rdi+SYM]          ; move best+2 .. the sentinel down one
         sub     r13, SYM

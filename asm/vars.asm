@@ -1,13 +1,71 @@
 ; vars.asm: the engine's zero-initialised state (bss). Reserved space takes no file bytes.
-; Two sections: "front" (W-front: command line, model mapping, tokenizer, sampler, output)
-; and "forward" (W-fwd: weights, KV cache, activations). Keep qwords first, then dwords.
+; Three sections: "forward" (W-fwd: weights, KV cache, activations), "front" (W-front:
+; command line, model mapping, tokenizer, sampler, output) and "fast" (W-fast: the threads).
+; Keep qwords first, then dwords.
+
+; ---- forward ----------------------------------------------------------------------------
+; The first eight qwords are set in this order by model_setup's pointer loop. fwd_vars (rbp
+; in forward.asm) is 32 bytes into the record, so that [rbp + FV_*] reaches every field, and
+; model_base just after the record, with a one-byte displacement (-32 .. 127).
+fv_x:           rq 1            ; x (d,): the residual stream
+fv_xb:          rq 1            ; xb (max(d, H*hd),): normed x, then the heads' outputs
+fv_q:           rq 1            ; q (H*hd,)
+fv_att:         rq 1            ; att (BLOCK, ctx): per attention thread, scores then probabilities
+fwd_vars:
+fv_hb:          rq 1            ; hb (ffn,)
+fv_hb2:         rq 1            ; hb2 (ffn,)
+fv_logits:      rq 1            ; logits (vocab,)
+fv_kv:          rq 1            ; KV cache: per layer K (ctx, K*hd), then V (ctx, K*hd)
+fv_embed:       rq 1            ; embedding f16 (vocab, d), the first tensor
+fv_layer0:      rq 1            ; layer 0's attn_norm, the second tensor
+fv_kv_block:    rq 1            ; bytes of one K or V block: ctx * K*hd * 4
+fv_kv_row:      rq 1            ; bytes of one cache row: K*hd * 4
+fv_klayer:      rq 1            ; this layer's K block (for att_share)
+fv_rope:        rq 1            ; this layer's rope tensor: hd/2 inverse frequencies
+fv_q_dim:       rd 1            ; H*hd
+fv_kv_dim:      rd 1            ; K*hd
+fv_group:       rd 1            ; H/K: query heads per kv head
+fv_window:      rd 1            ; this layer's window w - 1 (w = 0, none: 2^32 - 1)
+fv_n_t:         rd 1            ; pos + B: the end of the block's positions
+fv_layers_left: rd 1            ; layer countdown in forward
+fv_b:           rd 1            ; B: tokens in this block
+fv_pos:         rd 1            ; the block's first position
+fv_flags:       rd 1            ; the header's flags (FLAG_*), copied by model_setup
+                rd 1            ; (the front's qwords stay 8-aligned)
+
+FV_X            = fv_x - fwd_vars
+FV_XB           = fv_xb - fwd_vars
+FV_Q            = fv_q - fwd_vars
+FV_ATT          = fv_att - fwd_vars
+FV_HB           = fv_hb - fwd_vars
+FV_HB2          = fv_hb2 - fwd_vars
+FV_LOGITS       = fv_logits - fwd_vars
+FV_KV           = fv_kv - fwd_vars
+FV_EMBED        = fv_embed - fwd_vars
+FV_LAYER0       = fv_layer0 - fwd_vars
+FV_KV_BLOCK     = fv_kv_block - fwd_vars
+FV_KV_ROW       = fv_kv_row - fwd_vars
+FV_Q_DIM        = fv_q_dim - fwd_vars
+FV_KV_DIM       = fv_kv_dim - fwd_vars
+FV_GROUP        = fv_group - fwd_vars
+FV_WINDOW       = fv_window - fwd_vars
+FV_N_T          = fv_n_t - fwd_vars
+FV_LAYERS_LEFT  = fv_layers_left - fwd_vars
+FV_B            = fv_b - fwd_vars
+FV_POS          = fv_pos - fwd_vars
+FV_KLAYER       = fv_klayer - fwd_vars
+FV_ROPE         = fv_rope - fwd_vars
+FV_FLAGS        = fv_flags - fwd_vars
+FV_MODEL_BASE   = model_base - fwd_vars
 
 ; ---- front ------------------------------------------------------------------------------
 ; From start-up on the front end keeps rbp = front_base: [rbp + V_*] reaches every variable
 ; here with a one-byte displacement. Option slots are qwords (opt_table in main.asm).
 front_vars:
+model_base:     rq 1            ; address of the read-only mapping of the model file (first:
+                                ; forward.asm reaches it as [rbp + FV_MODEL_BASE])
 opt_model:      rq 1            ; -m path
-opt_prompt:     rq 1            ; -p text (0: empty prompt)
+opt_prompt:     rq 1            ; -p text (default: an empty string, start in main.asm)
 opt_logits:     rq 1            ; --logits path (0: none)
 rng_state:      rq 1            ; -s, then the generator's state (sample.asm)
 opt_n:          rq 1            ; -n, low dword (0xFFFFFFFF: until EOS or a full context)
@@ -16,7 +74,6 @@ opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
 opt_tokens:     rq 1            ; --tokens, low byte; --baseline, byte 1 (cpu.asm)
-model_base:     rq 1            ; address of the read-only mapping of the model file
 model_size:     rq 1            ; its length in bytes
 pieces_ptr:     rq 1            ; model_base + pieces_off (PIECE_REC records); these four in
                                 ; the header's order of their offsets (model.asm loops)
@@ -29,7 +86,7 @@ logits_fd:      rd 1            ; --logits file descriptor (0: none)
 out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
-opt_help:       rq 1            ; -h / --help, low byte
+opt_help:       rq 1            ; -h / --help, low byte (byte 1: the SIGPIPE bit, start)
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -61,7 +118,10 @@ V_OUT_BUF       = out_buf - front_base
 ; [job_vars + J_*].
 job_vars:
 job_share:      rq 1            ; each thread's share: mm_share or att_share (forward.asm)
-job_kernel:     rq 1            ; matmul_f16, matmul_f16_avx2 or matmul_f16_avx512 (cpu.asm)
+job_kernel:     rq 1            ; matmul_f16 or matmul_f16_avx2 (cpu.asm)
+job_kernel_q8:  rq 1            ; matmul_q8 or matmul_q8_avx2 (cpu.asm): Q8_0 matrices
+job_call:       rq 1            ; the current product's kernel: one of the two (par_matmul)
+job_rowb:       rq 1            ; the current product's bytes per row of W
 job_out:        rq 1            ; xout
 job_x:          rq 1            ; x
 job_w:          rq 1            ; W
@@ -77,6 +137,8 @@ job_tokens:     rd 1            ; tokens per kernel call at most: 1 or 4 (cpu.as
 cpu_mask:       rb 128          ; sched_getaffinity's mask (CPU_MASK_BYTES)
 
 J_KERNEL        = job_kernel - job_vars
+J_CALL          = job_call - job_vars
+J_ROWB          = job_rowb - job_vars
 J_OUT           = job_out - job_vars
 J_X             = job_x - job_vars
 J_W             = job_w - job_vars
@@ -91,51 +153,3 @@ J_B             = job_b - job_vars
 J_SHARE         = job_share - job_vars
 J_TOKENS        = job_tokens - job_vars
 
-; ---- forward ----------------------------------------------------------------------------
-; The first eight qwords are set in this order by model_setup's pointer loop.
-fwd_vars:
-fv_x:           rq 1            ; x (d,): the residual stream
-fv_xb:          rq 1            ; xb (max(d, H*hd),): normed x, then the heads' outputs
-fv_q:           rq 1            ; q (H*hd,)
-fv_att:         rq 1            ; att (BLOCK, ctx): per attention thread, scores then probabilities
-fv_hb:          rq 1            ; hb (ffn,)
-fv_hb2:         rq 1            ; hb2 (ffn,)
-fv_logits:      rq 1            ; logits (vocab,)
-fv_kv:          rq 1            ; KV cache: per layer K (ctx, K*hd), then V (ctx, K*hd)
-fv_embed:       rq 1            ; embedding f16 (vocab, d), the first tensor
-fv_layer0:      rq 1            ; layer 0's attn_norm, the second tensor
-fv_kv_block:    rq 1            ; bytes of one K or V block: ctx * K*hd * 4
-fv_kv_row:      rq 1            ; bytes of one cache row: K*hd * 4
-fv_q_dim:       rd 1            ; H*hd
-fv_kv_dim:      rd 1            ; K*hd
-fv_group:       rd 1            ; H/K: query heads per kv head
-fv_window:      rd 1            ; this layer's window w - 1 (w = 0, none: 2^32 - 1)
-fv_n_t:         rd 1            ; pos + 1: positions attended
-fv_layers_left: rd 1            ; layer countdown in forward
-fv_b:           rd 1            ; B: tokens in this block
-fv_pos:         rd 1            ; the block's first position
-fv_klayer:      rq 1            ; this layer's K block (for att_share)
-fv_rope:        rq 1            ; this layer's rope tensor: hd/2 inverse frequencies
-
-FV_X            = fv_x - fwd_vars
-FV_XB           = fv_xb - fwd_vars
-FV_Q            = fv_q - fwd_vars
-FV_ATT          = fv_att - fwd_vars
-FV_HB           = fv_hb - fwd_vars
-FV_HB2          = fv_hb2 - fwd_vars
-FV_LOGITS       = fv_logits - fwd_vars
-FV_KV           = fv_kv - fwd_vars
-FV_EMBED        = fv_embed - fwd_vars
-FV_LAYER0       = fv_layer0 - fwd_vars
-FV_KV_BLOCK     = fv_kv_block - fwd_vars
-FV_KV_ROW       = fv_kv_row - fwd_vars
-FV_Q_DIM        = fv_q_dim - fwd_vars
-FV_KV_DIM       = fv_kv_dim - fwd_vars
-FV_GROUP        = fv_group - fwd_vars
-FV_WINDOW       = fv_window - fwd_vars
-FV_N_T          = fv_n_t - fwd_vars
-FV_LAYERS_LEFT  = fv_layers_left - fwd_vars
-FV_B            = fv_b - fwd_vars
-FV_POS          = fv_pos - fwd_vars
-FV_KLAYER       = fv_klayer - fwd_vars
-FV_ROPE         = fv_rope - fwd_vars

@@ -35,10 +35,13 @@ def run(prog: str, body: Callable[[], object], errors: tuple[type[BaseException]
 
 
 def model_summary(path: Path) -> Callable[[object], str]:
-    """The one line convert and synth end with: the file, its size, the model's shapes."""
+    """The one line convert and synth end with: the file, its size, the model's shapes and
+    the matrices' type."""
+    from builder.models.modelfile import Q8_0
+
     def line(header) -> str:
         h = header
         return (f"wrote {path}: {h.file_size:,} bytes; vocab {h.vocab}, d {h.dim}, ffn {h.ffn}, "
                 f"{h.layers} layers, {h.heads} heads ({h.kv_heads} kv) of {h.head_dim}, "
-                f"flags {h.flags}, context {h.max_ctx}")
+                f"flags {h.flags}, {'q8_0' if h.flags & Q8_0 else 'f16'} weights, context {h.max_ctx}")
     return line

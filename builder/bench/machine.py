@@ -1,11 +1,16 @@
 """This machine's memory read bandwidth and AVX2 FMA peak, measured natively, for
 `python -m builder bench`.
 
-`bandwidths(thread_counts, size)` streams a buffer of `size` bytes (much larger than the caches;
-the benchmark uses 2 GiB) through a read-only vector loop and returns, per thread count, the
-best GB/s (10^9 bytes per second) over a few trials. With N threads the buffer is cut into N
-contiguous slices and each thread reads its own slice, all started together from a barrier;
-bandwidth = total bytes read / wall time from the barrier to the last thread's end.
+`bandwidths(thread_counts, size, files)` measures the read ceiling: the best GB/s (10^9 bytes
+per second), per thread count, of several read-only vector loops over a buffer of `size`
+bytes (much larger than the caches; the benchmark uses 2 GiB) and over each file given (the
+model files, mapped as the engines map them). One sequential stream per thread is not the
+ceiling on every host (engines that read a few rows at once, or whose hardware prefetchers
+keep more lines in flight, beat it), so the loops are 16- and 32-byte loads (SSE2, AVX2) in 1,
+2 and 4 concurrent streams per thread, and the best of them all counts. With N threads the
+memory is cut into N contiguous slices and each thread reads its own slice, all started
+together from a barrier; bandwidth = total bytes read / wall time from the barrier to the
+last thread's end.
 
 `fma_peaks(thread_counts)` runs, on N threads at once, a loop of ten independent
 vfmadd231ps ymm chains (more than FMA latency x FMA pipes on any x86 CPU, so the pipes never
@@ -13,12 +18,11 @@ wait) and returns the best GFLOP/s over a few trials (one FMA on 8 floats = 16 F
 arithmetic ceiling of an AVX2 kernel at the clock the cores actually run, which on a shared
 or turbo-boosting machine is not the clock /proc/cpuinfo reports. Empty without AVX2 and FMA.
 
-The loops are machine code (eight aligned 32-byte loads per iteration, AVX2; 16-byte SSE2
-loads when the CPU lacks AVX2), assembled with keystone, checked instruction by instruction
-with capstone (keystone is untrusted, see docs/build.md), copied into an executable mapping and
-called through ctypes, which releases the GIL, so the threads run in parallel. The buffer is
-written before it is read: untouched anonymous pages would all map the one shared zero page
-and the loop would measure the cache instead of memory.
+The loops are machine code (eight aligned loads per iteration), assembled with keystone,
+checked instruction by instruction with capstone (keystone is untrusted, see docs/build.md),
+copied into an executable mapping and called through ctypes, which releases the GIL, so the
+threads run in parallel. The buffer is written before it is read: untouched anonymous pages
+would all map the one shared zero page and the loop would measure the cache instead of memory.
 """
 from __future__ import annotations
 
@@ -32,19 +36,29 @@ from pathlib import Path
 
 import capstone
 import keystone
+import numpy as np
 
 UNROLL = 8  # loads per loop iteration
+READ_WIDTHS = (16, 32)  # bytes per load: SSE2, AVX2 (no 512-bit loop: keystone mis-encodes
+#                         EVEX displacements, docs/build.md)
+STREAMS = (1, 2, 4)  # concurrent sequential streams per thread
 FMA_CHAINS = 10  # independent FMAs per loop iteration
 
 
 @dataclass(frozen=True)
 class ReadLoop:
-    """An assembled read loop: `fn(ptr, bytes, passes)`; bytes a multiple of `step`."""
+    """An assembled read loop: `fn(ptr, bytes, passes)` reads `streams` runs of `bytes` bytes
+    (a multiple of `step`) one after another in memory, all advancing together."""
 
     fn: ctypes._CFuncPtr
     step: int
     width: int
     code: mmap.mmap  # keeps the executable mapping alive while fn is used
+    streams: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{8 * self.width}-bit x{self.streams}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,16 +70,22 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def _source(width: int) -> list[str]:
-    """The read loop in capstone's canonical spelling (so disassembly can be compared to it)."""
+def _source(width: int, streams: int = 1) -> list[str]:
+    """The read loop in capstone's canonical spelling (so disassembly can be compared to it):
+    UNROLL loads per iteration, UNROLL / streams consecutive ones from each stream; stream j
+    starts j x (bytes per stream) after the first (r8 = that stride, r9 = three of it)."""
     reg, size, mov = ("ymm", "ymmword", "vmovdqa") if width == 32 else ("xmm", "xmmword", "movdqa")
-    loads = [f"{mov} {reg}{i}, {size} ptr [rax{f' + {hex(i * width)}' if i else ''}]"
+    base = ["rax", "rax + r8", "rax + r8*2", "rax + r9"][:streams]
+    per = UNROLL // streams
+    loads = [f"{mov} {reg}{i}, {size} ptr [{base[i // per]}{f' + {hex(i % per * width)}' if i % per else ''}]"
              for i in range(UNROLL)]
-    step = hex(UNROLL * width)
-    # rdi = buffer, rsi = bytes per pass, rdx = passes (SysV leaf; clobbers rax rcx rdx).
-    return ["outer:", "mov rax, rdi", "mov rcx, rsi", "inner:", *loads, f"add rax, {step}",
-            f"sub rcx, {step}", "jne inner", "dec rdx", "jne outer"] + \
-           (["vzeroupper"] if width == 32 else []) + ["ret"]
+    step = hex(per * width)
+    # rdi = buffer, rsi = bytes per stream and pass, rdx = passes (SysV leaf; clobbers rax rcx
+    # rdx r8 r9).
+    setup = ["mov r8, rsi", "lea r9, [rsi + rsi*2]"] if streams > 1 else []
+    return setup + ["outer:", "mov rax, rdi", "mov rcx, rsi", "inner:", *loads, f"add rax, {step}",
+                    f"sub rcx, {step}", "jne inner", "dec rdx", "jne outer"] + \
+        (["vzeroupper"] if width == 32 else []) + ["ret"]
 
 
 def _fma_source() -> list[str]:
@@ -107,12 +127,17 @@ def _callable(code: bytes, proto) -> tuple[ctypes._CFuncPtr, mmap.mmap]:
     return proto(ctypes.addressof(ctypes.c_char.from_buffer(mem))), mem
 
 
-def read_loop() -> ReadLoop:
-    """The widest loop this CPU runs, in executable memory, callable from ctypes."""
-    width = 32 if "avx2" in cpu_flags() else 16
-    fn, mem = _callable(assemble(_source(width), "bandwidth loop"),
-                        ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t))
-    return ReadLoop(fn, UNROLL * width, width, mem)
+def read_loops() -> list[ReadLoop]:
+    """Every read loop this CPU runs (READ_WIDTHS x STREAMS), in executable memory, callable
+    from ctypes."""
+    widths = [w for w in READ_WIDTHS if w == 16 or "avx2" in cpu_flags()]
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)
+    out = []
+    for width in widths:
+        for streams in STREAMS:
+            fn, mem = _callable(assemble(_source(width, streams), "bandwidth loop"), proto)
+            out.append(ReadLoop(fn, UNROLL // streams * width, width, mem, streams))
+    return out
 
 
 def _together(threads: int, job) -> float:
@@ -170,19 +195,56 @@ class Buffer:
         self.mem.close()
 
 
-def measure(loop: ReadLoop, buf: Buffer, threads: int, passes: int = 2, trials: int = 3) -> float:
-    """Best read bandwidth in GB/s over `trials` of `passes` sweeps with `threads` threads."""
-    slice_len = buf.size // threads // 4096 * 4096  # page-aligned slices, a multiple of step
+class MappedFile:
+    """A file mapped read-only and shared with the page cache, in 2 MB pages where the kernel
+    allows (MADV_HUGEPAGE), as ./gemma maps its model: reading it measures the very pages an
+    engine streams."""
+
+    def __init__(self, path: Path):
+        with open(path, "rb") as f:
+            self.mem = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        try:
+            self.mem.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):
+            pass
+        self.size = len(self.mem)
+        self._view = np.frombuffer(self.mem, np.uint8)  # its address (ctypes wants writable buffers)
+        self.addr = self._view.ctypes.data
+
+    def close(self) -> None:
+        del self._view
+        self.mem.close()
+
+
+def measure(loop: ReadLoop, buf: Buffer | MappedFile, threads: int, passes: int = 2,
+            trials: int = 3) -> float:
+    """Best read bandwidth in GB/s over `trials` of `passes` sweeps with `threads` threads,
+    each reading its own contiguous slice of buf in loop.streams streams."""
+    run = buf.size // threads // loop.streams // 4096 * 4096  # page-aligned, a multiple of step
+    if run == 0:
+        return 0.0
+    slice_len = run * loop.streams
     return max(threads * slice_len * passes / 1e9
-               / _together(threads, lambda k: loop.fn(buf.addr + k * slice_len, slice_len,
-                                                      passes))
+               / _together(threads, lambda k: loop.fn(buf.addr + k * slice_len, run, passes))
                for _ in range(trials))
 
 
-def bandwidths(thread_counts: list[int], size: int) -> dict[int, float]:
-    """GB/s for each thread count, sharing one buffer of `size` bytes (see Buffer)."""
-    loop, buf = read_loop(), Buffer(size)
+def bandwidths(thread_counts: list[int], size: int, files: list[Path] = ()) -> dict[int, tuple[float, str]]:
+    """The read ceiling for each thread count: (GB/s, the loop that reached it), the best of
+    every read loop (read_loops) over one buffer of `size` bytes (see Buffer) and over each
+    of `files` (MappedFile: the model files themselves, one pass a trial, two trials)."""
+    loops, buf = read_loops(), Buffer(size)
+    maps = []
     try:
-        return {t: measure(loop, buf, t) for t in thread_counts}
+        maps = [MappedFile(f) for f in files]
+        out = {}
+        for t in thread_counts:
+            runs = [(measure(loop, buf, t), f"{loop.name} buffer") for loop in loops]
+            runs += [(measure(loop, m, t, passes=1, trials=2), f"{loop.name} file")
+                     for loop in loops for m in maps]
+            out[t] = max(runs)
+        return out
     finally:
+        for m in maps:
+            m.close()
         buf.close()

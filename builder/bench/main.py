@@ -2,13 +2,17 @@
 against this machine's memory bandwidth and against llama.cpp on the same weights, in one run.
 
 Steps: make (once, cached outside the repo: ~/.cache/gemma-bench/, or --cache) the synthetic
-model of --preset and its F16 GGUF twin with `python -m builder synth`; read both files afresh
-so they sit in the page cache (neither engine then waits for the disk: the table shows major
+model of --preset and its GGUF twin with `python -m builder synth`, for each --type (f16: an
+F16 twin; q8_0: a Q8_0 model file and a Q8_0 twin holding the same blocks); read the files
+afresh so they sit in the page cache (neither engine then waits for the disk: the table shows major
 page faults, which count the times it did) as a first read from disk leaves them: in 2 MB
 pages where the kernel does that (the report gives the model's share, see warm); then
---repeat rounds of: memory read bandwidth for each thread count (builder.bench.machine, a native AVX2 streaming read of --bw-size bytes), then
-for each thread count the engine and llama.cpp, one after the other; bandwidth once more at the
-end. Each figure is the best over the rounds (the machine is shared: other work only ever
+--repeat rounds of: the read ceiling for each thread count (builder.bench.machine: the best of
+native SSE2 and AVX2 read loops in 1, 2 and 4 streams per thread over --bw-size bytes, and over
+the model files at least half that size), then for each thread count each model file in the
+engine and each twin in llama.cpp, one after the other; the ceiling once more at the
+end. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
+measurement fault instead of printing it. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
 
 How the engine is timed from outside (it prints no timings). The prompt is fixed text cut to P
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import mmap
 import os
 import shlex
@@ -52,11 +57,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from builder.bench import llama as bench_llama, machine as bench_machine
-from builder.bench.report import Figures, Machine, Peer, Result, best, plot, table
+from builder.bench.report import Engine, Figures, Machine, Peer, Result, best, plot, table
 from builder.bench.run import Run, run
 from builder.cli import Parser
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
-from builder.models.modelfile import ModelFile, ModelFormatError, read_header, tensor_layout
+from builder.models.modelfile import WEIGHT_TYPES, ModelFile, ModelFormatError, read_header, tensor_layout
 from builder.models.synth import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +90,7 @@ class Config:
     engine_args: list[str] = field(default_factory=list)  # added to every timed engine run
     model: Path | None = None  # given files instead of the cached synthetic pair
     gguf: list[Path] = field(default_factory=list)  # GGUFs for llama.cpp: each one a peer
+    types: list[str] = field(default_factory=lambda: ["f16"])  # the synthetic models' weight types
 
 
 # ---------------------------------------------------------------- model files
@@ -109,15 +115,15 @@ def real_model_paths() -> tuple[Path, list[Path]]:
     return model, [twin, q4]
 
 
-def model_paths(cfg: Config) -> tuple[Path, list[Path]]:
+def model_paths(cfg: Config, wtype: str = "f16") -> tuple[Path, list[Path]]:
     """The model file and the GGUFs for llama.cpp: given ones, or the cached synthetic model
-    and its F16 twin (made once)."""
+    of weight type wtype and its twin (F16, or Q8_0 with the same blocks; made once)."""
     if cfg.model:
         for p in (cfg.model, *cfg.gguf):
             if not p.is_file():
                 raise BenchError(f"no such file: {p}")
         return cfg.model, cfg.gguf
-    base = cfg.cache / f"{cfg.preset}-seed{cfg.seed}"
+    base = cfg.cache / f"{cfg.preset}-seed{cfg.seed}{'' if wtype == 'f16' else '-' + wtype}"
     model, gguf = base.with_suffix(".bin"), base.with_suffix(".gguf")
     if model.is_file() and gguf.is_file():
         try:
@@ -126,15 +132,15 @@ def model_paths(cfg: Config) -> tuple[Path, list[Path]]:
         except ModelFormatError:
             pass  # an older format version, or damaged: make it again
     cfg.cache.mkdir(parents=True, exist_ok=True)
-    print(f"bench: making the {cfg.preset} model and its GGUF in {cfg.cache} (once)",
+    print(f"bench: making the {cfg.preset} {wtype} model and its GGUF in {cfg.cache} (once)",
           file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="tmp-", dir=cfg.cache) as tmp:
         part_model, part_gguf = Path(tmp) / "model.bin", Path(tmp) / "model.gguf"
         argv = [sys.executable, "-m", "builder", "synth", "--preset", cfg.preset,
-                "--seed", str(cfg.seed), "-o", str(part_model), "--gguf", str(part_gguf)]
+                "--seed", str(cfg.seed), "--type", wtype, "-o", str(part_model), "--gguf", str(part_gguf)]
         # its progress bars and errors show (stderr); its summary line would mix with the report
         if subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL).returncode != 0:
-            raise BenchError(f"synth --preset {cfg.preset} failed (its error is above)")
+            raise BenchError(f"synth --preset {cfg.preset} --type {wtype} failed (its error is above)")
         part_gguf.rename(gguf)
         part_model.rename(model)
     return model, [gguf]
@@ -200,7 +206,7 @@ def gguf_bytes(gguf: Path) -> int:
 def flops_per_prompt_token(model: Path, n_prompt: int) -> float:
     """Useful FLOPs per prompt token (see the module docstring)."""
     h = read_header(model)
-    matrices = sum(s.nbytes // 2 for s in tensor_layout(h) if s.dtype == "f16" and s.name != "embed")
+    matrices = sum(math.prod(s.shape) for s in tensor_layout(h) if s.dtype in ("f16", "q8_0") and s.name != "embed")
     attention = 4 * h.layers * h.heads * h.head_dim * (n_prompt + 1) / 2  # q.k and p.v
     return 2 * matrices + attention + 2 * h.vocab * h.dim / n_prompt
 
@@ -343,46 +349,65 @@ def bench(cfg: Config) -> Result:
     load = load_average()
     threads = cfg.threads or [machine.cpus]
     engine = engine_path(cfg)
-    model, ggufs = model_paths(cfg)
-    if cfg.prompt_tokens + cfg.n > read_header(model).max_ctx:
+    pairs = [model_paths(cfg)] if cfg.model else [model_paths(cfg, w) for w in cfg.types]
+    models = [m for m, _ in pairs]
+    if cfg.prompt_tokens + cfg.n > min(read_header(m).max_ctx for m in models):
         raise BenchError(f"prompt + -n is more than the model's context "
-                         f"({read_header(model).max_ctx} tokens)")
-    source = llama_source(cfg, ggufs)
-    huge = warm(model)
-    peers = [Peer(g.name, gguf_bytes(g), []) for g in ggufs] if source else []
-    for g in ggufs if source else []:
+                         f"({read_header(models[0]).max_ctx} tokens)")
+    source = llama_source(cfg, [g for _, gs in pairs for g in gs])
+    labels = ["gemma"] if len(models) == 1 else [f"gemma[{w}]" for w in cfg.types]
+    engines = [Engine(label, str(m), bytes_per_token(m), 0.0, warm(m), []) for label, m in zip(labels, models)]
+    ggufs = [(i, g) for i, (_, gs) in enumerate(pairs) for g in gs] if source else []
+    peers = [Peer(g.name, gguf_bytes(g), [], engine=i) for i, g in ggufs]
+    for _, g in ggufs:
         warm(g)
-    text, ids = make_prompt(engine, model, cfg.prompt_tokens)
+    text, ids = make_prompt(engine, models[0], cfg.prompt_tokens)
+    for e, m in zip(engines, models):
+        e.flops_per_prompt_token = flops_per_prompt_token(m, len(ids))
     peaks = bench_machine.fma_peaks(threads)
+    # the model files themselves are read too where they are big enough not to sit in a cache
+    big = [m for m in models + [g for _, g in ggufs] if m.stat().st_size >= cfg.bw_size // 2]
     bw_runs: dict[int, list[float]] = {t: [] for t in threads}
-    gemma: dict[int, list[Figures]] = {t: [] for t in threads}
+    bw_loop: dict[int, tuple[float, str]] = {}
+    gemma: dict[tuple[int, int], list[Figures]] = {(i, t): [] for i in range(len(engines)) for t in threads}
     llama: dict[tuple[int, int], list[Figures]] = {(i, t): [] for i in range(len(peers)) for t in threads}
 
     def bandwidth() -> None:
-        for t, gbs in bench_machine.bandwidths(threads, cfg.bw_size).items():
+        for t, (gbs, loop) in bench_machine.bandwidths(threads, cfg.bw_size, big).items():
             bw_runs[t].append(gbs)
+            bw_loop[t] = max(bw_loop.get(t, (0.0, "")), (gbs, loop))
 
     # rounds interleave the engines, so a burst of other work on the machine hits both
     for _ in tqdm(range(cfg.repeat), desc="rounds", leave=False, disable=cfg.repeat < 2):
         bandwidth()
         for t in threads:
-            gemma[t].append(time_engine(engine, model, text, len(ids), cfg.n, t,
-                                         cfg.engine_args))
-            for i, (g, p) in enumerate(zip(ggufs, peers)):
+            for i, m in enumerate(models):
+                gemma[i, t].append(time_engine(engine, m, text, len(ids), cfg.n, t, cfg.engine_args))
+            for i, ((_, g), p) in enumerate(zip(ggufs, peers)):
                 if not p.error:  # a peer that crashed once is not run again
                     try:
                         llama[i, t].append(time_llama(cfg, g, ids, t))
                     except BenchError as e:
                         p.error = str(e)
     bandwidth()
+    for i, e in enumerate(engines):
+        e.figures = [best(gemma[i, t]) for t in threads]
     for i, p in enumerate(peers):
         p.figures = [] if p.error else [best(llama[i, t]) for t in threads]
     return Result(machine, cfg.preset if not cfg.model else "given",
-                  shlex.join([str(engine), *cfg.engine_args]), str(model), peers,
-                  bytes_per_token(model), flops_per_prompt_token(model, len(ids)),
-                  {t: max(bw_runs[t]) for t in threads}, bw_runs, peaks,
-                  [best(gemma[t]) for t in threads],
-                  source or llama_missing(cfg, ggufs), [load, load_average()], cfg.repeat, huge)
+                  shlex.join([str(engine), *cfg.engine_args]), engines, peers,
+                  {t: max(bw_runs[t]) for t in threads}, bw_runs, {t: bw_loop[t][1] for t in threads},
+                  peaks, source or llama_missing(cfg, [g for _, gs in pairs for g in gs]),
+                  [load, load_average()], cfg.repeat)
+
+
+def _types(values: list[str]) -> list[str]:
+    out = list(dict.fromkeys(t for v in values for t in v.split(",")))
+    bad = [t for t in out if t not in WEIGHT_TYPES]
+    if bad or not out:
+        raise ValueError(f"--type wants {' or '.join(WEIGHT_TYPES)} (comma-separated or repeated), "
+                         f"not {','.join(bad)!r}")
+    return out
 
 
 def _threads(text: str) -> list[int]:
@@ -413,6 +438,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--preset", choices=sorted(PRESETS), default="2b",
                    help="synthetic model shapes (default 2b, 5.0 GB; tiny for a quick check)")
     p.add_argument("--seed", type=int, default=0, help="synthetic model seed (default 0)")
+    p.add_argument("--type", action="append", default=[], metavar="TYPE",
+                   help="the synthetic model's weight type: f16 (default) or q8_0, each with its "
+                        "GGUF twin for llama.cpp; several (--type f16,q8_0 or repeated): side by side")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                    help=f"where the synthetic models are kept (default {DEFAULT_CACHE})")
     p.add_argument("--model", type=Path, help="benchmark this model file instead of a preset")
@@ -441,6 +469,8 @@ def main(argv: list[str]) -> int:
     try:
         if a.gguf and not a.model:
             raise BenchError("--gguf goes with --model")
+        if a.type and (a.model or a.real):
+            raise BenchError("--type goes with a preset (a given model file has its own type)")
         if a.real and a.model:
             raise BenchError("--real and --model exclude each other")
         if a.real:
@@ -451,7 +481,7 @@ def main(argv: list[str]) -> int:
             raise BenchError("--plot needs matplotlib: pip install matplotlib")
         cfg = Config(a.preset, a.seed, a.cache, a.engine, _threads(a.threads) if a.threads else [],
                      a.prompt_tokens, a.n, _size(a.bw_size), a.repeat, not a.no_llama, a.llama_bench,
-                     shlex.split(a.engine_args), a.model, a.gguf)
+                     shlex.split(a.engine_args), a.model, a.gguf, _types(a.type or ["f16"]))
         res = bench(cfg)
         print(table(res))
         if a.json:

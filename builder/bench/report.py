@@ -1,7 +1,10 @@
 """The figures of `python -m builder bench` and how they are shown: the machine, one engine
-at one thread count (`Figures`), a whole run (`Result`, with the derived decode efficiency and
-fraction of the FMA peak), the text table (one row per figure, one column per thread count)
-and the optional plot (matplotlib, imported only when asked for).
+at one thread count (`Figures`), ./gemma on one model file (`Engine`: one per weight type),
+llama.cpp on one GGUF (`Peer`), a whole run (`Result`, with the derived decode efficiency and
+fraction of the FMA peak), the text table (one row per figure, one column per thread count;
+the rows of each engine one block after another, so FP16 and Q8_0 sit side by side) and the
+optional plot (matplotlib, imported only when asked for). A decode efficiency above 1 is
+shown as FAULT, with a line saying so: the bandwidth measured was then not the ceiling.
 """
 from __future__ import annotations
 
@@ -46,12 +49,24 @@ class Figures:
 
 
 @dataclass
+class Engine:
+    """./gemma on one model file (one weight type)."""
+    label: str  # "gemma", or with several model files "gemma[TYPE]"
+    model: str
+    bytes_per_token: int  # every tensor of the model file once
+    flops_per_prompt_token: float
+    huge_pages: float  # fraction of the model file the kernel maps in 2 MB pages
+    figures: list[Figures]  # one per thread count
+
+
+@dataclass
 class Peer:
     """llama.cpp on one GGUF file: the twin of the engine's weights, or another quantization."""
     name: str  # the GGUF's file name
     bytes_per_token: int  # every tensor of the GGUF once
     figures: list[Figures]  # one per thread count; empty when it failed
     error: str = ""  # why it has no figures: a crash is reported, not fatal to the run
+    engine: int = 0  # the Result.engines entry it is compared with (its model's twin)
 
 
 @dataclass
@@ -59,27 +74,33 @@ class Result:
     machine: Machine
     preset: str
     engine: str  # the binary and any --engine-args
-    model: str
+    engines: list[Engine]  # one per model file (weight type), side by side
     peers: list[Peer]
-    bytes_per_token: int
-    flops_per_prompt_token: float
     bandwidth: dict[int, float]  # GB/s per thread count (the highest of bandwidth_runs)
     bandwidth_runs: dict[int, list[float]]  # GB/s per thread count, before each round and after
+    bandwidth_loop: dict[int, str]  # the read loop that reached bandwidth (bench_machine)
     fma_peak: dict[int, float]  # GFLOP/s of the AVX2 FMA loop per thread count ({}: no AVX2/FMA)
-    gemma: list[Figures]
     llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
     load: list[float]  # 1-minute load average before and after: other work on the machine
     repeat: int  # rounds; each figure is the best of them
-    huge_pages: float  # fraction of the model file the kernel maps in 2 MB pages
 
-    def efficiency(self, f: Figures, bytes_per_token: int | None = None) -> float:
-        """Decode bytes/s over the bandwidth: the engine's bytes, or a peer's."""
-        return (f.decode_tps * (bytes_per_token or self.bytes_per_token)
-                / (self.bandwidth[f.threads] * 1e9))
+    def efficiency(self, f: Figures, bytes_per_token: int) -> float:
+        """Decode bytes/s over the bandwidth: at most 1 when the bandwidth is a ceiling."""
+        return f.decode_tps * bytes_per_token / (self.bandwidth[f.threads] * 1e9)
 
-    def fma_fraction(self, f: Figures) -> float | None:
+    def fma_fraction(self, f: Figures, e: Engine) -> float | None:
         peak = self.fma_peak.get(f.threads)
-        return f.prompt_tps * self.flops_per_prompt_token / (peak * 1e9) if peak else None
+        return f.prompt_tps * e.flops_per_prompt_token / (peak * 1e9) if peak else None
+
+    def faults(self) -> list[str]:
+        """Every decode efficiency above 1: a measurement fault (the bandwidth measured was
+        not the ceiling), never a figure."""
+        out = []
+        for name, figs, per_token in [(e.label, e.figures, e.bytes_per_token) for e in self.engines] + \
+                [(peer_label(self, p), p.figures, p.bytes_per_token) for p in self.peers]:
+            out += [f"{name} on {f.threads} thread(s) read {self.efficiency(f, per_token):.3f}x "
+                    "the bandwidth" for f in figs if self.efficiency(f, per_token) > 1]
+        return out
 
 
 def best(runs: list[Figures]) -> Figures:
@@ -102,57 +123,83 @@ def _mb(n: int) -> str:
     return _num(n / 1e6, 1) if n else "n/a"  # 0: the run ended before the first sample
 
 
+def _eff(x: float) -> str:
+    """A decode efficiency; above 1 the bandwidth was no ceiling: a fault, not a figure."""
+    return "FAULT" if x > 1 else _num(x, 3)
+
+
 def table(res: Result) -> str:
     """The report: a few header lines, then one row per figure and one column per thread count."""
     m = res.machine
+    several = len(res.engines) > 1
     lines = [f"machine: {m.cpu}, {m.cpus} CPUs, {_num(m.mhz, 0)} MHz, {_num(m.mem_gib, 1)} GiB, "
              f"{m.vector}",
-             f"engine: {res.engine}",
-             f"model: {res.model} ({res.preset})",
-             f"bytes read per generated token: {res.bytes_per_token:,} (every tensor once)"]
+             f"engine: {res.engine}"]
+    for e in res.engines:
+        by = f" by {e.label}" if several else ""
+        lines += [f"model: {e.model} ({res.preset})",
+                  f"bytes read per generated token{by}: {e.bytes_per_token:,} (every tensor once)"]
     lines += [f"llama.cpp on {p.name}: {p.bytes_per_token:,} bytes per token"
               + (f"; {p.error}" if p.error else "") for p in res.peers]
     lines += [
-             f"page cache: {res.huge_pages:.1%} of the model file in 2 MB pages (./gemma maps the "
-             "rest 4 KB at a time, in the prompt's time)",
-             f"prompt FLOPs per token: {res.flops_per_prompt_token / 1e9:.4g} G; AVX2 FMA peak "
-             "(measured, GFLOP/s): " + (", ".join(f"{_num(p, 1)} on {t} thread(s)"
-                                                  for t, p in res.fma_peak.items()) or "n/a"),
+             f"page cache: {e.huge_pages:.1%} of the model file{f' of {e.label}' if several else ''} in 2 MB "
+             "pages (./gemma maps the rest 4 KB at a time, in the prompt's time)" for e in res.engines]
+    lines += [
+             "prompt FLOPs per token: " + ", ".join(f"{e.flops_per_prompt_token / 1e9:.4g} G"
+                                                   + (f" ({e.label})" if several else "") for e in res.engines)
+             + "; AVX2 FMA peak (measured, GFLOP/s): " + (", ".join(f"{_num(p, 1)} on {t} thread(s)"
+                                                                   for t, p in res.fma_peak.items()) or "n/a"),
              f"load average (1 min) before / after: {res.load[0]:.2f} / {res.load[1]:.2f} "
              f"(other work on the {m.cpus} CPUs); best of {res.repeat} round(s)"
              + ("; BUSY: every figure is a lower bound" if max(res.load) >= m.cpus else ""),
              f"llama.cpp: {res.llama_source}"]
-    g = {f.threads: f for f in res.gemma}
+    lines += [f"MEASUREMENT FAULT: {f} (decode efficiency above 1: the bandwidth measured was not the "
+              "ceiling)" for f in res.faults()]
+    threads = [f.threads for f in res.engines[0].figures]
     rows: list[tuple[str, list[str]]] = [
-        ("threads", [str(t) for t in g]),
-        ("memory read bandwidth GB/s", [_num(res.bandwidth[t]) for t in g]),
+        ("threads", [str(t) for t in threads]),
+        ("memory read bandwidth GB/s", [_num(res.bandwidth[t]) for t in threads]),
         ("  (before each round / after)",
-         [" / ".join(_num(b, 1) for b in res.bandwidth_runs[t]) for t in g]),
-        ("gemma prompt tokens/s", [_num(f.prompt_tps) for f in g.values()]),
-        ("gemma decode tokens/s", [_num(f.decode_tps) for f in g.values()]),
-        ("gemma decode efficiency", [_num(res.efficiency(f), 3) for f in g.values()]),
-        ("gemma prompt / decode", [_num(f.prompt_tps / f.decode_tps, 1) for f in g.values()]),
-        ("gemma prompt / AVX2 FMA peak", [_frac(res.fma_fraction(f)) for f in g.values()]),
-        ("gemma peak RSS MB", [_mb(f.peak_rss) for f in g.values()]),
-        ("gemma peak anonymous MB", [_mb(f.peak_anon) for f in g.values()]),
-        ("tokens: prompt, decoded", [f"{f.n_prompt}, {f.n_decode}" for f in g.values()]),
-        ("gemma major page faults", [f"{f.major_faults:,}" for f in g.values()]),
+         [" / ".join(_num(b, 1) for b in res.bandwidth_runs[t]) for t in threads]),
+        ("  (fastest read loop)", [res.bandwidth_loop.get(t, "n/a") for t in threads]),
     ]
+    for e in res.engines:
+        g, name = e.figures, e.label
+        rows += [
+            (f"{name} prompt tokens/s", [_num(f.prompt_tps) for f in g]),
+            (f"{name} decode tokens/s", [_num(f.decode_tps) for f in g]),
+            (f"{name} decode efficiency", [_eff(res.efficiency(f, e.bytes_per_token)) for f in g]),
+            (f"{name} prompt / decode", [_num(f.prompt_tps / f.decode_tps, 1) for f in g]),
+            (f"{name} prompt / AVX2 FMA peak", [_frac(res.fma_fraction(f, e)) for f in g]),
+            (f"{name} peak RSS MB", [_mb(f.peak_rss) for f in g]),
+            (f"{name} peak anonymous MB", [_mb(f.peak_anon) for f in g]),
+            ("tokens: prompt, decoded" + (f" ({name})" if several else ""),
+             [f"{f.n_prompt}, {f.n_decode}" for f in g]),
+            (f"{name} major page faults", [f"{f.major_faults:,}" for f in g]),
+        ]
+    base = res.engines[0]
+    for e in res.engines[1:]:
+        rows += [(f"prompt ratio {e.label}/{base.label}", [_num(a.prompt_tps / b.prompt_tps, 3)
+                                                           for a, b in zip(e.figures, base.figures)]),
+                 (f"decode ratio {e.label}/{base.label}", [_num(a.decode_tps / b.decode_tps, 3)
+                                                           for a, b in zip(e.figures, base.figures)])]
     for p in res.peers:
         if not p.figures:
             continue
         ll, name = {f.threads: f for f in p.figures}, peer_label(res, p)
+        g = {f.threads: f for f in res.engines[p.engine].figures}
+        mine = res.engines[p.engine].label
         rows += [
             (f"{name} prompt tokens/s", [_num(ll[t].prompt_tps) for t in g]),
             (f"{name} decode tokens/s", [_num(ll[t].decode_tps) for t in g]),
-            (f"{name} decode efficiency", [_num(res.efficiency(ll[t], p.bytes_per_token), 3) for t in g]),
+            (f"{name} decode efficiency", [_eff(res.efficiency(ll[t], p.bytes_per_token)) for t in g]),
             (f"{name} peak RSS MB", [_mb(ll[t].peak_rss) for t in g]),
             (f"{name} major page faults", [f"{ll[t].major_faults:,}" for t in g]),
-            (f"prompt ratio gemma/{name}", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
-            (f"decode ratio gemma/{name}", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
+            (f"prompt ratio {mine}/{name}", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
+            (f"decode ratio {mine}/{name}", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
         ]
     width = max(len(name) for name, _ in rows)
-    cols = [max(len(r[1][i]) for r in rows) for i in range(len(g))]
+    cols = [max(len(r[1][i]) for r in rows) for i in range(len(threads))]
     for name, cells in rows:
         lines.append(f"{name:<{width}}  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols)))
     return "\n".join(lines)
@@ -171,14 +218,16 @@ def plot(res: Result, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, title in ((axes[0], "decode_tps", "decode"), (axes[1], "prompt_tps", "prompt")):
-        for name, figs in [("gemma", res.gemma)] + [(peer_label(res, p), p.figures) for p in res.peers]:
+        for name, figs in [(e.label, e.figures) for e in res.engines] + \
+                [(peer_label(res, p), p.figures) for p in res.peers]:
             if figs:
                 ax.plot([f.threads for f in figs], [getattr(f, key) for f in figs], "o-",
                         label=name)
         if key == "decode_tps":
             ts = sorted(res.bandwidth)
-            ax.plot(ts, [res.bandwidth[t] * 1e9 / res.bytes_per_token for t in ts], "k--",
-                    label="bandwidth / bytes per token (limit)")
+            for e in res.engines:
+                ax.plot(ts, [res.bandwidth[t] * 1e9 / e.bytes_per_token for t in ts], "--",
+                        label=f"bandwidth / {e.label} bytes per token (limit)")
         ax.set(title=f"{title} ({res.preset})", xlabel="threads", ylabel="tokens/s")
         ax.set_xticks(sorted(res.bandwidth))
         ax.set_ylim(bottom=0)

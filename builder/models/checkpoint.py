@@ -5,7 +5,8 @@ how config values are checked, and what each Gemma generation means for the mode
 read with plain file reads (seek + np.fromfile; no whole-file map) CHUNK_ELEMS values at a
 time. Plain types (F32, F16, BF16: bfloat16 -> float32 is a bit shift) convert exactly; GGUF
 quantized types (QUANTIZED) are dequantized by `gguf.quants.dequantize`, whose float32 is then
-rounded to FP16 by modelfile.write_model. Memory bound: a chunk holds max(CHUNK_ELEMS, one
+rounded to FP16 (or quantized to Q8_0) by modelfile.write_model; a Q8_0 tensor going into a
+Q8_0 model file is copied block for block instead. Memory bound: a chunk holds max(CHUNK_ELEMS, one
 row) values, 16 MB as float32; reading allocates at most 6 such chunks at a time (raw bytes,
 gguf's dequantization temporaries, the chunk the caller still holds), whatever the tensor's
 size: ~100 MB for the 5.6 GB (float32) embedding of Gemma 3 27B as for a norm. Measured peaks
@@ -80,8 +81,11 @@ def decode(raw: np.ndarray, dtype: str) -> np.ndarray:
     return dequantize(raw, GGMLQuantizationType[dtype])
 
 
-def read_rows(t: SourceTensor, rows: int) -> Iterator[np.ndarray]:
-    """The first `rows` rows of t as float32 chunks of whole rows (see the module docstring)."""
+def read_rows(t: SourceTensor, rows: int, blocks: bool = False) -> Iterator[np.ndarray]:
+    """The first `rows` rows of t as float32 chunks of whole rows (see the module docstring);
+    with `blocks` (t is Q8_0), the rows' raw Q8_0 blocks instead (uint8), to be copied as
+    they are: a GGUF matrix's rows are the model file's (ne[0] = the row length, blocks
+    along it), so no weight is rounded twice."""
     cols = t.shape[-1]
     size = row_bytes(t.dtype, cols)
     step = max(1, CHUNK_ELEMS // cols)
@@ -92,6 +96,9 @@ def read_rows(t: SourceTensor, rows: int) -> Iterator[np.ndarray]:
             raw = np.fromfile(f, np.uint8, n * size)
             if raw.size != n * size:
                 raise ConvertError(f"{t.path}: file ends inside tensor {t.name}")
+            if blocks:
+                yield raw.reshape(n, size)
+                continue
             x = decode(raw.reshape(n, size), t.dtype)
             yield (x + np.float32(1)) if t.add_one else x
 
@@ -99,7 +106,8 @@ def read_rows(t: SourceTensor, rows: int) -> Iterator[np.ndarray]:
 def source_for(ckpt: Checkpoint):
     """A modelfile.TensorSource reading from ckpt (shapes checked by check_shapes)."""
     def source(spec: TensorSpec) -> Iterator[np.ndarray]:
-        return read_rows(ckpt.tensors[spec.name], math.prod(spec.shape[:-1]))
+        t = ckpt.tensors[spec.name]
+        return read_rows(t, math.prod(spec.shape[:-1]), blocks=spec.dtype == "q8_0" and t.dtype == "Q8_0")
     return source
 
 

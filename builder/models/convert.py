@@ -4,7 +4,8 @@ SRC is a Hugging Face directory (builder.models.convert_hf: model_type gemma, ge
 gemma3; BF16/F16/F32 safetensors) or a llama.cpp .gguf file (builder.models.convert_gguf:
 architecture gemma, gemma2 or gemma3; F32/F16/BF16 or quantized tensors). Tensors are read in
 chunks of whole rows with plain file reads (builder.models.checkpoint.read_rows; no whole-file map)
-and rounded to FP16 by modelfile.write_model, so memory does not grow with the model: plain
+and rounded to FP16 (`--type q8_0`: quantized to Q8_0, a GGUF's Q8_0 blocks copied) by
+modelfile.write_model, so memory does not grow with the model: plain
 types convert exactly, quantized ones are dequantized one chunk (~4M values) at a time; peak
 RSS under 200 MB for Gemma-2B, mostly the 256k-piece vocabulary (measured; docs/gemma.md).
 A checkpoint the engine cannot compute exactly as its reference does is refused with one
@@ -13,13 +14,14 @@ line; no output file is left behind on failure.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from builder.models.checkpoint import Checkpoint, ConvertError, check_shapes, source_for
 from builder.cli import Parser, model_summary, run
 from builder.models.convert_gguf import open_gguf
 from builder.models.convert_hf import open_hf
-from builder.models.modelfile import Header, ModelFormatError, tensor_layout, write_model
+from builder.models.modelfile import Q8_0, WEIGHT_TYPES, Header, ModelFormatError, tensor_layout, write_model
 
 __all__ = ["ConvertError", "convert", "main", "open_checkpoint"]
 
@@ -32,14 +34,17 @@ def open_checkpoint(src: Path) -> Checkpoint:
     raise ConvertError(f"{src}: no such file or directory")
 
 
-def convert(src: Path, out: Path, progress: bool = True) -> Header:
-    """Convert src (HF directory or .gguf) to the model file out; on failure out is removed."""
+def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16") -> Header:
+    """Convert src (HF directory or .gguf) to the model file out with matrices of wtype (one
+    of WEIGHT_TYPES: "f16", or "q8_0": GGUF Q8_0 tensors copied as they are, every other
+    tensor quantized from its exact values); on failure out is removed."""
     src, out = Path(src), Path(out)
     ckpt = open_checkpoint(src)
     check_shapes(ckpt, [s for s in tensor_layout(ckpt.dims) if s.name.rsplit(".", 1)[-1] not in ("window", "rope")],
                  {"embed"})
+    dims = replace(ckpt.dims, flags=ckpt.dims.flags | Q8_0) if wtype == "q8_0" else ckpt.dims
     try:
-        return write_model(out, ckpt.dims, ckpt.vocab, source_for(ckpt), progress,
+        return write_model(out, dims, ckpt.vocab, source_for(ckpt), progress,
                            names={e: t.name for e, t in ckpt.tensors.items()}, attn=ckpt.attn)
     except BaseException:
         out.unlink(missing_ok=True)
@@ -52,9 +57,12 @@ def main(argv: list[str]) -> int:
                            "GGUF file (F32, F16, BF16 or quantized), to gemma's model file.")
     p.add_argument("src", type=Path, help="Hugging Face model directory or .gguf file")
     p.add_argument("-o", "--output", type=Path, required=True, help="model file to write")
+    p.add_argument("--type", choices=WEIGHT_TYPES, default="f16",
+                   help="the matrices' type (default f16; q8_0: llama.cpp's Q8_0 blocks, a GGUF's "
+                        "Q8_0 tensors copied as they are)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    return run("convert", lambda: convert(args.src, args.output, not args.quiet),
+    return run("convert", lambda: convert(args.src, args.output, not args.quiet, args.type),
                (ConvertError, ModelFormatError), model_summary(args.output))
 
 

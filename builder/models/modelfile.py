@@ -6,16 +6,20 @@ index: u32 ids of the NORMAL pieces sorted by their bytes | user: u32 ids of the
 prompt matches whole (USER_DEFINED, and non-empty CONTROL ones such as <start_of_turn>, as
 transformers and llama.cpp tokenize prompts), longest first | blob: piece bytes | zero padding to a multiple of 4096 |
 weights: the tensors of `tensor_layout` in the order the forward pass reads them, each at an
-offset (relative to weights_off) that is a multiple of 64, FP16 matrices and FP32 norms
-holding 1 + w. Each layer starts with its attention's own parameters, as two small tensors:
+offset (relative to weights_off) that is a multiple of 64, matrices in FP16 (or Q8_0, below)
+and FP32 norms holding 1 + w. Each layer starts with its attention's own parameters, as two small tensors:
 `window` (u32: 0 = full causal attention, w = only the last w positions, itself included) and
 `rope` (f32, head_dim/2: RoPE's inverse frequencies for that layer, scaling included), so
 per-layer sliding windows and rope thetas (Gemma 2 and 3) need no code keyed on a model.
 Header `flags` say which optional norms every layer has (POST_NORMS: Gemma 2/3's norms of
-the attention and feed-forward outputs; QK_NORM: Gemma 3's per-head q/k norms).
+the attention and feed-forward outputs; QK_NORM: Gemma 3's per-head q/k norms) and the
+matrices' type: with Q8_0 every matrix whose rows hold a multiple of 32 weights is in GGUF's
+Q8_0 blocks (32 weights: an FP16 scale d, then 32 int8 q, weight = d q; 34 bytes), the others
+(and every matrix without the flag) FP16.
 
 `write_model` streams: it asks a source for each tensor's rows chunk by chunk, converts them
-(float -> FP16 with an overflow count, or FP32) and writes them, so a 5 GB model never sits in
+(float -> FP16 with an overflow count, float -> Q8_0 as llama.cpp's reference quantizer,
+or FP32) and writes them, so a 5 GB model never sits in
 memory. `ModelFile` reads and validates a file (magic, version, every size and offset) and
 raises `ModelFormatError` with a one-line message; tensors come back as memory-mapped views.
 """
@@ -27,6 +31,7 @@ from dataclasses import dataclass, fields, make_dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+import gguf
 import numpy as np
 from tqdm import tqdm
 
@@ -49,7 +54,11 @@ DIM_LIMITS = {"vocab": 1 << 24, "dim": 1 << 16, "ffn": 1 << 16, "layers": 1 << 1
 # header flags: which optional norms every layer has
 POST_NORMS = 1   # post_attn_norm and post_ffn_norm (Gemma 2, 3); ffn_norm is then the pre-norm
 QK_NORM = 2      # q_norm and k_norm over head_dim, on every head before RoPE (Gemma 3)
-FLAGS = POST_NORMS | QK_NORM
+Q8_0 = 4         # matrices with rows of a multiple of QK8_0 weights are in Q8_0 blocks
+FLAGS = POST_NORMS | QK_NORM | Q8_0
+QK8_0 = 32       # weights per Q8_0 block
+Q8_0_BLOCK = 34  # its bytes: FP16 scale, 32 int8
+WEIGHT_TYPES = ("f16", "q8_0")  # --type of convert and synth: the matrices' type
 
 # sentencepiece piece types
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -228,10 +237,12 @@ class TensorSpec:
     name: str
     offset: int  # relative to weights_off
     shape: tuple[int, ...]
-    dtype: str  # "f16", "f32" or "u32"
+    dtype: str  # "f16", "q8_0", "f32" or "u32"
 
     @property
     def nbytes(self) -> int:
+        if self.dtype == "q8_0":
+            return math.prod(self.shape) // QK8_0 * Q8_0_BLOCK
         return math.prod(self.shape) * (2 if self.dtype == "f16" else 4)
 
 
@@ -252,16 +263,35 @@ def tensor_shapes(d: Dims) -> list[tuple[str, tuple[int, ...], str]]:
              "gate": (d.ffn, d.dim), "up": (d.ffn, d.dim), "down": (d.dim, d.ffn),
              "post_ffn_norm": (d.dim,)}
     names = [n for n in LAYER_TENSORS if n not in OPTIONAL or d.flags & OPTIONAL[n]]
-    out = [("embed", (d.vocab, d.dim), "f16")]
+    out = [("embed", (d.vocab, d.dim), matrix_dtype(d, d.dim))]
     for i in range(d.layers):
-        out += [(f"layers.{i}.{n}", layer[n], tensor_dtype(n)) for n in names]
+        out += [(f"layers.{i}.{n}", layer[n], tensor_dtype(n) or matrix_dtype(d, layer[n][-1]))
+                for n in names]
     return out + [("final_norm", (d.dim,), "f32")]
 
 
-def tensor_dtype(name: str) -> str:
-    """The dtype of a tensor, by its (last) name: u32 window, f32 norms and rope, else f16."""
+def tensor_dtype(name: str) -> str | None:
+    """The dtype of a tensor that is not a matrix, by its (last) name: u32 window, f32 norms and
+    rope; None for a matrix (matrix_dtype)."""
     name = name.rsplit(".", 1)[-1]
-    return "u32" if name == "window" else "f32" if name == "rope" or name.endswith("norm") else "f16"
+    return "u32" if name == "window" else "f32" if name == "rope" or name.endswith("norm") else None
+
+
+def matrix_dtype(d: Dims, cols: int) -> str:
+    """A matrix's dtype: q8_0 when the header has Q8_0 and its rows split into whole blocks
+    (as llama.cpp: other shapes stay FP16), else f16."""
+    return "q8_0" if d.flags & Q8_0 and cols % QK8_0 == 0 else "f16"
+
+
+def quantize_q8_0(rows: np.ndarray) -> np.ndarray:
+    """Float rows (r, c), c a multiple of QK8_0 -> their Q8_0 blocks (r, c/32*34) uint8, bit for
+    bit llama.cpp's reference quantizer (quantize_row_q8_0_ref: roundf), by gguf.quants."""
+    return gguf.quants.quantize(np.ascontiguousarray(rows, np.float32), gguf.GGMLQuantizationType.Q8_0)
+
+
+def dequantize_q8_0(blocks: np.ndarray, cols: int) -> np.ndarray:
+    """Q8_0 blocks (r, cols/32*34) uint8 -> the float32 weights d q (r, cols), exact."""
+    return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0).reshape(-1, cols)
 
 
 def tensor_layout(header: Header | Dims) -> list[TensorSpec]:
@@ -351,7 +381,8 @@ def make_header(dims: Dims, vocab: Vocab) -> tuple[Header, Tables]:
 
 
 # A tensor source: given a spec, yields float arrays of whole rows (last axis = shape[-1])
-# whose concatenation is the tensor.
+# whose concatenation is the tensor; for a q8_0 spec it may yield rows already in Q8_0 blocks
+# instead (uint8, last axis shape[-1] / 32 * 34), which are written as they are.
 TensorSource = Callable[[TensorSpec], Iterable[np.ndarray]]
 
 
@@ -362,7 +393,8 @@ def write_model(path: Path, dims: Dims, vocab: Vocab, source: TensorSource,
     each layer's `window` and `rope` come from attn (one LayerAttn per layer; default: full
     attention, theta 10000, no scaling), not from source.
 
-    Matrices are rounded to FP16 (round to nearest even); a value that overflows FP16 raises
+    Matrices are rounded to FP16 (round to nearest even) or quantized to Q8_0 (quantize_q8_0);
+    a value that overflows FP16 (for Q8_0: a block whose scale does) raises
     ModelFormatError naming the tensor (by `names[spec.name]` when given, e.g. the name in
     the checkpoint it came from), the count and the first place.
     """
@@ -390,10 +422,26 @@ def write_model(path: Path, dims: Dims, vocab: Vocab, source: TensorSource,
             rows, cols = math.prod(spec.shape[:-1]), spec.shape[-1]
             done, overflow, first = 0, 0, None
             for chunk in chunks(spec):
-                chunk = np.asarray(chunk).reshape(-1, cols)
-                if spec.dtype == "u32":
+                chunk = np.asarray(chunk)
+                if spec.dtype == "q8_0" and chunk.dtype == np.uint8:  # blocks, as they are
+                    out = chunk.reshape(-1, cols // QK8_0 * Q8_0_BLOCK)
+                    chunk = out
+                elif spec.dtype == "q8_0":
+                    chunk = chunk.reshape(-1, cols)
+                    out = quantize_q8_0(chunk)
+                    scale = out.reshape(-1, Q8_0_BLOCK)[:, :2].copy().view("<f2").reshape(len(chunk), -1)
+                    bad = np.isinf(scale) & np.isfinite(chunk.reshape(len(chunk), -1, QK8_0)).all(axis=2)
+                    if bad.any():
+                        if first is None:
+                            at = np.argwhere(bad)[0]
+                            first = ([done + int(at[0]), int(at[1]) * QK8_0], float(np.abs(
+                                chunk[at[0], at[1] * QK8_0:(at[1] + 1) * QK8_0]).max()))
+                        overflow += int(bad.sum())
+                elif spec.dtype == "u32":
+                    chunk = chunk.reshape(-1, cols)
                     out = chunk.astype("<u4")
                 elif spec.dtype == "f16":
+                    chunk = chunk.reshape(-1, cols)
                     with np.errstate(over="ignore"):
                         out = chunk.astype("<f2")
                     bad = np.isinf(out) & np.isfinite(chunk)
@@ -403,6 +451,7 @@ def write_model(path: Path, dims: Dims, vocab: Vocab, source: TensorSource,
                             first = ([done + int(at[0])] + at[1:].tolist(), float(chunk[tuple(at)]))
                         overflow += int(bad.sum())
                 else:
+                    chunk = chunk.reshape(-1, cols)
                     out = chunk.astype("<f4")
                 f.write(out.tobytes())
                 done += chunk.shape[0]
@@ -410,7 +459,8 @@ def write_model(path: Path, dims: Dims, vocab: Vocab, source: TensorSource,
             if done != rows:
                 raise ModelFormatError(f"tensor {names.get(spec.name, spec.name)}: got {done} rows, expected {rows}")
             if overflow:
-                raise ModelFormatError(f"{overflow} value(s) overflow FP16 in {names.get(spec.name, spec.name)} "
+                what = "Q8_0 block(s) whose scale overflows" if spec.dtype == "q8_0" else "value(s) overflow"
+                raise ModelFormatError(f"{overflow} {what} FP16 in {names.get(spec.name, spec.name)} "
                                        f"(first at {first[0]}: {first[1]:g})")
         f.write(b"\0" * (header.file_size - f.tell()))
     return header
@@ -427,7 +477,8 @@ class ModelFile:
     Attributes: header, dims, pieces (list[bytes]), scores (float32 array), types (int
     array), index (sorted normal ids), user (ids of the pieces matched whole: user-defined and
     control, longest first).
-    `tensor(name)` returns a read-only view (float16 or float32) of a tensor.
+    `tensor(name)` returns a read-only view (float16, float32 or uint32) of a tensor; a Q8_0
+    matrix comes back as its float32 weights d q (a copy); `raw(name)` is any tensor's bytes.
     """
 
     def __init__(self, path: Path):
@@ -492,8 +543,14 @@ class ModelFile:
             raise ModelFormatError("the index is not sorted by piece bytes")
         self._layout = {s.name: s for s in tensor_layout(h)}
 
+    def raw(self, name: str) -> np.ndarray:
+        s = self._layout[name]
+        return np.frombuffer(self._map, np.uint8, s.nbytes, self.header.weights_off + s.offset)
+
     def tensor(self, name: str) -> np.ndarray:
         s = self._layout[name]
+        if s.dtype == "q8_0":
+            return dequantize_q8_0(self.raw(name).reshape(s.shape[0], -1), s.shape[-1])
         dt = np.dtype({"f16": "<f2", "f32": "<f4", "u32": "<u4"}[s.dtype])
         return np.frombuffer(self._map, dt, math.prod(s.shape), self.header.weights_off + s.offset).reshape(s.shape)
 

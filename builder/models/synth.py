@@ -13,7 +13,9 @@ per chunk of rows from a generator seeded by (seed, tensor number), so they are 
 chunk by chunk (a 5 GB model never sits in memory) and the same on every pass: `--gguf` writes
 the identical weights again as an F16 GGUF for llama.cpp (arch gemma, gemma2 or gemma3 with
 their keys and tensor names, norms 1 + w, tokenizer.ggml.model "llama"); converting that GGUF
-back gives the same model file.
+back gives the same model file. `--type q8_0`: the matrices quantized to Q8_0 (those whose rows
+are not a multiple of 32 weights stay FP16), in the model file and in the GGUF alike, the same
+blocks; `convert --type q8_0` of that GGUF copies them back into the same model file.
 
 The vocabulary looks like a SentencePiece BPE one: <pad> </s> <s> <unk>, <start_of_turn>,
 <end_of_turn>, user-defined whitespace pieces (tab, newline runs, runs of U+2581), the 256
@@ -22,6 +24,7 @@ at the start; never digits together) followed by the single characters.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import sys
@@ -35,9 +38,9 @@ from tqdm import tqdm
 from builder.cli import Parser, model_summary, run
 from builder.models.convert_gguf import gguf_name
 from builder.models.checkpoint import FLAGS, SLIDING_PERIOD
-from builder.models.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, UNKNOWN, USER_DEFINED, Dims, Header,
-                               LayerAttn, ModelFormatError, TensorSpec, Vocab, make_header, tensor_layout,
-                               write_model)
+from builder.models.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, Q8_0, UNKNOWN, USER_DEFINED,
+                               WEIGHT_TYPES, Dims, Header, LayerAttn, ModelFormatError, TensorSpec, Vocab,
+                               make_header, quantize_q8_0, tensor_layout, write_model)
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,10 @@ def synth_header(preset: str, seed: int = 0) -> Header:
 
 
 def write_gguf(path: Path, preset: Preset, vocab: Vocab, source, progress: bool = True) -> None:
-    """Write an F16 GGUF (llama.cpp's layout of preset.arch) with the tensors of source, streamed."""
+    """Write an F16 GGUF (llama.cpp's layout of preset.arch) with the tensors of source, streamed;
+    with the Q8_0 flag in preset.dims, a Q8_0 GGUF: the model file's matrix types (Q8_0 where
+    the rows split into 32-weight blocks, F16 otherwise, as llama.cpp quantizes), the same
+    blocks (modelfile.quantize_q8_0)."""
     import gguf
     dims, attn = preset.dims, preset.attn
     w = gguf.GGUFWriter(path, preset.arch)
@@ -177,7 +183,7 @@ def write_gguf(path: Path, preset: Preset, vocab: Vocab, source, progress: bool 
     if preset.arch == "gemma2":
         w.add_attn_logit_softcapping(dims.att_softcap)
         w.add_final_logit_softcapping(dims.final_softcap)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if dims.flags & Q8_0 else gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     # llama.cpp matches user-defined pieces against the raw text, so it spells their U+2581
@@ -196,8 +202,12 @@ def write_gguf(path: Path, preset: Preset, vocab: Vocab, source, progress: bool 
     w.add_add_bos_token(True)
     specs = [s for s in tensor_layout(dims) if s.dtype != "u32" and not s.name.endswith(".rope")]
     for s in specs:
-        w.add_tensor_info(gguf_name(s.name), s.shape,
-                          np.dtype(np.float16 if s.dtype == "f16" else np.float32), s.nbytes)
+        if s.dtype == "q8_0":
+            w.add_tensor_info(gguf_name(s.name), (s.shape[0], s.nbytes // s.shape[0]), np.dtype(np.uint8),
+                              s.nbytes, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor_info(gguf_name(s.name), s.shape,
+                              np.dtype(np.float16 if s.dtype == "f16" else np.float32), s.nbytes)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -207,7 +217,8 @@ def write_gguf(path: Path, preset: Preset, vocab: Vocab, source, progress: bool 
         for s in specs:
             w.write_padding(fout, fout.tell())
             for chunk in source(s):
-                data = chunk.astype("<f2" if s.dtype == "f16" else "<f4").tobytes()
+                data = (quantize_q8_0(chunk) if s.dtype == "q8_0" else
+                        chunk.astype("<f2" if s.dtype == "f16" else "<f4")).tobytes()
                 fout.write(data)
                 bar.update(len(data))
             w.write_padding(fout, s.nbytes)
@@ -215,8 +226,12 @@ def write_gguf(path: Path, preset: Preset, vocab: Vocab, source, progress: bool 
 
 
 def synth(preset: str, out: Path, seed: int = 0, gguf_out: Path | None = None,
-          progress: bool = True) -> Header:
+          progress: bool = True, wtype: str = "f16") -> Header:
+    """Write the preset's random model (matrices of wtype, one of WEIGHT_TYPES) at out, and
+    with gguf_out its GGUF twin."""
     p = PRESETS[preset]
+    if wtype == "q8_0":
+        p = dataclasses.replace(p, dims=dataclasses.replace(p.dims, flags=p.dims.flags | Q8_0))
     vocab = synth_vocab(p.dims.vocab, seed)
     header = write_model(out, p.dims, vocab, synth_source(seed), progress, attn=p.attn)
     if gguf_out is not None:
@@ -232,10 +247,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--preset", choices=sorted(PRESETS), required=True)
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("-o", "--output", type=Path, required=True, help="model file to write")
-    p.add_argument("--gguf", type=Path, help="also write the same weights as an F16 GGUF here")
+    p.add_argument("--type", choices=WEIGHT_TYPES, default="f16",
+                   help="the matrices' type (default f16; q8_0: llama.cpp's Q8_0 blocks)")
+    p.add_argument("--gguf", type=Path,
+                   help="also write the same weights as a GGUF here (F16, or with --type q8_0 Q8_0)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    return run("synth", lambda: synth(args.preset, args.output, args.seed, args.gguf, not args.quiet),
+    return run("synth", lambda: synth(args.preset, args.output, args.seed, args.gguf, not args.quiet,
+                                      args.type),
                (ModelFormatError, ValueError), model_summary(args.output))
 
 

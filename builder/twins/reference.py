@@ -8,7 +8,8 @@ window and RoPE frequencies.
     logits = ref.forward(token, pos)          # positions 0, 1, 2, ... in order (KV cache)
     prompt_logits, steps, tokens = ref.generate(ids, n)   # greedy
 
-Weights are the file's FP16 values widened to float32; every activation and sum is float32.
+Weights are the file's FP16 values widened to float32, or its Q8_0 blocks' values d q
+(modelfile.dequantize_q8_0, exact in float32); every activation and sum is float32.
 RoPE follows transformers in float32: angle = float32(p) * inv_freq (the layer's `rope`
 tensor), then cos / sin (half-split pairing).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from builder.models.modelfile import POST_NORMS, QK_NORM, ModelFile, tensor_shapes
+from builder.models.modelfile import POST_NORMS, QK_NORM, ModelFile, dequantize_q8_0, tensor_layout, tensor_shapes
 
 F32 = np.float32
 WIDEN_LIMIT = 1 << 28  # bytes of FP16 weights up to which they are widened up front
@@ -32,7 +33,8 @@ def gelu_tanh(z: np.ndarray) -> np.ndarray:
 
 
 def matvec(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """W (d,n) @ x (n,) -> (d,) in float32; an FP16 W is widened a block of rows at a time."""
+    """W (d,n) @ x (n,) -> (d,) in float32; an FP16 (or Q8Rows) W is widened a block of rows
+    at a time."""
     step = max(1, (1 << 22) // w.shape[1])
     return np.concatenate([np.asarray(w[i:i + step], F32) @ x for i in range(0, w.shape[0], step)])
 
@@ -51,14 +53,34 @@ def rope(x: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=1)
 
 
+class Q8Rows:
+    """A Q8_0 matrix left in the file (its blocks), dequantized a slice of rows at a time:
+    what matvec and the embedding lookup index, for a model too big to widen up front."""
+
+    def __init__(self, blocks: np.ndarray, cols: int):
+        self.blocks, self.shape = blocks, (blocks.shape[0], cols)
+
+    def __getitem__(self, rows: int | slice) -> np.ndarray:
+        if isinstance(rows, slice):
+            return dequantize_q8_0(self.blocks[rows], self.shape[1])
+        return dequantize_q8_0(self.blocks[rows:rows + 1], self.shape[1])[0]
+
+
 class Reference:
     def __init__(self, model: ModelFile):
         self.model, d = model, model.dims
         self.dims, self.scale = d, F32(model.header.embed_scale)
-        # Small models are widened to float32 once; big ones (2b: 10 GB as float32) stay FP16
-        # views of the file, widened a block of rows at a time by matvec.
+        # Small models are widened to float32 once (Q8_0 matrices: d q); big ones (2b: 10 GB
+        # as float32) stay views of the file, widened a block of rows at a time by matvec.
         small = model.header.weights_size <= WIDEN_LIMIT
-        get = (lambda name: model.tensor(name).astype(F32)) if small else model.tensor
+        q8 = {s.name: s.shape for s in tensor_layout(model.header) if s.dtype == "q8_0"}
+
+        def get(name: str) -> np.ndarray | Q8Rows:
+            if small:
+                return model.tensor(name).astype(F32)
+            if name in q8:
+                return Q8Rows(model.raw(name).reshape(q8[name][0], -1), q8[name][1])
+            return model.tensor(name)
         self.embed = get("embed")
         self.layers = [{} for _ in range(d.layers)]
         for name, _, _ in tensor_shapes(d)[1:-1]:

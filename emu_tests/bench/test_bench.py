@@ -7,10 +7,12 @@ the verified bandwidth loop, llama-bench parsing, one-line errors) are checked o
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import io
 import json
 import math
+import mmap
 import os
 import re
 
@@ -18,14 +20,15 @@ import capstone
 import numpy as np
 import pytest
 
-from builder.bench import llama as bench_llama, machine as bench_machine, main as bench
+from builder.bench import llama as bench_llama, machine as bench_machine, main as bench, report as bench_report
 from builder.bench.run import run
-from builder.models.modelfile import ModelFile
+from builder.models.gguf_meta import read_gguf_meta
+from builder.models.modelfile import Q8_0, ModelFile
 from builder.models.synth import PRESETS
 
 PROMPT, N = 48, 6
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-ROWS = ["threads", "memory read bandwidth GB/s", "(before each round / after)",
+ROWS = ["threads", "memory read bandwidth GB/s", "(before each round / after)", "(fastest read loop)",
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
         "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
         "gemma peak anonymous MB", "tokens: prompt, decoded", "gemma major page faults"]
@@ -87,8 +90,11 @@ def test_table_has_every_row_and_a_column_per_thread_count(report, gemma):
         assert len(cells) == len(threads), f"row {label!r}: {len(cells)} cells for {threads}"
     assert [int(c) for c in rows["threads"]] == threads
     assert f"bytes read per generated token: {tiny_bytes():,}" in text
-    assert f"page cache: {res['huge_pages']:.1%} of the model file in 2 MB pages" in text
-    assert 0 <= res["huge_pages"] <= 1
+    engine, = res["engines"]
+    assert f"page cache: {engine['huge_pages']:.1%} of the model file in 2 MB pages" in text
+    assert 0 <= engine["huge_pages"] <= 1 and engine["label"] == "gemma"
+    loops = {f"{8 * w}-bit x{k} buffer" for w in bench_machine.READ_WIDTHS for k in bench_machine.STREAMS}
+    assert all(c in loops for c in rows["(fastest read loop)"]), rows["(fastest read loop)"]
     assert text.splitlines()[0].startswith("machine: ")
     assert text.splitlines()[1] == f"engine: {gemma.binary} -s 7"
     if not llama:  # llama.cpp missing: omitted with a note, never an error
@@ -98,26 +104,30 @@ def test_table_has_every_row_and_a_column_per_thread_count(report, gemma):
 def test_figures_are_positive_and_consistent(report):
     _, threads, text, res = report
     rows = parse_table(text)
-    assert res["bytes_per_token"] == tiny_bytes()
+    engine, = res["engines"]
+    assert engine["bytes_per_token"] == tiny_bytes()
     assert sorted(map(int, res["bandwidth"])) == threads
     llama = res["peers"][0]["figures"] if res["peers"] else []
     if res["peers"]:  # the F16 twin holds the same tensors but each layer's window and rope
         d = PRESETS["tiny"].dims
         assert res["peers"][0]["bytes_per_token"] == tiny_bytes() - d.layers * (4 + 4 * (d.head_dim // 2))
-    for engine, figures in (("gemma", res["gemma"]), ("llama.cpp", llama)):
+    for name, figures in (("gemma", engine["figures"]), ("llama.cpp", llama)):
         for i, f in enumerate(figures):
             t = f["threads"]
             bw = res["bandwidth"][str(t)]
             assert bw == max(res["bandwidth_runs"][str(t)]) > 0
             assert len(res["bandwidth_runs"][str(t)]) == 3  # before each of 2 rounds, after
-            assert f["prompt_tps"] > 0 and f["decode_tps"] > 0, f"{engine} t={t}: {f}"
-            assert f["n_prompt"] == res["gemma"][0]["n_prompt"], f"{engine}: other prompt length"
-            per_token = res["bytes_per_token"] if engine == "gemma" else res["peers"][0]["bytes_per_token"]
+            assert f["prompt_tps"] > 0 and f["decode_tps"] > 0, f"{name} t={t}: {f}"
+            assert f["n_prompt"] == engine["figures"][0]["n_prompt"], f"{name}: other prompt length"
+            per_token = engine["bytes_per_token"] if name == "gemma" else res["peers"][0]["bytes_per_token"]
             eff = f["decode_tps"] * per_token / (bw * 1e9)
-            row = rows[f"{engine} decode efficiency"]
-            # the table rounds to 3 decimals
-            assert math.isclose(number(row[i]), eff, abs_tol=6e-4), f"{engine} t={t}"
-    for i, f in enumerate(res["gemma"]):
+            cell = rows[f"{name} decode efficiency"][i]
+            # the table rounds to 3 decimals; above 1 the bandwidth was no ceiling: a fault
+            if eff > 1:
+                assert cell == "FAULT" and f"MEASUREMENT FAULT: {name} on {t} thread(s)" in text
+            else:
+                assert math.isclose(number(cell), eff, abs_tol=6e-4), f"{name} t={t}"
+    for i, f in enumerate(engine["figures"]):
         # a prompt of at most PROMPT tokens; -n N yields N - 1 or N forward passes
         assert 2 <= f["n_prompt"] <= PROMPT and N - 1 <= f["n_decode"] <= N, f
         assert rows["tokens: prompt, decoded"][i] == f"{f['n_prompt']}, {f['n_decode']}"
@@ -127,8 +137,8 @@ def test_figures_are_positive_and_consistent(report):
         # the fraction of the FMA peak measured in the same run on as many threads
         peak = res["fma_peak"][str(f["threads"])] * 1e9
         assert math.isclose(number(rows["gemma prompt / AVX2 FMA peak"][i]),
-                            f["prompt_tps"] * res["flops_per_prompt_token"] / peak, abs_tol=6e-4)
-    for i, (g, ll) in enumerate(zip(res["gemma"], llama)):
+                            f["prompt_tps"] * engine["flops_per_prompt_token"] / peak, abs_tol=6e-4)
+    for i, (g, ll) in enumerate(zip(engine["figures"], llama)):
         assert math.isclose(number(rows["decode ratio gemma/llama.cpp"][i]),
                             g["decode_tps"] / ll["decode_tps"], abs_tol=6e-4)
 
@@ -172,11 +182,37 @@ def test_fifo_rows_are_stamped_in_order(tmp_path):
     assert (r.returncode, r.rows, r.error_line()) == (3, [], "oops")
 
 
-@pytest.mark.parametrize("width", [16, 32])
-def test_bandwidth_loop_is_verified_and_reads(width):
-    code = bench_machine.assemble(bench_machine._source(width), "bandwidth loop")
+@pytest.mark.parametrize("width", bench_machine.READ_WIDTHS)
+@pytest.mark.parametrize("streams", bench_machine.STREAMS)
+def test_bandwidth_loop_is_verified_and_reads_every_byte(width, streams):
+    """Each read loop assembles to its source (checked against capstone) and touches exactly
+    the bytes it is given: on a buffer with PROT_NONE right after a thread's slice, a loop
+    reading past it would crash; its streams start a stride apart and are read to the end
+    (the loads' addresses in the disassembly are the streams' bases plus 0.. step)."""
+    code = bench_machine.assemble(bench_machine._source(width, streams), "bandwidth loop")
     assert code[-1] == 0xC3  # ret
-    assert bench_machine.bandwidths([1], 8 << 20)[1] > 0
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    loads = [i.op_str.split("[")[1] for i in md.disasm(code, 0) if "mov" in i.mnemonic and "[" in i.op_str]
+    bases = {a.split(" + 0x")[0].rstrip("]") for a in loads}
+    assert len(loads) == bench_machine.UNROLL and len(bases) == streams, loads
+    loop = next(lp for lp in bench_machine.read_loops() if (lp.width, lp.streams) == (width, streams)) \
+        if width == 16 or "avx2" in bench_machine.cpu_flags() else None
+    if loop is None:
+        pytest.skip("no AVX2")
+    guard = mmap.mmap(-1, 3 * 4096)  # one page after 2 pages of data made unreadable
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(guard)) + 8192),
+                                      4096, 0) == 0
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(guard))
+    loop.fn(addr, 8192 // streams, 3)  # would fault past the end
+    assert bench_machine.measure(loop, bench_machine.MappedFile(__file__), 1, passes=1, trials=1) >= 0
+
+
+def test_bandwidth_is_the_best_loop_over_buffer_and_files(tmp_path):
+    f = tmp_path / "model.bin"
+    f.write_bytes(bytes(range(256)) * (16 << 12))  # 16 MB
+    out = bench_machine.bandwidths([1, 2], 8 << 20, [f])
+    loops = {f"{lp.name} {where}" for lp in bench_machine.read_loops() for where in ("buffer", "file")}
+    assert set(out) == {1, 2} and all(gbs > 0 and loop in loops for gbs, loop in out.values()), out
 
 
 def test_fma_loop_is_verified_and_counts():
@@ -207,6 +243,8 @@ def test_llama_bench_output_is_parsed():
     (["-t", "0"], "--threads wants positive integers"),
     (["--bw-size", "12"], "--bw-size wants at least 1M"),
     (["--gguf", "x.gguf"], "--gguf goes with --model"),
+    (["--model", "m.bin", "--type", "q8_0"], "--type goes with a preset"),
+    (["--type", "f16,q4_0"], "--type wants f16 or q8_0 (comma-separated or repeated), not 'q4_0'"),
     (["--model", "/nonexistent/m.bin", "--engine", "/bin/true"], "no such file: /nonexistent/m.bin"),
     (["--preset", "tiny", "--engine", "/bin/false"], "the engine's --tokens failed: exit status 1"),
 ])
@@ -262,3 +300,94 @@ def test_f16_twin_holds_the_engines_weights(tmp_path):
     convert(src, tmp_path / "a.bin", progress=False)
     convert(tmp_path / "twin.gguf", tmp_path / "b.bin", progress=False)
     assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()
+    # its Q8_0 twin: the GGUF of what convert --type q8_0 makes of the source (Q8_0 blocks
+    # copied, the rest quantized from the dequantized values), converting back to those bytes
+    f16_twin(src, tmp_path / "q8.gguf", progress=False, wtype="q8_0")
+    assert {t.type for t in read_gguf_meta(tmp_path / "q8.gguf").tensors.values()} == {"Q8_0", "F32"}
+    convert(src, tmp_path / "qa.bin", progress=False, wtype="q8_0")
+    convert(tmp_path / "q8.gguf", tmp_path / "qb.bin", progress=False, wtype="q8_0")
+    assert (tmp_path / "qa.bin").read_bytes() == (tmp_path / "qb.bin").read_bytes()
+
+
+def fake_result(decode: dict[str, float]) -> bench_report.Result:
+    """A two-type Result (no engine run): FP16 and Q8_0 at 1 and 2 threads, with each one's
+    llama.cpp twin; `decode` gives each engine's decode tokens/s."""
+    def figs(tps: float) -> list[bench_report.Figures]:
+        return [bench_report.Figures(t, 100.0 * t, tps * t, 64, 15, 2 << 20, 1 << 20) for t in (1, 2)]
+    engines = [bench_report.Engine(f"gemma[{w}]", f"/m-{w}.bin", n, 1e9, 0.5, figs(decode[w]))
+               for w, n in (("f16", 1_000_000_000), ("q8_0", 531_250_000))]
+    peers = [bench_report.Peer(f"m-{w}.gguf", n, figs(decode["llama"]), engine=i)
+             for i, (w, n) in enumerate((("f16", 999_000_000), ("q8_0", 530_000_000)))]
+    machine = bench_report.Machine("cpu", 2, 1000.0, 1.0, "avx2")
+    return bench_report.Result(machine, "2b", "gemma", engines, peers, {1: 10.0, 2: 20.0},
+                               {1: [9.0, 10.0], 2: [20.0, 19.0]}, {1: "256-bit x2 file", 2: "128-bit x4 buffer"},
+                               {1: 100.0, 2: 200.0}, "llama-cpp-python", [0.1, 0.2], 1)
+
+
+def test_two_weight_types_side_by_side():
+    """--type f16,q8_0: each engine's block of rows under its own label, the Q8_0/FP16 ratios,
+    and each llama.cpp twin compared with the engine on the same weights."""
+    res = fake_result({"f16": 5.0, "q8_0": 8.0, "llama": 4.0})
+    text = bench_report.table(res)
+    rows = parse_table(text)
+    for w in ("f16", "q8_0"):
+        assert f"gemma[{w}] decode tokens/s" in rows and f"tokens: prompt, decoded (gemma[{w}])" in rows
+        assert f"decode ratio gemma[{w}]/llama.cpp[m-{w}.gguf]" in rows
+    assert rows["gemma[f16] decode efficiency"] == ["0.500", "0.500"]  # 5 x 1e9 / 10e9
+    assert rows["gemma[q8_0] decode efficiency"] == ["0.425", "0.425"]  # 8 x 0.53125e9 / 10e9
+    assert rows["decode ratio gemma[q8_0]/gemma[f16]"] == ["1.600", "1.600"]
+    assert rows["decode ratio gemma[q8_0]/llama.cpp[m-q8_0.gguf]"] == ["2.000", "2.000"]
+    assert rows["(fastest read loop)"] == ["256-bit x2 file", "128-bit x4 buffer"]
+    assert "bytes read per generated token by gemma[q8_0]: 531,250,000" in text
+    assert "MEASUREMENT FAULT" not in text and res.faults() == []
+
+
+def test_efficiency_above_one_is_a_fault_not_a_figure():
+    res = fake_result({"f16": 5.0, "q8_0": 8.0, "llama": 25.0})  # 25 x 0.999e9 > 10e9 and 20e9
+    text = bench_report.table(res)
+    rows = parse_table(text)
+    assert rows["llama.cpp[m-f16.gguf] decode efficiency"] == ["FAULT", "FAULT"]
+    assert rows["llama.cpp[m-q8_0.gguf] decode efficiency"] == ["FAULT", "FAULT"]  # 25 x 0.53e9 = 13.25e9
+    assert rows["gemma[f16] decode efficiency"] == ["0.500", "0.500"]
+    assert res.faults() == [f"llama.cpp[m-f16.gguf] on {t} thread(s) read {25 * 0.999 * t / (10 * t):.3f}x "
+                            "the bandwidth" for t in (1, 2)] + \
+        [f"llama.cpp[m-q8_0.gguf] on {t} thread(s) read {25 * 0.53 * t / (10 * t):.3f}x the bandwidth"
+         for t in (1, 2)]
+    assert text.count("MEASUREMENT FAULT: ") == 4
+
+
+def test_type_option():
+    assert bench._types(["f16,q8_0"]) == ["f16", "q8_0"] == bench._types(["f16", "q8_0", "f16"])
+    with pytest.raises(ValueError, match="--type wants f16 or q8_0"):
+        bench._types(["q4_0"])
+
+
+def test_q8_0_pair_is_made_and_cached_beside_the_f16_one(tmp_path):
+    model, (gguf,) = bench.model_paths(bench.Config(preset="tiny", cache=tmp_path), "q8_0")
+    assert (model.name, gguf.name) == ("tiny-seed0-q8_0.bin", "tiny-seed0-q8_0.gguf")
+    assert ModelFile(model).dims.flags & Q8_0
+    assert {t.type for t in read_gguf_meta(gguf).tensors.values()} == {"Q8_0", "F32"}
+
+
+def test_both_types_in_one_run(gemma, tmp_path):
+    """NEEDS THE ENGINE'S Q8_0 SUPPORT (skipped while ./gemma refuses Q8_0 files): the tiny
+    preset in FP16 and Q8_0 in one run, each with its llama.cpp twin when installed."""
+    model, _ = bench.model_paths(bench.Config(preset="tiny", cache=tmp_path), "q8_0")
+    r = run([str(gemma.binary), "-m", str(model), "-p", "hi", "--tokens"], capture=True)
+    if r.returncode != 0:
+        pytest.skip(f"./gemma does not run Q8_0 model files yet ({r.error_line()})")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--type", "f16,q8_0", "--bw-size", "16M", "-t", "1", "-p", str(PROMPT), "-n", str(N),
+                         "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert [e["label"] for e in res["engines"]] == ["gemma[f16]", "gemma[q8_0]"]
+    assert res["engines"][1]["bytes_per_token"] < 0.6 * res["engines"][0]["bytes_per_token"]
+    rows = parse_table(text)
+    assert "decode ratio gemma[q8_0]/gemma[f16]" in rows
+    if res["peers"]:
+        assert [p["engine"] for p in res["peers"]] == [0, 1]
+        assert "decode ratio gemma[q8_0]/llama.cpp[tiny-seed0-q8_0.gguf]" in rows

@@ -41,7 +41,7 @@ def test_convert_and_synth_end_with_a_summary_and_unwritable_output_is_a_sentenc
     r = builder("synth", "--preset", "tiny-g3", "-q", "-o", str(tmp_path / "t.bin"))
     assert r.returncode == 0 and r.stdout == (
         f"wrote {tmp_path / 't.bin'}: {(tmp_path / 't.bin').stat().st_size:,} bytes; vocab 1024, "
-        "d 64, ffn 192, 6 layers, 4 heads (1 kv) of 32, flags 3, context 512\n"), r
+        "d 64, ffn 192, 6 layers, 4 heads (1 kv) of 32, flags 3, f16 weights, context 512\n"), r
     r = builder("convert", str(tmp_path / "t.bin"), "-q", "-o", str(tmp_path / "none" / "x.bin"))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     r = builder("synth", "--preset", "tiny", "-q", "-o", str(tmp_path / "none" / "x.bin"))

@@ -172,7 +172,7 @@ def test_thread_counts_give_the_same_bits(gemma, models, tmp_path, name):
 def test_qemu_cpu_models(gemma, models, twins, tmp_path, name, cpu_model, flags):
     """Under qemu-user: Nehalem (baseline kernels only) and Haswell (the AVX2 kernel where the
     shape allows it) give the twin's logits within TWIN_TOL, and the native bits of the
-    same path (Haswell's fast path: AVX2's bits, which the AVX-512 kernel reproduces)."""
+    same path (Haswell's fast path: AVX2's bits)."""
     model, vocab = models[name], MODELS[name][0].vocab
     got = run(["qemu-x86_64", "-cpu", cpu_model], gemma.binary, model, flags,
               tmp_path / "got.f32")

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.models.modelfile import (FLAGS, FLT_MAX, HEADER_FIELDS, HEADER_SIZE, MAGIC, PIECE, PIECE_REC,
-                               POST_NORMS, QK_NORM, TENSOR_ALIGN, VERSION, WEIGHTS_ALIGN, Header,
-                               tensor_layout)
+                               POST_NORMS, Q8_0, Q8_0_BLOCK, QK8_0, QK_NORM, TENSOR_ALIGN, VERSION,
+                               WEIGHTS_ALIGN, Header, tensor_layout)
 from linker.layout import align_up
 
 PIECE_FIELDS = [("blob_off", 0), ("len", 4), ("score", 8), ("type", 12)]    # u32 / f32 each
@@ -25,14 +25,18 @@ def weights_size(h: dict) -> int:
     """weights_size the dimensions and flags call for, exact for any values (closed form: the
     mutators ask it about 2^31 layers, which modelfile.weights_size would walk one by one).
     A layer: window (u32), rope (head_dim/2 f32), attn_norm, wq wk wv, [q_norm k_norm: QK_NORM],
-    wo, [post_attn_norm: POST_NORMS], ffn_norm, gate up down, [post_ffn_norm: POST_NORMS]."""
+    wo, [post_attn_norm: POST_NORMS], ffn_norm, gate up down, [post_ffn_norm: POST_NORMS].
+    A matrix is FP16, or with Q8_0 and rows of a multiple of QK8_0 weights Q8_0 blocks."""
     d, f, hd, flags = h["dim"], h["ffn"], h["head_dim"], h["flags"]
     q, kv = h["heads"] * hd, h["kv_heads"] * hd
-    sizes = [4, 4 * (hd // 2), 4 * d, 2 * q * d, 2 * kv * d, 2 * kv * d, 2 * d * q, 4 * d,
-             2 * f * d, 2 * f * d, 2 * d * f]
+
+    def mat(rows: int, cols: int) -> int:
+        return rows * cols // QK8_0 * Q8_0_BLOCK if flags & Q8_0 and cols % QK8_0 == 0 else 2 * rows * cols
+    sizes = [4, 4 * (hd // 2), 4 * d, mat(q, d), mat(kv, d), mat(kv, d), mat(d, q), 4 * d,
+             mat(f, d), mat(f, d), mat(d, f)]
     sizes += [4 * hd] * 2 * bool(flags & QK_NORM) + [4 * d] * 2 * bool(flags & POST_NORMS)
     layer = sum(align_up(n, TENSOR_ALIGN) for n in sizes)
-    return align_up(2 * h["vocab"] * d, TENSOR_ALIGN) + h["layers"] * layer + align_up(4 * d, TENSOR_ALIGN)
+    return align_up(mat(h["vocab"], d), TENSOR_ALIGN) + h["layers"] * layer + align_up(4 * d, TENSOR_ALIGN)
 
 
 def parse_header(data: bytes) -> dict:

@@ -19,7 +19,7 @@ import random
 import struct
 from dataclasses import dataclass, replace
 
-from builder.models.modelfile import BYTE, DIM_LIMITS, HEADER_FIELDS, HEADER_SIZE, PIECE, PIECE_REC
+from builder.models.modelfile import BYTE, DIM_LIMITS, HEADER_FIELDS, HEADER_SIZE, PIECE, PIECE_REC, Q8_0_BLOCK, QK8_0
 from emu_tests.asm_facts import constant
 
 from .model import PIECE_FIELDS, Base, header_problems, parse_header, weights_size
@@ -315,8 +315,11 @@ class _Maker:
             if name not in tensors:             # an optional tensor this file does not have
                 continue
             t = tensors[name]
-            width = 2 if t.dtype == "f16" else 4
-            edit = ((wo + t.offset, bits.to_bytes(width, "little") * (t.nbytes // width)),)
+            if t.dtype == "q8_0":  # every block's FP16 scale := bits, its weights q := 127
+                edit = ((wo + t.offset, (bits.to_bytes(2, "little") + b"\x7f" * QK8_0) * (t.nbytes // Q8_0_BLOCK)),)
+            else:
+                width = 2 if t.dtype == "f16" else 4
+                edit = ((wo + t.offset, bits.to_bytes(width, "little") * (t.nbytes // width)),)
             for tail in ((), (b"--temp", b"1", b"--top-p", b"0.9", b"-s", b"3", b"-t", b"3"),
                          (b"--baseline",)):
                 out.append(Case(f"{name} all {t.dtype} bits {bits:#x}", edit,
@@ -520,6 +523,13 @@ class _Maker:
                         (self.u32_at(h[table] + 4 * pos, v),), argv=self.argv())
         if kind == 6:
             t = r.choice(self.base.tensors)
+            if t.dtype == "q8_0":  # a block's FP16 scale (or, bits < 256, one of its int8 q)
+                bits = r.choice(F16_BITS + [0x80, 0x7F])
+                edits = tuple((h["weights_off"] + t.offset + Q8_0_BLOCK * r.randrange(t.nbytes // Q8_0_BLOCK)
+                               + (2 + r.randrange(QK8_0) if bits < 256 else 0),
+                               bits.to_bytes(1 if bits < 256 else 2, "little")) for _ in range(r.randint(1, 16)))
+                return Case(f"random #{k}: {t.name} blocks := {bits:#x}", edits,
+                            argv=self.argv() + (b"--temp", b"1"))
             width = 2 if t.dtype == "f16" else 4
             bits = r.choice(F16_BITS if t.dtype == "f16" else F32_BITS + U32_EDGES)
             edits = tuple((h["weights_off"] + t.offset + width * r.randrange(t.nbytes // width),

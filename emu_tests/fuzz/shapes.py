@@ -13,10 +13,11 @@ offset arithmetic of validation and the tokenizer (`--tokens` never touches the 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
-from builder.models.modelfile import Dims, LayerAttn, make_header, write_model
+from builder.models.modelfile import Q8_0, Dims, LayerAttn, make_header, write_model
 from builder.models.synth import PRESETS, synth_source, synth_vocab
 from emu_tests.asm_facts import constant
 
@@ -38,6 +39,8 @@ SHAPES: dict[str, Dims] = {   # vocab dim ffn layers heads kv_heads head_dim max
     "d8_g2": Dims(400, 8, 12, 2, 4, 2, 6, 9, flags=1, att_scale=0.5, att_softcap=50.0,
                   final_softcap=30.0),
     "d16_qk": Dims(512, 16, 16, 2, 2, 2, 2, 6, flags=2, att_scale=3.0, final_softcap=1e-3),
+    # Q8_0 and FP16 matrices in one file: rows of 32 and 64 weights in blocks, of 48 in FP16
+    "d32_q8": Dims(400, 32, 48, 2, 2, 1, 32, 9, flags=Q8_0 | 3),
 }
 # per-layer attention of the version-2 shapes (the others: full attention, theta 10000):
 # windows of 1 position, shorter than the prompts, beyond any context (2^32 - 1)
@@ -49,6 +52,7 @@ SHAPE_ATTN: dict[str, list[LayerAttn]] = {
 # the version-2 file the mutators work on (besides the Gemma 1 fixtures): post norms, q/k
 # norms, windows, both soft-caps
 V2_BASE = "g3_base"
+Q8_BASE = "g3_q8_base"          # V2_BASE with every matrix in Q8_0 blocks
 V2_DIMS = Dims(512, 32, 64, 2, 4, 2, 8, 64, flags=3, att_scale=0.35, att_softcap=4.0,
                final_softcap=3.0)
 V2_ATTN = [LayerAttn(4), LayerAttn(0, 1e6, 8.0)]
@@ -61,8 +65,9 @@ def write_shape(name: str, out: Path) -> Path:
     return out
 
 
-def write_v2_base(out: Path) -> Path:
-    write_model(out, V2_DIMS, synth_vocab(V2_DIMS.vocab, 0), synth_source(0), progress=False,
+def write_v2_base(out: Path, q8_0: bool = False) -> Path:
+    dims = dataclasses.replace(V2_DIMS, flags=V2_DIMS.flags | Q8_0) if q8_0 else V2_DIMS
+    write_model(out, dims, synth_vocab(V2_DIMS.vocab, 0), synth_source(0), progress=False,
                 attn=V2_ATTN)
     return out
 

@@ -3,8 +3,8 @@
 Models: the fixtures converted to engine files (tiny_mqa and tiny_wide from Hugging Face,
 tiny_mqa from GGUF, whose tables have no user-defined pieces: Gemma 1, header flags 0), a
 synthetic version-2 file with every optional tensor (shapes.V2_BASE: post and q/k norms,
-windows, soft-caps), the odd-shaped valid models and the sparse 2B file of shapes.py. Cases:
-make_cases over those four mutated files and the sparse 2B file (tokenizer runs only: its 5 GB
+windows, soft-caps) and the same in Q8_0 blocks (shapes.Q8_BASE), the odd-shaped valid models and the sparse 2B file of shapes.py. Cases:
+make_cases over those five mutated files and the sparse 2B file (tokenizer runs only: its 5 GB
 of weights are a hole), the shape and sparse runs, then seeded random mutations up to the
 count.
 """
@@ -16,13 +16,14 @@ from builder.models.convert import convert
 
 from .model import Base
 from .mutate import Case, make_cases
-from .shapes import SHAPES, V2_BASE, shape_cases, sparse_cases, write_bases, write_v2_base
+from .shapes import Q8_BASE, SHAPES, V2_BASE, shape_cases, sparse_cases, write_bases, write_v2_base
 
 SEED = 20261130
-CASES = 8000
+CASES = 11500   # every systematic case of the bases (~10,500), then seeded random ones
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MUTATED = {"tiny_mqa": ("tiny_mqa", "."), "tiny_wide": ("tiny_wide", "."),
-           "tiny_mqa_gguf": ("tiny_mqa", "model-f16.gguf"), V2_BASE: None}   # None: synthetic
+           "tiny_mqa_gguf": ("tiny_mqa", "model-f16.gguf"), V2_BASE: None,   # None: synthetic
+           Q8_BASE: None}
 
 
 def models(tmp: Path) -> dict[str, Path]:
@@ -31,7 +32,7 @@ def models(tmp: Path) -> dict[str, Path]:
     for name, fixture in MUTATED.items():
         out[name] = tmp / f"{name}.bin"
         if fixture is None:
-            write_v2_base(out[name])
+            write_v2_base(out[name], q8_0=name == Q8_BASE)
         else:
             convert((FIXTURES / fixture[0] / fixture[1]).resolve(), out[name], progress=False)
     return out | write_bases(tmp)

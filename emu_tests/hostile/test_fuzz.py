@@ -1,8 +1,8 @@
 """Hostile input on the real binary.
 
 - The fuzz run: fuzz.suite's CASES seeded cases (emu_tests/fuzz: mutated engine files of
-  tiny_mqa, tiny_wide and tiny_mqa-from-GGUF, valid odd-shaped and sparse 2B models, hostile
-  command lines), two subprocesses of ./gemma at a time, TIMEOUT s each. Budget: no case is
+  tiny_mqa, tiny_wide, tiny_mqa-from-GGUF, a synthetic Gemma 3 file in FP16 and in Q8_0, valid
+  odd-shaped and sparse 2B models, hostile command lines), two subprocesses of ./gemma at a time, TIMEOUT s each. Budget: no case is
   started after BUDGET s, and at least MIN_CASES must have run (the report line the test
   prints gives the count and the rate). Every run must exit normally; a refusal is exactly one
   "gemma: ..." line on stderr and nothing on stdout; inputs the contract makes invalid must
@@ -216,11 +216,39 @@ def test_closed_form_weights_size_equals_modelfile(base_model):
     h = Base.load(base_model).header
     for change in ({}, {"layers": 5}, {"heads": 8, "kv_heads": 2}, {"head_dim": 48, "dim": 144},
                    {"vocab": 1000, "ffn": 100}, {"flags": 1}, {"flags": 2, "head_dim": 6},
-                   {"flags": 3, "head_dim": 34, "layers": 3}):
+                   {"flags": 3, "head_dim": 34, "layers": 3}, {"flags": 4}, {"flags": 7, "dim": 96},
+                   {"flags": 4, "dim": 144, "ffn": 96, "head_dim": 24}):  # Q8_0: whole blocks, mixed
         d = dict(h, **change)
         dims = Dims(*(d[k] for k in ("vocab", "dim", "ffn", "layers", "heads", "kv_heads",
                                      "head_dim", "max_ctx")), flags=d["flags"])
         assert weights_size(d) == modelfile_weights_size(dims), change
+
+
+def test_mutators_make_q8_0_cases(tmp_path):
+    """On a Q8_0 base the weight mutators edit whole blocks: the systematic cases set every
+    block's FP16 scale (NaN, inf, FP16's max ...) with q = 127, the random ones one block's
+    scale or one of its q, never past the tensor; no case of the base is refused. (The suite
+    runs such cases through the engine on shapes.Q8_BASE.)"""
+    from builder import synth
+    from fuzz import mutate
+    synth.synth("tiny-g3", tmp_path / "q.bin", progress=False, wtype="q8_0")
+    base = Base.load(tmp_path / "q.bin")
+    assert header_problems(base.header, base.length) == []
+    tensors = {t.name: t for t in base.tensors}
+    wo = base.header["weights_off"]
+    cases = mutate.make_cases({"q8": base}, seed=3, count=3000)
+    embed = [c for c in cases if c.label.startswith("embed all q8_0 bits")]
+    assert embed and all(len(c.edits) == 1 and c.edits[0][0] == wo + tensors["embed"].offset
+                         and len(c.edits[0][1]) == tensors["embed"].nbytes
+                         and c.edits[0][1][34:36] == c.edits[0][1][:2] and c.edits[0][1][2:34] == b"\x7f" * 32
+                         for c in embed)
+    blocks = [c for c in cases if " blocks := " in c.label]
+    assert blocks, "no random Q8_0 block edits"
+    for c in blocks:
+        t = tensors[c.label.split(": ")[1].split(" ")[0]]
+        for off, raw in c.edits:
+            at = (off - wo - t.offset) % 34
+            assert 0 <= off - wo - t.offset < t.nbytes and (at == 0 if len(raw) == 2 else at >= 2), c.label
 
 
 def _python_refusals(models: dict[str, Path], tmp: str) -> tuple[int, list[str]]:

@@ -15,8 +15,8 @@ from builder.models import checkpoint
 from builder.models import convert as conv
 from builder.models import convert_gguf, convert_hf
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
-from builder.models.modelfile import (BYTE, CONTROL, HEADER_FIELDS, NORMAL, UNKNOWN, UNUSED, USER_DEFINED,
-                                      LayerAttn, ModelFile, ModelFormatError, rope_freqs)
+from builder.models.modelfile import (BYTE, CONTROL, HEADER_FIELDS, NORMAL, Q8_0, UNKNOWN, UNUSED, USER_DEFINED, LayerAttn, ModelFile,
+                               ModelFormatError, quantize_q8_0, rope_freqs, tensor_layout)
 from modelfiles import TWINS, convert_fixture, fixture_path
 from variants import (K_SCALES, bf16_to_f32, gguf_variant, hf_variant, kv_set, quantized,
                       read_safetensors, write_safetensors)
@@ -587,3 +587,104 @@ def test_unsupported_and_truncated_quantized_gguf(tmp_path):
     src = gguf_variant(tmp_path / "t", "tiny_g3", tensors=q4)
     src.write_bytes(src.read_bytes()[:-1000])
     fail(tmp_path, src, "not a readable GGUF file (tensor")
+
+
+# ---- --type q8_0 ---------------------------------------------------------------------------
+
+
+def test_hf_to_q8_0_quantizes_the_exact_values(tmp_path):
+    # tiny_wide (d 144: rows of 144 are not whole 32-weight blocks) with F32 down projections:
+    # a matrix whose rows split into blocks is llama.cpp's reference quantization of the
+    # checkpoint's exact values (BF16 or F32, not first rounded to FP16), the others FP16 as
+    # --type f16 writes them; norms unchanged.
+    def f32_down(ts):
+        for k, (dtype, shape, data) in list(ts.items()):
+            if k.endswith("mlp.down_proj.weight"):
+                x = bf16_to_f32(data) * np.float32(1 + 2 ** -10)  # not BF16 values any more
+                ts[k] = ("F32", shape, x.tobytes())
+    src = hf_variant(tmp_path, "tiny_wide", tensors=f32_down)
+    conv.convert(src, tmp_path / "q.bin", progress=False, wtype="q8_0")
+    conv.convert(src, tmp_path / "f.bin", progress=False)
+    q, f = ModelFile(tmp_path / "q.bin"), ModelFile(tmp_path / "f.bin")
+    assert q.dims.flags == f.dims.flags | Q8_0
+    st = read_safetensors(src / "model.safetensors")
+    kinds = set()
+    for spec in tensor_layout(q.header):
+        kinds.add((spec.name.rsplit(".", 1)[-1], spec.dtype))
+        if spec.dtype != "q8_0":
+            assert np.array_equal(q.tensor(spec.name), f.tensor(spec.name)), spec.name
+            continue
+        dtype, shape, data = st[convert_hf.hf_name(spec.name)]
+        exact = (bf16_to_f32(data) if dtype == "BF16" else np.frombuffer(data, np.float32)).reshape(shape)
+        assert np.array_equal(q.raw(spec.name), quantize_q8_0(exact).reshape(-1)), spec.name
+    assert kinds >= {("wq", "f16"), ("embed", "f16"), ("wo", "q8_0"), ("down", "q8_0"), ("attn_norm", "f32")}
+
+
+def test_gguf_q8_0_blocks_are_copied_as_they_are(tmp_path):
+    # tiny_g3 (every matrix in whole blocks) with Q8_0 tensors (the embedding among them),
+    # one Q4_0 and the rest F16: --type q8_0 copies the Q8_0 blocks byte for byte (rows of
+    # `cols` weights in both files: no transpose, no second rounding), quantizes the others
+    # from their exact (dequantized) values; --type f16 dequantizes all of them.
+    rng = np.random.default_rng(11)
+    q8 = ["token_embd.weight", "blk.0.attn_q.weight", "blk.2.ffn_down.weight", "blk.5.attn_output.weight"]
+    raw = {}
+
+    def edit(ts):
+        for name in q8 + ["blk.1.ffn_up.weight"]:
+            qtype = "Q4_0" if "ffn_up" in name else "Q8_0"
+            x = ts[name][0].astype(np.float32) * rng.uniform(0.5, 2.0, ts[name][0].shape).astype(np.float32)
+            raw[name] = quantized(qtype, x, rng)
+            ts[name] = (raw[name], gguf.GGMLQuantizationType[qtype])
+    src = gguf_variant(tmp_path, "tiny_g3", tensors=edit)
+    conv.convert(src, tmp_path / "q.bin", progress=False, wtype="q8_0")
+    conv.convert(src, tmp_path / "f.bin", progress=False)
+    q, f = ModelFile(tmp_path / "q.bin"), ModelFile(tmp_path / "f.bin")
+    meta = read_gguf_meta(src).tensors
+    engine = {convert_gguf.gguf_name(n): n for n in checkpoint.stored_tensors(q.dims)}
+    for g, name in engine.items():
+        spec = q._layout[name]
+        assert spec.dtype in ("q8_0", "f32"), name  # d 96, ffn 256, H hd 128: whole blocks
+        if g in q8:
+            assert meta[g].shape == spec.shape  # GGUF's numpy-order shape: rows of spec.shape[-1]
+            assert np.array_equal(q.raw(name), raw[g].reshape(-1)), g
+            assert np.array_equal(f.tensor(name), q.tensor(name).astype(np.float16)), g
+        elif spec.dtype == "q8_0":
+            exact = checkpoint.decode(np.fromfile(src, np.uint8, meta[g].nbytes, offset=meta[g].offset)
+                                      .reshape(spec.shape[0], -1), meta[g].type)
+            assert np.array_equal(q.raw(name), quantize_q8_0(exact).reshape(-1)), g
+    # a GGUF Q8_0 tensor read as blocks: whole rows of raw bytes, chunk by chunk
+    t = checkpoint.SourceTensor("token_embd.weight", src, meta["token_embd.weight"].offset, "Q8_0",
+                                meta["token_embd.weight"].shape)
+    chunks = list(checkpoint.read_rows(t, 100, blocks=True))
+    assert all(c.dtype == np.uint8 and c.shape[1] == 96 // 32 * 34 for c in chunks)
+    assert np.array_equal(np.concatenate(chunks), raw["token_embd.weight"][:100])
+
+
+def test_q8_0_block_reading_memory_is_bounded_by_a_chunk(tmp_path, monkeypatch):
+    # copying Q8_0 blocks holds one chunk of raw rows at a time: 34/32 bytes a value
+    import tracemalloc
+    rows, cols, chunk = 4096, 2048, 1 << 16
+    raw = quantized("Q8_0", np.zeros((rows, cols), np.float32), np.random.default_rng(1))
+    path = tmp_path / "big.bin"
+    path.write_bytes(raw.tobytes())
+    del raw
+    monkeypatch.setattr(checkpoint, "CHUNK_ELEMS", chunk)
+    t = checkpoint.SourceTensor("big", path, 0, "Q8_0", (rows, cols))
+    tracemalloc.start()
+    try:
+        sizes = [c.nbytes for c in checkpoint.read_rows(t, rows, blocks=True)]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert max(sizes) == chunk // 32 * 34 and sum(sizes) == rows * cols // 32 * 34
+    assert peak < 3 * chunk // 32 * 34, f"peak {peak} bytes for chunks of {chunk // 32 * 34} bytes"
+
+
+def test_cli_type(tmp_path, capsys):
+    out = tmp_path / "m.bin"
+    assert conv.main([str(fixture_path("tiny_g3")), "-o", str(out), "-q", "--type", "q8_0"]) == 0
+    assert ModelFile(out).dims.flags & Q8_0
+    assert capsys.readouterr().out.endswith(", flags 7, q8_0 weights, context 2048\n")
+    with pytest.raises(SystemExit) as e:
+        conv.main([str(fixture_path("tiny_g3")), "-o", str(out), "--type", "q4_0"])
+    assert e.value.code == 2 and "invalid choice: 'q4_0'" in capsys.readouterr().err

@@ -129,7 +129,7 @@ def put(name, value):
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.__setitem__(slice(0, 8), b"GEMMAASX"), "bad magic"),
     (put("version", 1), "unsupported version 1"),
-    (put("flags", 4), "unknown bits"),
+    (put("flags", 8), "unknown bits"),
     (put("att_scale", 0.0), "att_scale (0.0) must be positive"),
     (put("att_softcap", -1.0), "att_softcap (-1.0) must be 0"),
     (put("final_softcap", float("inf")), "final_softcap (inf) must be 0"),

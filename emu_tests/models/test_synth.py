@@ -16,7 +16,8 @@ import sentencepiece as spm
 from builder.models import synth
 from builder.models.convert import convert
 from builder.models.convert_hf import sentencepiece_vocab
-from builder.models.modelfile import UNKNOWN, ModelFile, Vocab, tensor_layout, write_model
+from builder.models.convert_gguf import gguf_name
+from builder.models.modelfile import Q8_0, UNKNOWN, ModelFile, Vocab, quantize_q8_0, tensor_layout, write_model
 from builder.twins.reference import Reference
 from builder.twins.tokenizer import Tokenizer
 
@@ -51,6 +52,57 @@ def test_tiny_is_valid_and_its_gguf_converts_back(tmp_path, preset):
     kinds = {t.name: t.tensor_type.name for t in r.tensors}
     assert kinds["token_embd.weight"] == "F16" and kinds["blk.1.attn_norm.weight"] == "F32"
     assert len(kinds) == 2 + per_layer * m.dims.layers and all(kinds[n] == "F32" for n in names)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-g3"])
+def test_q8_0_twin_holds_the_same_blocks_and_converts_back(tmp_path, preset):
+    """--type q8_0: the model file's matrices are llama.cpp's Q8_0 quantization of the same
+    random weights the F16 model rounds; the GGUF twin holds the very blocks (Q8_0 tensors,
+    file type MOSTLY_Q8_0), and convert --type q8_0 gives the model file back byte for byte."""
+    synth.synth(preset, tmp_path / "q.bin", seed=5, gguf_out=tmp_path / "q.gguf", progress=False, wtype="q8_0")
+    synth.synth(preset, tmp_path / "f.bin", seed=5, progress=False)
+    q, f = ModelFile(tmp_path / "q.bin"), ModelFile(tmp_path / "f.bin")
+    assert q.dims.flags == f.dims.flags | Q8_0
+    convert(tmp_path / "q.gguf", tmp_path / "back.bin", progress=False, wtype="q8_0")
+    assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "q.bin").read_bytes()
+    r = gguf.GGUFReader(tmp_path / "q.gguf")
+    assert r.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q8_0
+    tensors = {t.name: t for t in r.tensors}
+    source = synth.synth_source(5)
+    for spec in tensor_layout(q.header):
+        if spec.dtype == "q8_0":
+            t = tensors[gguf_name(spec.name)]
+            assert t.tensor_type == gguf.GGMLQuantizationType.Q8_0
+            assert np.array_equal(np.asarray(t.data).reshape(-1), q.raw(spec.name)), spec.name
+            exact = np.concatenate(list(source(spec)))
+            assert np.array_equal(q.raw(spec.name), quantize_q8_0(exact).reshape(-1)), spec.name
+            # within half a step s = amax / 127 of the block, plus the FP16 rounding of the
+            # step itself (relative 2^-11, times |q| <= 127): 0.5 s + 0.062 s
+            err = np.abs(q.tensor(spec.name) - exact).reshape(-1, 32).max(axis=1)
+            step = np.abs(exact).reshape(-1, 32).max(axis=1) / 127
+            assert (err <= step * (0.5 + 127 * 2 ** -11) * (1 + 1e-6)).all(), spec.name
+        else:
+            assert spec.dtype in ("f32", "u32") and np.array_equal(q.tensor(spec.name), f.tensor(spec.name))
+
+
+def test_q8_0_leaves_partial_rows_in_f16(tmp_path):
+    """A matrix whose rows are not whole 32-weight blocks (ffn 48: down's rows; H hd 72: wo's)
+    stays FP16 in the model file and in its GGUF twin (as llama.cpp quantizes), and the pair
+    still converts back byte for byte."""
+    p = synth.PRESETS["tiny"]
+    dims = dataclasses.replace(p.dims, ffn=48, head_dim=18, flags=Q8_0, att_scale=0.0)  # 18 ** -0.5
+    vocab = synth.synth_vocab(dims.vocab, 1)
+    write_model(tmp_path / "m.bin", dims, vocab, synth.synth_source(1), progress=False, attn=p.attn)
+    synth.write_gguf(tmp_path / "m.gguf", dataclasses.replace(p, dims=dims), vocab, synth.synth_source(1),
+                     progress=False)
+    m = ModelFile(tmp_path / "m.bin")
+    kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    want = {"embed": "q8_0", "layers.0.wq": "q8_0", "layers.0.gate": "q8_0", "layers.0.down": "f16",
+            "layers.0.wo": "f16"}
+    assert {n: m._layout[n].dtype for n in want} == want
+    assert {n: kinds[gguf_name(n)] for n in want} == {n: t.upper() for n, t in want.items()}
+    convert(tmp_path / "m.gguf", tmp_path / "back.bin", progress=False, wtype="q8_0")
+    assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "m.bin").read_bytes()
 
 
 def test_gemma3_preset_layers():
@@ -196,6 +248,12 @@ def test_gemma2_and_3_headers(preset, shapes, params, flags):
 def test_cli(tmp_path, capsys):
     assert synth.main(["--preset", "tiny", "-o", str(tmp_path / "c.bin"), "-q", "--seed", "1"]) == 0
     assert ModelFile(tmp_path / "c.bin").dims.vocab == 1024
+    assert capsys.readouterr().out.endswith("flags 0, f16 weights, context 512\n")
+    assert synth.main(["--preset", "tiny", "-o", str(tmp_path / "q.bin"), "-q", "--type", "q8_0",
+                       "--gguf", str(tmp_path / "q.gguf")]) == 0
+    assert ModelFile(tmp_path / "q.bin").dims.flags == Q8_0
+    assert capsys.readouterr().out.endswith("flags 4, q8_0 weights, context 512\n")
+    assert {t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "q.gguf").tensors} == {"Q8_0", "F32"}
     with pytest.raises(SystemExit) as e:
         synth.main(["--preset", "13b", "-o", str(tmp_path / "x.bin")])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1

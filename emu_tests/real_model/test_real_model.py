@@ -92,7 +92,7 @@ def test_tokens_are_the_recorded_ids(gemma, real_g3, i):
 @pytest.mark.parametrize("path", ["fast", "baseline"])
 @pytest.mark.parametrize("i", PROMPTS)
 def test_logits_and_greedy_text(gemma, real_g3, recorded, tmp_path, i, path):
-    """The path this CPU picks (AVX2 or AVX-512 matrix products) and --baseline (SSE)."""
+    """The path this CPU picks (AVX2 matrix products) and --baseline (SSE)."""
     p = ORACLE["prompts"][i]
     steps = len(p["greedy"])
     rows, text = engine_rows(gemma.binary, real_g3, p["text"], steps, len(p["ids"]) - 1,

@@ -1,0 +1,97 @@
+"""Q8_0 model files through the real binary: logits against the numpy twin on the dequantized
+weights, on every path, and the same bits for every thread count.
+
+A Q8_0 file's weights are d q, exact in float32, and the engine keeps its float32 arithmetic:
+its logits must match builder.twins.reference (float32 on those weights) as closely as an FP16 file's
+do, i.e. within test_engine_logits' tolerances: TOL at every prompt position and greedy step of
+the fixtures (converted with --type q8_0), TWIN_TOL on the synthetic shapes. Shapes: the synth
+presets (every matrix Q8_0), and mixed files where rows that do not split into 32-weight blocks
+stay FP16 (tiny_wide's d = 144; "mixed": d = 96, ffn = 144, so gate/up are Q8_0 and down FP16, on the fast path).
+Paths: the fast one (AVX2 kernel), --baseline (SSE kernel), -t 3; bits: -t 1, 2, 3 agree
+exactly within a path, as for FP16 (test_speed_paths).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from builder.models.modelfile import Q8_0, Dims, ModelFile, tensor_layout, write_model
+from builder.twins.reference import Reference
+from builder.models.synth import PRESETS, synth_source, synth_vocab
+from builder.twins.tokenizer import Tokenizer
+from emu_tests.engine.test_engine_logits import (SHAPE_STEPS, SHAPE_TEXT, TWIN_TOL, check_rows,
+                                          run_engine)
+from emu_tests.speed.test_speed_paths import executed, run, same_bits, same_run
+
+Q8_SHAPES = {
+    "tiny": PRESETS["tiny"].dims,
+    "tiny-g2": PRESETS["tiny-g2"].dims,
+    "tiny-g3": PRESETS["tiny-g3"].dims,
+    "mixed": Dims(vocab=700, dim=96, ffn=144, layers=2, heads=3, kv_heads=1, head_dim=32, max_ctx=256),
+}
+ATTN = {name: PRESETS[name].attn for name in ("tiny", "tiny-g2", "tiny-g3")}
+PATHS = {"fast": (), "baseline": ("--baseline",), "t3": ("-t", "3")}
+
+
+def q8_model(path, name: str):
+    dims = dataclasses.replace(Q8_SHAPES[name], flags=Q8_SHAPES[name].flags | Q8_0)
+    write_model(path, dims, synth_vocab(dims.vocab, 0), synth_source(0), False, attn=ATTN.get(name))
+    return ModelFile(path)
+
+
+@pytest.fixture(scope="module")
+def q8_models(tmp_path_factory):
+    out = tmp_path_factory.mktemp("q8")
+    return {name: q8_model(out / f"{name}.bin", name) for name in Q8_SHAPES}
+
+
+def test_mixed_file_keeps_partial_rows_fp16(q8_models):
+    types = {s.name.rsplit(".", 1)[-1]: s.dtype for s in tensor_layout(q8_models["mixed"].header)}
+    assert (types["embed"], types["gate"], types["up"], types["down"], types["wo"]) == \
+        ("q8_0", "q8_0", "q8_0", "f16", "q8_0")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", Q8_SHAPES)
+def test_q8_against_twin(gemma, q8_models, tmp_path, name, path):
+    mf = q8_models[name]
+    ids = Tokenizer(mf).encode(SHAPE_TEXT.encode())
+    prompt_ref, step_ref, greedy = Reference(mf).generate(ids, SHAPE_STEPS)
+    rows = run_engine(gemma.binary, mf.path, SHAPE_TEXT, SHAPE_STEPS, mf.dims.vocab,
+                      tmp_path / "logits.f32", PATHS[path])
+    check_rows(f"{name} q8_0 {path}", rows, ids, prompt_ref, step_ref, greedy, TWIN_TOL)
+
+
+@pytest.mark.parametrize("base", [(), ("--baseline",)], ids=["fast", "baseline"])
+def test_q8_bits_do_not_depend_on_threads(gemma, q8_models, tmp_path, base):
+    mf = q8_models["tiny-g3"]
+    text = SHAPE_TEXT * 3                   # several prompt blocks
+    runs = {t: run_engine(gemma.binary, mf.path, text, SHAPE_STEPS, mf.dims.vocab,
+                          tmp_path / f"t{t}.f32", (*base, "-t", str(t))) for t in (1, 2, 3)}
+    for t in (2, 3):
+        same_bits(f"q8_0 {base} -t {t} vs -t 1", runs[t], runs[1])
+    assert np.isfinite(runs[1]).all()
+
+
+@pytest.mark.slow  # qemu-user: about 50x slower than native
+@pytest.mark.parametrize("cpu_model,flags,kernel", [
+    ("Nehalem", [], "matmul_q8"), ("Nehalem", ["-t", "3"], "matmul_q8"),
+    ("Haswell", [], "matmul_q8_avx2"), ("Haswell", ["--baseline"], "matmul_q8"),
+])
+def test_q8_under_qemu(gemma, q8_models, tmp_path, cpu_model, flags, kernel):
+    """The mixed file (Q8_0 and FP16 matrices) under qemu-user: the Q8_0 kernel the CPU model
+    calls for runs (never the AVX2 one on Nehalem or with --baseline) and gives the native
+    bits of that kernel."""
+    model = q8_models["mixed"].path
+    native = ["--baseline", "-t", "1"] if kernel == "matmul_q8" else ["-t", "1"]
+    want = run([], gemma.binary, model, native, tmp_path / "want.f32")
+    log = tmp_path / "in_asm.log"
+    got = run(["qemu-x86_64", "-cpu", cpu_model, "-d", "in_asm", "-D", str(log)], gemma.binary,
+              model, flags, tmp_path / "got.f32")
+    what = f"mixed q8_0: qemu -cpu {cpu_model} {' '.join(flags) or '(default)'}"
+    assert executed(log, gemma.symbols, kernel), f"{what}: {kernel} never ran"
+    assert kernel == "matmul_q8_avx2" or not executed(log, gemma.symbols, "matmul_q8_avx2"), \
+        f"{what}: matmul_q8_avx2 ran"
+    same_run(f"{what} vs native {' '.join(native)}", got, want, q8_models["mixed"].dims.vocab)

@@ -23,14 +23,14 @@ Every error is a ConvertError (or modelfile.ModelFormatError) whose str() is one
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from builder.models.modelfile import (POST_NORMS, QK_NORM, Dims, LayerAttn, ModelFormatError, TensorSpec,
+from builder.models.modelfile import (DIM_LIMITS, POST_NORMS, QK_NORM, Dims, LayerAttn, ModelFormatError, TensorSpec,
                                Vocab, tensor_shapes)
 
 CHUNK_ELEMS = 1 << 22  # rows are read and converted ~4M values at a time
@@ -122,11 +122,16 @@ def check_shapes(ckpt: Checkpoint, specs: list[TensorSpec], crop_rows: set[str])
             raise ConvertError(f"tensor {t.name} has shape {list(t.shape)}, expected {list(spec.shape)}")
 
 
-def check_dims(dims: Dims, where: object) -> None:
+def check_dims(dims: Dims, where: object) -> Dims:
+    """The checkpoint's dims, valid for the engine, with max_ctx capped at the engine's limit
+    (DIM_LIMITS: Gemma 3 4B and larger say 131072; such a model runs with up to 65536 positions)."""
+    if dims.max_ctx > DIM_LIMITS["max_ctx"]:
+        dims = replace(dims, max_ctx=DIM_LIMITS["max_ctx"])
     try:
         dims.check()
     except ModelFormatError as e:
         raise ConvertError(f"{where}: {e}") from None
+    return dims
 
 
 def check_attn(attn: list[LayerAttn], where: object) -> list[LayerAttn]:

@@ -109,8 +109,7 @@ def read_dims(arch: str, kv: dict, n_vocab: int, where: object) -> Dims:
     dims = Dims(n_vocab, d, get("feed_forward_length"), layers, heads,
                 get("attention.head_count_kv", default=heads), head_dim, get("context_length"),
                 float(get("attention.layer_norm_rms_epsilon", float)), **extra)
-    check_dims(dims, where)
-    return dims
+    return check_dims(dims, where)
 
 
 def open_gguf(src: Path) -> Checkpoint:

@@ -223,8 +223,7 @@ def read_dims(generation: str, cfg: dict, vocab: Vocab, where: object) -> Dims:
     dims = Dims(n, d, get("intermediate_size"), get("num_hidden_layers"), heads,
                 get("num_key_value_heads", default=heads), head_dim, get("max_position_embeddings"),
                 float(get("rms_norm_eps", float, 1e-6)), **extra)
-    check_dims(dims, where)
-    return dims
+    return check_dims(dims, where)
 
 
 def open_hf(src: Path) -> Checkpoint:

@@ -15,7 +15,7 @@ from builder.models import checkpoint
 from builder.models import convert as conv
 from builder.models import convert_gguf, convert_hf
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
-from builder.models.modelfile import (BYTE, CONTROL, HEADER_FIELDS, NORMAL, Q8_0, UNKNOWN, UNUSED, USER_DEFINED, LayerAttn, ModelFile,
+from builder.models.modelfile import (BYTE, CONTROL, DIM_LIMITS, HEADER_FIELDS, NORMAL, Q8_0, UNKNOWN, UNUSED, USER_DEFINED, LayerAttn, ModelFile,
                                ModelFormatError, quantize_q8_0, rope_freqs, tensor_layout)
 from modelfiles import TWINS, convert_fixture, fixture_path
 from variants import (K_SCALES, bf16_to_f32, gguf_variant, hf_variant, kv_set, quantized,
@@ -117,6 +117,15 @@ def test_hf_rope_theta_is_read(tmp_path, reference_files):
     for i in range(m.dims.layers):
         assert np.array_equal(m.tensor(f"layers.{i}.rope"), rope_freqs(16, LayerAttn(0, 500000.0)))
         assert m.tensor(f"layers.{i}.window").tolist() == [0]
+
+
+def test_context_beyond_the_engine_is_capped(tmp_path):
+    """Gemma 3 4B and larger say max_position_embeddings 131072: the file gets the engine's
+    limit (DIM_LIMITS max_ctx, 65536), so such a model runs with that much context, and the
+    engine accepts the header."""
+    src = hf_variant(tmp_path, config=lambda c: c.update(max_position_embeddings=131072))
+    conv.convert(src, tmp_path / "x.bin", progress=False)
+    assert ModelFile(tmp_path / "x.bin").dims.max_ctx == DIM_LIMITS["max_ctx"] == 65536
 
 
 @pytest.mark.parametrize("name", TWINS)

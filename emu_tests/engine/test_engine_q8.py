@@ -23,7 +23,7 @@ from builder.models.synth import PRESETS, synth_source, synth_vocab
 from builder.twins.tokenizer import Tokenizer
 from emu_tests.engine.test_engine_logits import (SHAPE_STEPS, SHAPE_TEXT, TWIN_TOL, check_rows,
                                           run_engine)
-from emu_tests.speed.test_speed_paths import executed, run, same_bits, same_run
+from emu_tests.speed.test_speed_paths import qemu_runs_kernel, same_bits
 
 Q8_SHAPES = {
     "tiny": PRESETS["tiny"].dims,
@@ -84,14 +84,5 @@ def test_q8_under_qemu(gemma, q8_models, tmp_path, cpu_model, flags, kernel):
     """The mixed file (Q8_0 and FP16 matrices) under qemu-user: the Q8_0 kernel the CPU model
     calls for runs (never the AVX2 one on Nehalem or with --baseline) and gives the native
     bits of that kernel."""
-    model = q8_models["mixed"].path
-    native = ["--baseline", "-t", "1"] if kernel == "matmul_q8" else ["-t", "1"]
-    want = run([], gemma.binary, model, native, tmp_path / "want.f32")
-    log = tmp_path / "in_asm.log"
-    got = run(["qemu-x86_64", "-cpu", cpu_model, "-d", "in_asm", "-D", str(log)], gemma.binary,
-              model, flags, tmp_path / "got.f32")
-    what = f"mixed q8_0: qemu -cpu {cpu_model} {' '.join(flags) or '(default)'}"
-    assert executed(log, gemma.symbols, kernel), f"{what}: {kernel} never ran"
-    assert kernel == "matmul_q8_avx2" or not executed(log, gemma.symbols, "matmul_q8_avx2"), \
-        f"{what}: matmul_q8_avx2 ran"
-    same_run(f"{what} vs native {' '.join(native)}", got, want, q8_models["mixed"].dims.vocab)
+    qemu_runs_kernel(gemma, q8_models["mixed"].path, tmp_path, cpu_model, flags, kernel,
+                     "matmul_q8_avx2", "mixed q8_0")

@@ -282,16 +282,23 @@ def test_qemu_cpu_models_choose_and_agree(gemma, models, tmp_path, name, cpu_mod
                                           kernel):
     """The kernel qemu ran is the one the CPU model and the shape call for (odd's dim 66 keeps
     the baseline even on Haswell), and it gives the same bits as that kernel natively."""
-    model = models[name]
-    native = ["--baseline", "-t", "1"] if kernel == BASE else ["-t", "1"]
+    # BASE runs on every path (the embedding lookup, n = 1, calls it): only FAST is checked
+    qemu_runs_kernel(gemma, models[name], tmp_path, cpu_model, flags, kernel, FAST, name)
+
+
+def qemu_runs_kernel(gemma, model: Path, tmp_path: Path, cpu_model: str, flags: list[str],
+                     kernel: str, fast: str, label: str) -> None:
+    """Under qemu-x86_64 -cpu CPU_MODEL, `kernel` ran (and `fast` did not, unless it is the
+    kernel), and the run's output and logits equal that kernel's native run (-t 1; --baseline
+    unless the kernel is `fast`)."""
+    native = ["-t", "1"] if kernel == fast else ["--baseline", "-t", "1"]
     want = run([], gemma.binary, model, native, tmp_path / "want.f32")
     log = tmp_path / "in_asm.log"
     got = run(["qemu-x86_64", "-cpu", cpu_model, "-d", "in_asm", "-D", str(log)], gemma.binary,
               model, flags, tmp_path / "got.f32")
-    what = f"{name}: qemu -cpu {cpu_model} {' '.join(flags) or '(default)'}"
+    what = f"{label}: qemu -cpu {cpu_model} {' '.join(flags) or '(default)'}"
     assert executed(log, gemma.symbols, kernel), f"{what}: {kernel} never ran"
-    # BASE runs on every path: the embedding lookup (n = 1, one exact product) calls it
-    assert kernel == FAST or not executed(log, gemma.symbols, FAST), f"{what}: {FAST} ran"
+    assert kernel == fast or not executed(log, gemma.symbols, fast), f"{what}: {fast} ran"
     same_run(f"{what} vs native {' '.join(native)}", got, want, vocab_of(model))
 
 

@@ -2,17 +2,19 @@
 weights, on every path, and the same bits for every thread count.
 
 A Q8_0 file's weights are d q, exact in float32, and the engine keeps its float32 arithmetic:
-its logits must match builder.twins.reference (float32 on those weights) as closely as an FP16 file's
-do, i.e. within test_engine_logits' tolerances: TOL at every prompt position and greedy step of
-the fixtures (converted with --type q8_0), TWIN_TOL on the synthetic shapes. Shapes: the synth
-presets (every matrix Q8_0), and mixed files where rows that do not split into 32-weight blocks
-stay FP16 (tiny_wide's d = 144; "mixed": d = 96, ffn = 144, so gate/up are Q8_0 and down FP16, on the fast path).
+its logits must match builder.twins.reference (float32 on those weights) as closely as an FP16
+file's do, i.e. within test_engine_logits' tolerances: TOL at every prompt position and greedy
+step of the fixtures' prompts (converted with --type q8_0; measured <= 9.8e-6, tiny_wide with
+--baseline), TWIN_TOL on the synthetic shapes. Shapes: the synth presets (every matrix Q8_0),
+and mixed files where rows that do not split into 32-weight blocks stay FP16 (tiny_wide's
+d = 144; "mixed": d = 96, ffn = 144, so gate/up are Q8_0 and down FP16, on the fast path).
 Paths: the fast one (AVX2 kernel), --baseline (SSE kernel), -t 3; bits: -t 1, 2, 3 agree
 exactly within a path, as for FP16 (test_speed_paths).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -21,8 +23,10 @@ from builder.models.modelfile import Q8_0, Dims, ModelFile, tensor_layout, write
 from builder.twins.reference import Reference
 from builder.models.synth import PRESETS, synth_source, synth_vocab
 from builder.twins.tokenizer import Tokenizer
-from emu_tests.engine.test_engine_logits import (SHAPE_STEPS, SHAPE_TEXT, TWIN_TOL, check_rows,
-                                          run_engine)
+from builder.models.convert import convert
+from emu_tests.engine.test_engine_logits import (SHAPE_STEPS, SHAPE_TEXT, STEPS, TOL, TWIN_TOL,
+                                                 check_rows, run_engine)
+from modelfiles import TWINS, fixture_path
 from emu_tests.speed.test_speed_paths import qemu_runs_kernel, same_bits
 
 Q8_SHAPES = {
@@ -62,6 +66,36 @@ def test_q8_against_twin(gemma, q8_models, tmp_path, name, path):
     rows = run_engine(gemma.binary, mf.path, SHAPE_TEXT, SHAPE_STEPS, mf.dims.vocab,
                       tmp_path / "logits.f32", PATHS[path])
     check_rows(f"{name} q8_0 {path}", rows, ids, prompt_ref, step_ref, greedy, TWIN_TOL)
+
+
+@pytest.fixture(scope="module")
+def q8_fixtures(tmp_path_factory):
+    """Every fixture (Gemma 1, 2, 3) converted from Hugging Face with --type q8_0 (tiny_wide's
+    d = 144 leaves the matrices with rows of d in FP16), and its prompts' twin rows."""
+    out, found = tmp_path_factory.mktemp("q8-fixtures"), {}
+    for name in TWINS:
+        convert(fixture_path(name), out / f"{name}.bin", progress=False, wtype="q8_0")
+        mf = ModelFile(out / f"{name}.bin")
+        texts = [c["text"] for c in json.loads((fixture_path(name) / "reference.json").read_text())["prompts"]]
+        cases = []
+        for text in texts:
+            ids = Tokenizer(mf).encode(text.encode())
+            cases.append((text, ids, *Reference(mf).generate(ids, STEPS)))
+        found[name] = mf, cases
+    return found
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", TWINS)
+def test_q8_fixtures_against_twin(gemma, q8_fixtures, tmp_path, name, path):
+    """Every prompt position and greedy step of the fixtures' prompts, Q8_0, within TOL (the
+    FP16 fixtures' tolerance, test_engine_logits) of the numpy twin on the dequantized weights."""
+    mf, cases = q8_fixtures[name]
+    for k, (text, ids, prompt_ref, step_ref, greedy) in enumerate(cases):
+        rows = run_engine(gemma.binary, mf.path, text, STEPS, mf.dims.vocab,
+                          tmp_path / f"logits{k}.f32", PATHS[path])
+        check_rows(f"{name} q8_0 {path} prompt {k} ({text!r})", rows, ids, prompt_ref, step_ref,
+                   greedy, TOL)
 
 
 @pytest.mark.parametrize("base", [(), ("--baseline",)], ids=["fast", "baseline"])

@@ -229,7 +229,7 @@ def test_mutators_make_q8_0_cases(tmp_path):
     block's FP16 scale (NaN, inf, FP16's max ...) with q = 127, the random ones one block's
     scale or one of its q, never past the tensor; no case of the base is refused. (The suite
     runs such cases through the engine on shapes.Q8_BASE.)"""
-    from builder import synth
+    from builder.models import synth
     from fuzz import mutate
     synth.synth("tiny-g3", tmp_path / "q.bin", progress=False, wtype="q8_0")
     base = Base.load(tmp_path / "q.bin")

@@ -323,7 +323,7 @@ fwd_matmul_xb:
         mov     ecx, [rbx+HDR_DIM]
 ; fwd_matmul: xout = W (rows,n) @ x (n,), W at r12; r12 moves past W. Every matrix product
 ; of the forward pass goes through here, on to par_matmul (threads.asm: rows split over the
-; threads, each share by the kernel cpu_setup chose).
+; threads, each share by the kernel cpu_setup chose for W's type: FP16 or Q8_0).
 ;   in: rdi xout, rsi x, ecx n (rcx's upper half zero), r8d rows
 fwd_matmul:
         xor     r9d, r9d
@@ -502,8 +502,8 @@ matrix_bytes:
         jz      .room
         test    cl, QK8_0-1
         jnz     .room
-        imul    r10d, ecx, 17           ; Q8_0: 34 bytes per 32 weights
-        shr     r10d, 4
+        imul    r10d, ecx, 17           ; Q8_0: 34 bytes per 32 weights, cols * 17 / 16
+        shr     r10d, 4                 ; (exact: cols is a multiple of 32)
         mov     r11, [job_kernel_q8]
         mov     edx, dequant_q8
 .room:

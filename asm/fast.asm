@@ -96,7 +96,7 @@ matmul_f16_avx2:
         vpmovsxbd ymm9, [rdx+10]
         vpmovsxbd ymm11, [rdx+18]
         vpmovsxbd ymm12, [rdx+26]
-        add     rdx, 34
+        add     rdx, Q8_0_BLOCK
         vcvtdq2ps ymm8, ymm8
         vcvtdq2ps ymm9, ymm9
         vcvtdq2ps ymm11, ymm11

@@ -47,6 +47,7 @@ FLAG_POST_NORMS = 1             ; post_attn_norm, post_ffn_norm (ffn_norm is the
 FLAG_QK_NORM    = 2             ; q_norm, k_norm (head_dim each), on every head before rope
 FLAG_Q8_0       = 4             ; a matrix with rows of a multiple of QK8_0 weights: Q8_0 blocks
 QK8_0           = 32            ; weights per Q8_0 block: an FP16 scale d, QK8_0 int8 q
+Q8_0_BLOCK      = 2 + QK8_0     ; its bytes
 
 ; piece record fields
 PIECE_BLOB_OFF  = 0

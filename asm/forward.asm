@@ -502,8 +502,8 @@ matrix_bytes:
         jz      .room
         test    cl, QK8_0-1
         jnz     .room
-        imul    r10d, ecx, 17           ; Q8_0: 34 bytes per 32 weights, cols * 17 / 16
-        shr     r10d, 4                 ; (exact: cols is a multiple of 32)
+        imul    r10d, ecx, Q8_0_BLOCK / 2   ; Q8_0: Q8_0_BLOCK bytes per QK8_0 weights,
+        shr     r10d, 4                 ; cols * 17 / 16 (exact: cols is a multiple of 32)
         mov     r11, [job_kernel_q8]
         mov     edx, dequant_q8
 .room:

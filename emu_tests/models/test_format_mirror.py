@@ -47,6 +47,9 @@ def test_scalars():
         "PIECE_BYTE": modelfile.BYTE,
         "FLAG_POST_NORMS": modelfile.POST_NORMS,
         "FLAG_QK_NORM": modelfile.QK_NORM,
+        "FLAG_Q8_0": modelfile.Q8_0,
+        "QK8_0": modelfile.QK8_0,
+        "Q8_0_BLOCK": modelfile.Q8_0_BLOCK,
     }
     wrong = [(k, v, asm.get(k)) for k, v in want.items() if asm.get(k) != v]
     assert not wrong, f"(name, modelfile.py, format.asm): {wrong}"

@@ -9,8 +9,8 @@
 ; 16 halves of the row are converted once and multiplied by the same 16 columns of every
 ; token (a computed jump enters the unrolled tokens at k), so a block of prompt tokens costs
 ; its weights' conversions once per 4 tokens, and decode (k = 1) still has two independent
-; chains. Rows go one after another: a single stream from memory per thread (two or four
-; concurrent row streams measured 15-40% slower on decode).
+; chains. Rows go one after another: a single stream from memory per thread (for FP16, two
+; or four concurrent row streams measured 15-40% slower on decode on an AVX-512 host).
 ; The float32 arithmetic of one (row, token) never depends on k or on the row split: lane i
 ; of chain c sums the columns j = 16m + 8c + i, m = 0, 1, ..., by one fused multiply-add each
 ; (rounded once); then l_i = c0_i + c1_i, then
@@ -19,9 +19,11 @@
 ; before its add) by a few ulp of the sum.
 ; matmul_q8_avx2: the same with W in Q8_0 blocks (kernels.asm: matmul_q8), n a multiple of
 ; 32: each 16 weights d q (exact in float32) go through the very same fused multiply-adds, so
-; its results are matmul_f16_avx2's on those weights, bit for bit. Decode (k = 1) takes whole
-; blocks per pass (.q8one: one d, 32 weights, 4 multiply-adds; the same order): 15-20% faster
-; than 16 weights per pass on the 2b shapes, where the loop's own instructions are the limit.
+; its results are matmul_f16_avx2's on those weights, bit for bit. Decode (k = 1) with d even
+; reads two rows at once, i and i + d/2 (.pair: each row's chains and order unchanged), so a
+; thread streams from two places in memory; mm_share gives it its whole share of rows in one
+; call, so the two are far apart: ~15-20% faster decode on the 2b shapes than one row at a
+; time (rows 8 apart, within a 16-row chunk, gained nothing).
 ; The weights are prefetched 8 KB ahead (4 and 16 KB measured no better); without it decode
 ; runs ~25% slower, with the model in 4 KB or in 2 MB pages.
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
@@ -35,8 +37,20 @@ matmul_q8_avx2:
         lea     rax, [matmul_f16_avx2.q8]
         cmp     dword [rsp+8], 1        ; k
         jne     matmul_f16_avx2.go
-        lea     rax, [matmul_f16_avx2.q8one]    ; decode: whole blocks
-        jmp     matmul_f16_avx2.go
+        test    r8b, 1
+        jnz     matmul_f16_avx2.go      ; decode, d odd: one row at a time
+        shr     r8d, 1                  ; decode, d even: d/2 pairs, row i with row i + d/2
+        imul    eax, ecx, Q8_0_BLOCK / 2
+        shr     eax, 4                  ; bytes of a row (n/32 blocks)
+        imul    eax, r8d
+        push    rax                     ; the second rows' weights, bytes on (.pair)
+        imul    eax, r8d, 4
+        push    rax                     ; ostride: the second rows' outputs, bytes on
+        push    2                       ; k: .sum stores the pair's two sums
+        lea     rax, [matmul_f16_avx2.pair]
+        call    matmul_f16_avx2.go
+        add     rsp, 24
+        ret
 matmul_f16_avx2:
         lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
 .go:
@@ -89,30 +103,39 @@ matmul_f16_avx2:
         vmulps  ymm8, ymm8, ymm10       ; d q: exact (11 by 8 significant bits)
         vmulps  ymm9, ymm9, ymm10
         jmp     r9
-.q8one:                                 ; k = 1: a whole block (32 weights) at a time, the
-        vpbroadcastw xmm10, [rdx]       ; same chains in the same order (columns 0-7 and
-        vcvtph2ps ymm10, xmm10          ; 16-23 into chain 0, 8-15 and 24-31 into chain 1)
-        vpmovsxbd ymm8, [rdx+2]
-        vpmovsxbd ymm9, [rdx+10]
-        vpmovsxbd ymm11, [rdx+18]
-        vpmovsxbd ymm12, [rdx+26]
-        add     rdx, Q8_0_BLOCK
-        vcvtdq2ps ymm8, ymm8
-        vcvtdq2ps ymm9, ymm9
-        vcvtdq2ps ymm11, ymm11
-        vcvtdq2ps ymm12, ymm12
-        vmulps  ymm8, ymm8, ymm10
-        vmulps  ymm9, ymm9, ymm10
-        vmulps  ymm11, ymm11, ymm10
-        vmulps  ymm12, ymm12, ymm10
-        vfmadd231ps ymm0, ymm8, [rsi]
-        vfmadd231ps ymm4, ymm9, [rsi+32]
-        vfmadd231ps ymm0, ymm11, [rsi+64]
-        vfmadd231ps ymm4, ymm12, [rsi+96]
-        sub     rsi, -128
+.pair:                                  ; decode pairs (matmul_q8_avx2), to the rows' end:
+        mov     r9, [rsp+32]            ; row i + d/2 is r9 bytes on; 16 weights of each a
+.pairs:                                 ; pass (row i: chains ymm0, ymm4; row i + d/2: ymm1,
+        test    al, 64                  ; ymm5; ymm2, 3, 6, 7 are free: the pair is k = 2)
+        jz      .pairhalf               ; a block's second 16
+        vpbroadcastw xmm6, [rdx]
+        vcvtph2ps ymm6, xmm6            ; row i's d
+        vpbroadcastw xmm7, [rdx+r9]
+        vcvtph2ps ymm7, xmm7            ; row i + d/2's d
         prefetcht0 [rdx+PREFETCH_AHEAD]
-        sub     eax, 64                 ; (.top takes the block's other 64 bytes of x)
-        jmp     .top
+        prefetcht0 [rdx+r9+PREFETCH_AHEAD]
+        add     rdx, 2
+.pairhalf:
+        vpmovsxbd ymm2, [rdx]
+        vpmovsxbd ymm3, [rdx+8]
+        vcvtdq2ps ymm2, ymm2
+        vcvtdq2ps ymm3, ymm3
+        vmulps  ymm2, ymm2, ymm6
+        vmulps  ymm3, ymm3, ymm6
+        vfmadd231ps ymm0, ymm2, [rsi]
+        vfmadd231ps ymm4, ymm3, [rsi+32]
+        vpmovsxbd ymm2, [rdx+r9]
+        vpmovsxbd ymm3, [rdx+r9+8]
+        vcvtdq2ps ymm2, ymm2
+        vcvtdq2ps ymm3, ymm3
+        vmulps  ymm2, ymm2, ymm7
+        vmulps  ymm3, ymm3, ymm7
+        vfmadd231ps ymm1, ymm2, [rsi]
+        vfmadd231ps ymm5, ymm3, [rsi+32]
+        add     rdx, 16
+        add     rsi, 64
+        sub     eax, 64
+        jnb     .pairs                  ; then .sum
 .sum:                                   ; the row's results for its k tokens from its chains
         sub     rsi, r10                ; x again   (token t's chain 0 in ymm t, chain 1 in
         push    rcx                     ; ymm 4+t), stored (or added) at rdi + t ostride

@@ -145,7 +145,8 @@ wait_change:
 
 ; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T),
 ; none when k c >= d; in chunks of MM_CHUNK rows, each chunk for every token in turn, up to
-; job_tokens tokens per kernel call (its weights come from memory once, then from the cache).
+; job_tokens tokens per kernel call (its weights come from memory once, then from the cache);
+; for one token (decode), all of k's rows in one chunk.
 ; With job_gate set, each chunk done then gets gate = gelu_tanh(gate) * xout on its rows, in
 ; the cache and on every thread (GEGLU: the same operations as one geglu call over all).
 ;   in: esi k, rbx job_vars   out: those rows of xout
@@ -165,16 +166,21 @@ mm_share:
         push    rbp
         push    r12
         push    r13
+        push    r14
         mov     r13d, edi               ; rows left
         mov     r12d, esi               ; the chunk's first row
 .chunk:
-        xor     ebp, ebp                ; token
-.token:
+        mov     r14d, r13d              ; the chunk's rows: all left for one token (decode:
+        cmp     dword [rbx+J_B], 1      ; matmul_q8_avx2 reads rows half the share apart),
+        je      .rows                   ; else MM_CHUNK at most
         push    MM_CHUNK
         pop     rax
-        cmp     r13d, eax
-        cmovb   eax, r13d
-        xchg    eax, r8d                ; rows
+        cmp     r14d, eax
+        cmova   r14d, eax
+.rows:
+        xor     ebp, ebp                ; token
+.token:
+        mov     r8d, r14d               ; rows
         mov     eax, [rbx+J_D]
         shl     eax, 2
         push    rax                     ; the kernel's ostride: bytes of an xout row
@@ -206,9 +212,10 @@ mm_share:
         cmp     qword [rbx+J_GATE], 0
         jne     .gelu
 .next:
-        add     r12d, MM_CHUNK
-        sub     r13d, MM_CHUNK
+        add     r12d, r14d
+        sub     r13d, r14d
         jg      .chunk
+        pop     r14
         pop     r13
         pop     r12
         pop     rbp
@@ -223,9 +230,6 @@ mm_share:
         lea     rdi, [rdi+rax*4]
         mov     rsi, [rbx+J_OUT]
         lea     rsi, [rsi+rax*4]
-        push    MM_CHUNK
-        pop     rdx
-        cmp     r13d, edx
-        cmovb   edx, r13d
+        mov     edx, r14d
         call    geglu                   ; gate = gelu_tanh(gate) * xout (kernels.asm)
         jmp     .gelu

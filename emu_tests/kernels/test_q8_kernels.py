@@ -98,10 +98,12 @@ def call_q8_fast(cpu, blocks: np.ndarray, n: int, x: np.ndarray, old: np.ndarray
 
 @pytest.mark.parametrize("d,n,k,accumulate", [
     (1, 32, 1, 0), (2, 64, 4, 1), (3, 96, 2, 0), (7, 256, 3, 1), (16, 2048, 4, 0), (5, 2048, 1, 1),
+    (2, 32, 1, 1), (6, 96, 1, 0), (16, 2048, 1, 1),
 ])
 def test_q8_fast_kernel_gives_the_fp16_bits(cpu, d, n, k, accumulate):
     """With power-of-two scales the weights are FP16 values: then matmul_q8_avx2 must give
-    matmul_f16_avx2's bits on them (the same fused multiply-adds in the same order)."""
+    matmul_f16_avx2's bits on them (the same fused multiply-adds in the same order); for k = 1
+    and d even it reads rows i and i + d/2 together (decode pairs), for d odd one at a time."""
     rng = rng_for("q8 fast pow2", d, n, k)
     blocks = q8_blocks(rng, d, n, pow2=True)
     w = weights(blocks, n)

@@ -22,7 +22,7 @@
 ; its results are matmul_f16_avx2's on those weights, bit for bit. Decode (k = 1) with d even
 ; reads two rows at once, i and i + d/2 (.pair: each row's chains and order unchanged), so a
 ; thread streams from two places in memory; mm_share gives it its whole share of rows in one
-; call, so the two are far apart: ~15-20% faster decode on the 2b shapes than one row at a
+; call, so the two are far apart: 12-20% faster decode on the 2b shapes than one row at a
 ; time (rows 8 apart, within a 16-row chunk, gained nothing).
 ; The weights are prefetched 8 KB ahead (4 and 16 KB measured no better); without it decode
 ; runs ~25% slower, with the model in 4 KB or in 2 MB pages.

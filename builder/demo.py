@@ -40,11 +40,12 @@ def cache_dir() -> Path:
     return Path(base) / "gemma-asm"
 
 
-def real_model(cache: Path, progress: bool = True) -> Path:
-    """The engine's model file of Gemma 3 270M in cache, assembled and converted once."""
+def real_model(cache: Path, progress: bool = True, wtype: str = "f16") -> Path:
+    """The engine's model file of Gemma 3 270M in cache, assembled and converted once (with
+    matrices of wtype: f16, or q8_0 as `convert --type q8_0` makes it)."""
     from builder.models.convert import convert
     from builder.models.modelfile import ModelFile, ModelFormatError
-    model = cache / MODEL_NAME
+    model = cache / (MODEL_NAME if wtype == "f16" else MODEL_NAME.replace(".bin", f"-{wtype}.bin"))
     if model.is_file():
         try:
             ModelFile(model)
@@ -63,7 +64,7 @@ def real_model(cache: Path, progress: bool = True) -> Path:
         package.assemble(gguf)
     print(f"converting {gguf.name} -> {model} (once) ...", file=sys.stderr)
     partial = model.with_suffix(".part")
-    convert(gguf, partial, progress)
+    convert(gguf, partial, progress, wtype)
     partial.replace(model)
     return model
 

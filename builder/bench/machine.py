@@ -18,6 +18,14 @@ wait) and returns the best GFLOP/s over a few trials (one FMA on 8 floats = 16 F
 arithmetic ceiling of an AVX2 kernel at the clock the cores actually run, which on a shared
 or turbo-boosting machine is not the clock /proc/cpuinfo reports. Empty without AVX2 and FMA.
 
+`kernel_speeds(binary, wtypes, thread_counts)` runs the engine's own decode kernel for each
+weight type (matmul_f16_avx2, matmul_q8_avx2: the very bytes of the built ./gemma, one token,
+as decode calls it) on N threads at once, each over its own 128 KB matrix of 2,048 columns
+(Gemma-2B's width), which stays in the core's own cache, and returns the best GB/s of weights
+consumed: the kernel's arithmetic ceiling. Decode cannot read weights from memory faster than
+its kernel consumes them from the cache, so a decode efficiency well under 1 next to a kernel
+ceiling near the read ceiling says the arithmetic, not the memory, holds it back.
+
 The loops are machine code (eight aligned loads per iteration), assembled with keystone,
 checked instruction by instruction with capstone (keystone is untrusted, see docs/build.md),
 copied into an executable mapping and called through ctypes, which releases the GIL, so the
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import mmap
 import threading
 import time
@@ -37,12 +46,19 @@ from pathlib import Path
 import capstone
 import keystone
 import numpy as np
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from builder.models.modelfile import Q8_0_BLOCK, QK8_0, quantize_q8_0
 
 UNROLL = 8  # loads per loop iteration
 READ_WIDTHS = (16, 32)  # bytes per load: SSE2, AVX2 (no 512-bit loop: keystone mis-encodes
 #                         EVEX displacements, docs/build.md)
 STREAMS = (1, 2, 4)  # concurrent sequential streams per thread
 FMA_CHAINS = 10  # independent FMAs per loop iteration
+KERNELS = {"f16": "matmul_f16_avx2", "q8_0": "matmul_q8_avx2"}  # decode's kernel per weight type
+KERNEL_COLS = 2048  # columns of kernel_speeds' matrix
+KERNEL_BYTES = 128 << 10  # its weights' bytes at most: inside any x86 core's own L2 cache
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,18 @@ def _fma_source() -> list[str]:
             + ["dec rdi", "jne top", "vzeroupper", "ret"])
 
 
+def _kernel_caller_source() -> list[str]:
+    """Call a kernel rsi times (rdi: its arguments: kernel, xout, x, W, then n and d as dwords,
+    ostride) as one decode token: k = 1 and ostride on the stack, accumulate 0; rsp stays 8 mod
+    16 at every call (SysV). Kernels keep rbx and r12 (they are SysV leaf functions)."""
+    return ["push rbx", "push r12", "push r13", "mov rbx, rdi", "mov r12, rsi", "top:",
+            "push qword ptr [rbx + 0x28]", "push 1", "mov rdi, qword ptr [rbx + 8]",
+            "mov rsi, qword ptr [rbx + 0x10]", "mov rdx, qword ptr [rbx + 0x18]",
+            "mov ecx, dword ptr [rbx + 0x20]", "mov r8d, dword ptr [rbx + 0x24]", "xor r9d, r9d",
+            "call qword ptr [rbx]", "add rsp, 0x10", "dec r12", "jne top", "pop r13", "pop r12",
+            "pop rbx", "ret"]
+
+
 def assemble(lines: list[str], what: str) -> bytes:
     """Assemble `lines` (labels end in ':') and verify every instruction with capstone."""
     code = bytes(keystone.Ks(keystone.KS_ARCH_X86, keystone.KS_MODE_64).asm("\n".join(lines))[0])
@@ -122,7 +150,7 @@ def assemble(lines: list[str], what: str) -> bytes:
 
 def _callable(code: bytes, proto) -> tuple[ctypes._CFuncPtr, mmap.mmap]:
     """`code` in an executable mapping, as a ctypes function (keep the mapping alive)."""
-    mem = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    mem = mmap.mmap(-1, len(code), prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
     mem.write(code)
     return proto(ctypes.addressof(ctypes.c_char.from_buffer(mem))), mem
 
@@ -172,6 +200,91 @@ def fma_peaks(thread_counts: list[int], iterations: int = 50_000_000,
     finally:
         del fn
         mem.close()
+
+
+def _kernel_matrix(wtype: str, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """A random matrix of KERNEL_COLS columns and the most rows (an even number: decode pairs
+    rows) in KERNEL_BYTES, in the weight type's layout (FP16 rows, or Q8_0 blocks from the
+    project's quantizer), and its rows."""
+    row_bytes = 2 * KERNEL_COLS if wtype == "f16" else KERNEL_COLS // QK8_0 * Q8_0_BLOCK
+    rows = KERNEL_BYTES // row_bytes // 2 * 2
+    w = rng.standard_normal((rows, KERNEL_COLS), np.float32) * np.float32(0.02)
+    return (w.astype(np.float16) if wtype == "f16" else quantize_q8_0(w)), rows
+
+
+@dataclass
+class KernelJob:
+    """One thread's work in kernel_speeds: a matrix `w` (rows x KERNEL_COLS), `x`, `xout`,
+    and the argument block of the caller loop (_kernel_caller_source)."""
+    w: np.ndarray
+    x: np.ndarray
+    xout: np.ndarray
+    args: np.ndarray
+
+
+class Kernels:
+    """The decode kernels of a built ./gemma, callable here: its executable segment copied
+    into an executable mapping (kernels hold no absolute address, so they run anywhere), the
+    kernels found through the symbol map build.py writes beside it (BINARY.map.json).
+    Raises OSError, ValueError or ELFError when the binary or its map cannot be read."""
+
+    def __init__(self, binary: Path):
+        symbols = json.loads(binary.with_name(binary.name + ".map.json").read_text())
+        with open(binary, "rb") as f:
+            text = next((s for s in ELFFile(f).iter_segments()
+                         if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1), None)
+            if text is None:
+                raise ValueError(f"{binary}: no executable segment")
+            code, base = text.data(), text["p_vaddr"]
+        self.image = mmap.mmap(-1, len(code), prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        self.image.write(code)
+        here = ctypes.addressof(ctypes.c_char.from_buffer(self.image))
+        self.address = {w: here + symbols[k]["address"] - base for w, k in KERNELS.items()
+                        if k in symbols and 0 <= symbols[k]["address"] - base < len(code)}
+        self.call, self.mem = _callable(assemble(_kernel_caller_source(), "kernel caller"),
+                                        ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t))
+
+    def job(self, wtype: str, rng: np.random.Generator) -> KernelJob:
+        w, rows = _kernel_matrix(wtype, rng)
+        x = rng.standard_normal(KERNEL_COLS).astype(np.float32)
+        xout = np.zeros(rows, np.float32)
+        return KernelJob(w, x, xout, np.array([self.address[wtype], xout.ctypes.data, x.ctypes.data,
+                                               w.ctypes.data, KERNEL_COLS | rows << 32, 4 * rows],
+                                              np.uint64))
+
+    def run(self, job: KernelJob, calls: int) -> None:
+        """The kernel on job's matrix and x, `calls` times: job.xout = W x."""
+        self.call(job.args.ctypes.data, calls)
+
+    def close(self) -> None:
+        del self.call
+        self.mem.close()
+        self.image.close()
+
+
+def kernel_speeds(binary: Path, wtypes: list[str], thread_counts: list[int], calls: int = 2000,
+                  trials: int = 5) -> dict[str, dict[int, float]]:
+    """Best GB/s of weights that the engine's decode kernel of each weight type consumes from
+    the cache, per thread count (see the module docstring). {} without AVX2, FMA and F16C (the
+    engine then runs its baseline kernels) or when the binary or its symbol map cannot be
+    read (Kernels); a type whose kernel is not in the map is left out."""
+    if not {"avx2", "fma", "f16c"} <= cpu_flags():
+        return {}
+    try:
+        kernels = Kernels(binary)
+    except (OSError, ValueError, KeyError, ELFError):
+        return {}
+    rng = np.random.default_rng(0)
+    try:
+        out = {}
+        for wtype in (w for w in wtypes if w in kernels.address):
+            jobs = [kernels.job(wtype, rng) for _ in range(max(thread_counts))]
+            out[wtype] = {t: max(t * jobs[0].w.nbytes * calls / 1e9
+                                 / _together(t, lambda k: kernels.run(jobs[k], calls))
+                                 for _ in range(trials)) for t in thread_counts}
+        return out
+    finally:
+        kernels.close()
 
 
 class Buffer:

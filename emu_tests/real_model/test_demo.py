@@ -1,6 +1,7 @@
 """`python -m builder demo`, the README's way to see the engine work: on the real Gemma 3 270M
 (the `real_g3` fixture is a demo cache made by the demo's own code) it prints the prompt and
-streams the greedy continuation transformers recorded; without the model's package it says
+streams the greedy continuation transformers recorded, from the FP16 file and from the Q8_0
+one (`--type q8_0`); without the model's package it says
 how to install it in one line."""
 from __future__ import annotations
 
@@ -18,10 +19,15 @@ from modelfiles import fixture_path
 pytestmark = pytest.mark.slow  # the real Gemma 3 270M model
 
 
-def test_demo_streams_the_recorded_continuation(real_g3):
+@pytest.mark.parametrize("wtype", ["f16", "q8_0"])
+def test_demo_streams_the_recorded_continuation(real_g3, wtype):
+    """With either weight type. The Q8_0 file's 12 greedy tokens are the recorded FP16 ones
+    (measured; its logits against its own float32 twin: test_q8_0_file_against_the_twin)."""
     first = json.loads((fixture_path("real_g3") / "reference.json").read_text())["prompts"][0]
     assert first["text"] == demo.PROMPT
-    r = subprocess.run([sys.executable, "-m", "builder", "demo", "-n", "12"], cwd=REPO_ROOT,
+    demo.real_model(real_g3.parent, progress=False, wtype=wtype)  # in the cache, as a 2nd run
+    r = subprocess.run([sys.executable, "-m", "builder", "demo", "-n", "12", "--type", wtype],
+                       cwd=REPO_ROOT,
                        env=dict(os.environ, GEMMA_CACHE=str(real_g3.parent)),
                        capture_output=True, timeout=600)
     assert r.returncode == 0, r.stderr.decode(errors="replace")

@@ -9,8 +9,8 @@ ceiling on every host (engines that read a few rows at once, or whose hardware p
 keep more lines in flight, beat it), so the loops are 16- and 32-byte loads (SSE2, AVX2) in 1,
 2 and 4 concurrent streams per thread, and the best of them all counts. With N threads the
 memory is cut into N contiguous slices and each thread reads its own slice, all started
-together from a barrier; bandwidth = total bytes read / wall time from the barrier to the
-last thread's end.
+together (see below); bandwidth = total bytes read / the time from that start to the last
+thread's end.
 
 `fma_peaks(thread_counts)` runs, on N threads at once, a loop of ten independent
 vfmadd231ps ymm chains (more than FMA latency x FMA pipes on any x86 CPU, so the pipes never
@@ -29,7 +29,9 @@ arithmetic, not the memory, bounds decode.
 The loops are machine code (eight aligned loads per iteration), assembled with keystone,
 checked instruction by instruction with capstone (keystone is untrusted, see docs/build.md),
 copied into an executable mapping and called through ctypes, which releases the GIL, so the
-threads run in parallel. The buffer is written before it is read: untouched anonymous pages
+threads run in parallel. N threads start together at a native gate (_together): each counts
+itself in and spins until all are in, then reads CLOCK_MONOTONIC before and after its loop, so
+the time measured excludes the milliseconds Python threads take to enter ctypes one by one. The buffer is written before it is read: untouched anonymous pages
 would all map the one shared zero page and the loop would measure the cache instead of memory.
 """
 from __future__ import annotations
@@ -39,7 +41,6 @@ import functools
 import json
 import mmap
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,22 +176,48 @@ def read_loops() -> list[ReadLoop]:
     return out
 
 
+def _gate_source() -> list[str]:
+    """The start gate (rdi: a GateBlock): count this thread in (lock dec of the shared
+    counter), spin until every thread is in, take CLOCK_MONOTONIC, call fn(a0, a1, a2), take it
+    again. rsp is 0 mod 16 at the call (rbx pushed); the callees keep rbx (SysV)."""
+    stamp = ["mov eax, 0xe4", "mov edi, 1", "syscall"]  # clock_gettime(CLOCK_MONOTONIC, rsi)
+    return ["push rbx", "mov rbx, rdi", "mov rax, qword ptr [rbx + 0x20]", "lock dec dword ptr [rax]",
+            "spin:", "pause", "cmp dword ptr [rax], 0", "jne spin",
+            "lea rsi, [rbx + 0x28]", *stamp,
+            "mov rdi, qword ptr [rbx + 8]", "mov rsi, qword ptr [rbx + 0x10]",
+            "mov rdx, qword ptr [rbx + 0x18]", "call qword ptr [rbx]",
+            "lea rsi, [rbx + 0x38]", *stamp, "pop rbx", "ret"]
+
+
+@functools.lru_cache(maxsize=1)
+def _gate() -> tuple[ctypes._CFuncPtr, mmap.mmap]:
+    """The assembled start gate, callable (the mapping kept alive for the process)."""
+    return _callable(assemble(_gate_source(), "start gate"), ctypes.CFUNCTYPE(None, ctypes.c_void_p))
+
+
+def _address(fn: ctypes._CFuncPtr) -> int:
+    """The machine address a ctypes function calls."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
 def _together(threads: int, job) -> float:
-    """Seconds from a common start until the last of `threads` threads has run job(k)."""
-    barrier = threading.Barrier(threads + 1)
-
-    def worker(k: int) -> None:
-        barrier.wait()
-        job(k)
-
-    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    """Seconds from the common start of `threads` threads until the last of them has run its
+    call: job(k) = (address, a0, a1, a2) of thread k's SysV function and its arguments. The
+    threads meet in native code (the start gate: a Python barrier would release them a few
+    milliseconds apart, as each in turn takes the GIL to enter ctypes) and each reads the
+    clock there, before and after its call: the span is the latest end less the earliest
+    start."""
+    gate = _gate()[0]
+    counter = np.array([threads], np.int32)
+    blocks = [np.array([*job(k), counter.ctypes.data, 0, 0, 0, 0], np.uint64) for k in range(threads)]
+    pool = [threading.Thread(target=gate, args=(b.ctypes.data,)) for b in blocks]
     for t in pool:
         t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
     for t in pool:
         t.join()
-    return time.perf_counter() - t0
+    start = min(int(b[5]) * 10**9 + int(b[6]) for b in blocks)
+    end = max(int(b[7]) * 10**9 + int(b[8]) for b in blocks)
+    return (end - start) / 1e9
 
 
 def fma_peaks(thread_counts: list[int], iterations: int = 50_000_000,
@@ -202,7 +229,7 @@ def fma_peaks(thread_counts: list[int], iterations: int = 50_000_000,
                         ctypes.CFUNCTYPE(None, ctypes.c_size_t))
     try:
         flops = iterations * FMA_CHAINS * 16
-        return {t: max(t * flops / _together(t, lambda k: fn(iterations)) / 1e9
+        return {t: max(t * flops / _together(t, lambda k: (_address(fn), iterations, 0, 0)) / 1e9
                        for _ in range(trials)) for t in thread_counts}
     finally:
         del fn
@@ -261,6 +288,10 @@ class Kernels:
         """The kernel on job's matrix and x, `calls` times: job.xout = W x."""
         self.call(job.args.ctypes.data, calls)
 
+    def gated(self, job: KernelJob, calls: int) -> tuple[int, int, int, int]:
+        """run(job, calls) as _together wants it: (address, arguments)."""
+        return _address(self.call), job.args.ctypes.data, calls, 0
+
     def close(self) -> None:
         del self.call
         self.mem.close()
@@ -285,7 +316,7 @@ def kernel_speeds(binary: Path, wtypes: list[str], thread_counts: list[int], cal
         for wtype in (w for w in wtypes if w in kernels.address):
             jobs = [kernels.job(wtype, rng) for _ in range(max(thread_counts))]
             out[wtype] = {t: max(t * jobs[0].w.nbytes * calls / 1e9
-                                 / _together(t, lambda k: kernels.run(jobs[k], calls))
+                                 / _together(t, lambda k: kernels.gated(jobs[k], calls))
                                  for _ in range(trials)) for t in thread_counts}
         return out
     finally:
@@ -343,7 +374,8 @@ def measure(loop: ReadLoop, buf: Buffer | MappedFile, threads: int, passes: int 
         return 0.0
     slice_len = run * loop.streams
     return max(threads * slice_len * passes / 1e9
-               / _together(threads, lambda k: loop.fn(buf.addr + k * slice_len, run, passes))
+               / _together(threads, lambda k: (_address(loop.fn), buf.addr + k * slice_len, run,
+                                                       passes))
                for _ in range(trials))
 
 

@@ -15,6 +15,7 @@ import math
 import mmap
 import os
 import re
+import threading
 
 import capstone
 import numpy as np
@@ -234,6 +235,36 @@ def test_fma_loop_is_verified_and_counts():
         bench_machine.assemble(["vfmadd231ps ymm0,ymm14,ymm15"], "FMA loop")
     peak = bench_machine.fma_peaks([1], iterations=5_000_000)[1]
     assert 1.0 <= peak <= 384.0, peak
+
+
+def test_the_start_gate_holds_each_thread_until_all_are_in():
+    """_together's native gate: a thread that counted itself in does not call its function
+    until the last one does; then each calls its own function with its own three arguments
+    and stamps the clock before and after (stamps, not timing, are checked here)."""
+    store, mem = bench_machine._callable(  # fn(p, a, b): p[0] = a + b
+        bench_machine.assemble(["add rsi, rdx", "mov qword ptr [rdi], rsi", "ret"], "store"),
+        ctypes.CFUNCTYPE(None))
+    gate = bench_machine._gate()[0]
+    out = np.zeros(2, np.uint64)
+    counter = np.array([2], np.int32)
+    blocks = [np.array([bench_machine._address(store), out[k:].ctypes.data, 40, k + 1,
+                        counter.ctypes.data, 0, 0, 0, 0], np.uint64) for k in range(2)]
+    pool = [threading.Thread(target=gate, args=(b.ctypes.data,), daemon=True) for b in blocks]
+    pool[0].start()
+    pool[0].join(0.2)
+    held = pool[0].is_alive(), int(counter[0]), int(out[0])
+    pool[1].start()  # (daemon threads: a gate that never opens fails the test, not hangs it)
+    for t in pool:
+        t.join(10)
+    assert held == (True, 1, 0)  # counted in, waiting
+    assert not any(t.is_alive() for t in pool) and counter[0] == 0 and list(out) == [41, 42]
+    for b in blocks:
+        start, end = int(b[5]) * 10**9 + int(b[6]), int(b[7]) * 10**9 + int(b[8])
+        assert 0 < start <= end
+    span = bench_machine._together(2, lambda k: (bench_machine._address(store), out[k:].ctypes.data, 7, k))
+    assert span > 0 and list(out) == [7, 8]
+    del store
+    mem.close()
 
 
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])

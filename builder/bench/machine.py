@@ -225,14 +225,12 @@ def fma_peaks(thread_counts: list[int], iterations: int = 50_000_000,
     """Best GFLOP/s of the FMA loop on each thread count ({} without AVX2 and FMA)."""
     if not {"avx2", "fma"} <= cpu_flags():
         return {}
-    fn, mem = _callable(assemble(_fma_source(), "FMA loop"),
-                        ctypes.CFUNCTYPE(None, ctypes.c_size_t))
+    mem, address = _executable(assemble(_fma_source(), "FMA loop"))
     try:
         flops = iterations * FMA_CHAINS * 16
-        return {t: max(t * flops / _together(t, lambda k: (_address(fn), iterations, 0, 0)) / 1e9
+        return {t: max(t * flops / _together(t, lambda k: (address, iterations, 0, 0)) / 1e9
                        for _ in range(trials)) for t in thread_counts}
     finally:
-        del fn
         mem.close()
 
 

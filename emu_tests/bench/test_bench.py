@@ -241,13 +241,12 @@ def test_the_start_gate_holds_each_thread_until_all_are_in():
     """_together's native gate: a thread that counted itself in does not call its function
     until the last one does; then each calls its own function with its own three arguments
     and stamps the clock before and after (stamps, not timing, are checked here)."""
-    store, mem = bench_machine._callable(  # fn(p, a, b): p[0] = a + b
-        bench_machine.assemble(["add rsi, rdx", "mov qword ptr [rdi], rsi", "ret"], "store"),
-        ctypes.CFUNCTYPE(None))
+    mem, store = bench_machine._executable(  # store(p, a, b): p[0] = a + b
+        bench_machine.assemble(["add rsi, rdx", "mov qword ptr [rdi], rsi", "ret"], "store"))
     gate = bench_machine._gate()[0]
     out = np.zeros(2, np.uint64)
     counter = np.array([2], np.int32)
-    blocks = [np.array([bench_machine._address(store), out[k:].ctypes.data, 40, k + 1,
+    blocks = [np.array([store, out[k:].ctypes.data, 40, k + 1,
                         counter.ctypes.data, 0, 0, 0, 0], np.uint64) for k in range(2)]
     pool = [threading.Thread(target=gate, args=(b.ctypes.data,), daemon=True) for b in blocks]
     pool[0].start()
@@ -261,9 +260,8 @@ def test_the_start_gate_holds_each_thread_until_all_are_in():
     for b in blocks:
         start, end = int(b[5]) * 10**9 + int(b[6]), int(b[7]) * 10**9 + int(b[8])
         assert 0 < start <= end
-    span = bench_machine._together(2, lambda k: (bench_machine._address(store), out[k:].ctypes.data, 7, k))
+    span = bench_machine._together(2, lambda k: (store, out[k:].ctypes.data, 7, k))
     assert span > 0 and list(out) == [7, 8]
-    del store
     mem.close()
 
 

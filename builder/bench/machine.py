@@ -31,8 +31,9 @@ checked instruction by instruction with capstone (keystone is untrusted, see doc
 copied into an executable mapping and called through ctypes, which releases the GIL, so the
 threads run in parallel. N threads start together at a native gate (_together): each counts
 itself in and spins until all are in, then reads CLOCK_MONOTONIC before and after its loop, so
-the time measured excludes the milliseconds Python threads take to enter ctypes one by one. The buffer is written before it is read: untouched anonymous pages
-would all map the one shared zero page and the loop would measure the cache instead of memory.
+the time measured excludes the milliseconds Python threads take to enter ctypes one by one.
+The buffer is written before it is read: untouched anonymous pages would all map the one
+shared zero page and the loop would measure the cache instead of memory.
 """
 from __future__ import annotations
 
@@ -177,9 +178,11 @@ def read_loops() -> list[ReadLoop]:
 
 
 def _gate_source() -> list[str]:
-    """The start gate (rdi: a GateBlock): count this thread in (lock dec of the shared
-    counter), spin until every thread is in, take CLOCK_MONOTONIC, call fn(a0, a1, a2), take it
-    again. rsp is 0 mod 16 at the call (rbx pushed); the callees keep rbx (SysV)."""
+    """The start gate. rdi -> nine qwords: fn, a0, a1, a2, the address of the shared dword
+    counter, then two struct timespecs (start, end) it fills. It counts this thread in (lock
+    dec), spins until every thread is in (the counter at 0), reads CLOCK_MONOTONIC, calls
+    fn(a0, a1, a2), reads it again. rsp is 0 mod 16 at the call (rbx pushed); the callees keep
+    rbx (SysV)."""
     stamp = ["mov eax, 0xe4", "mov edi, 1", "syscall"]  # clock_gettime(CLOCK_MONOTONIC, rsi)
     return ["push rbx", "mov rbx, rdi", "mov rax, qword ptr [rbx + 0x20]", "lock dec dword ptr [rax]",
             "spin:", "pause", "cmp dword ptr [rax], 0", "jne spin",
@@ -370,10 +373,9 @@ def measure(loop: ReadLoop, buf: Buffer | MappedFile, threads: int, passes: int 
     run = buf.size // threads // loop.streams // 4096 * 4096  # page-aligned, a multiple of step
     if run == 0:
         return 0.0
-    slice_len = run * loop.streams
+    slice_len, address = run * loop.streams, _address(loop.fn)
     return max(threads * slice_len * passes / 1e9
-               / _together(threads, lambda k: (_address(loop.fn), buf.addr + k * slice_len, run,
-                                                       passes))
+               / _together(threads, lambda k: (address, buf.addr + k * slice_len, run, passes))
                for _ in range(trials))
 
 

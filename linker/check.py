@@ -16,18 +16,19 @@ Contract: `check(path_or_bytes, budget=None)` returns None when every check pass
   dynamic     no PT_DYNAMIC segment
   wx          no segment both writable and executable
   stack       a PT_GNU_STACK segment, not executable
-  segments    two PT_LOADs: one r-x (headers and code) that maps the program headers, one rw-
-              (data and bss)
+  segments    one r-x PT_LOAD (headers and code) that maps the program headers, and at most one
+              rw- (data and bss; the packed program's stub has none)
   sections    without section headers: e_shoff, e_shnum and e_shstrndx all 0; with them:
-              .text (PROGBITS, AX), .data (PROGBITS, WA), .bss (NOBITS, WA), .shstrtab
-              (STRTAB, not allocated) present, section names read from e_shstrndx
+              .text (PROGBITS, AX), .shstrtab (STRTAB, not allocated) and, when there is an
+              rw- PT_LOAD, .data (PROGBITS, WA) and .bss (NOBITS, WA) present, section
+              names read from e_shstrndx
   entry       e_entry inside the r-x PT_LOAD's file bytes after the program headers, and
               inside .text when there are section headers
   bounds      every segment's file bytes inside the file, p_filesz <= p_memsz, PT_LOADs do
               not share a page in memory
   congruence  every PT_LOAD has p_offset == p_vaddr modulo the page size (and its p_align)
   coverage    (with section headers) .text inside a readable, executable PT_LOAD; .data and
-              .bss inside a writable one; file bytes of .text/.data where the segment maps them
+              .bss, where present, inside a writable one; file bytes of .text/.data where the segment maps them
   tail        (without section headers) the file ends where the last PT_LOAD's file bytes
               end: nothing else in it is ever read
   budget      file size <= budget (when a budget is given)
@@ -117,7 +118,8 @@ def check(path_or_bytes: bytes | str | os.PathLike, budget: int | None = None) -
     code = _check_loads(hdr, segments)
     has_sections = hdr.e_shoff != 0 or hdr.e_shnum != 0
     if has_sections:
-        _check_sections(hdr, sections)
+        writable = any(s.p_type == "PT_LOAD" and s.p_flags & P_FLAGS.PF_W for s in segments)
+        _check_sections(hdr, sections, writable)
     elif hdr.e_shstrndx != 0:
         raise ElfCheckError("sections", f"no section headers, but e_shstrndx is "
                             f"{hdr.e_shstrndx}")
@@ -139,9 +141,9 @@ def _check_loads(hdr, segments: list):
     """The 'segments' check; returns the r-x PT_LOAD's header."""
     loads = [s for s in segments if s.p_type == "PT_LOAD"]
     perms = sorted(_perm(s.p_flags) for s in loads)
-    if perms != ["r-x", "rw-"]:
+    if perms not in (["r-x"], ["r-x", "rw-"]):
         raise ElfCheckError("segments", f"PT_LOADs are [{', '.join(perms)}], want one r-x "
-                            "and one rw-")
+                            "and at most one rw-")
     code = next(s for s in loads if s.p_flags & P_FLAGS.PF_X)
     phdrs_end = hdr.e_phoff + hdr.e_phnum * hdr.e_phentsize
     if not (code.p_offset <= hdr.e_phoff and phdrs_end <= code.p_offset + code.p_filesz):
@@ -151,12 +153,14 @@ def _check_loads(hdr, segments: list):
     return code
 
 
-def _check_sections(hdr, sections: dict) -> None:
+def _check_sections(hdr, sections: dict, writable: bool) -> None:
     """The 'sections' check, for a file with section headers."""
     if hdr.e_shoff == 0 or hdr.e_shnum == 0:
         raise ElfCheckError("sections", f"e_shoff {hdr.e_shoff:#x} and e_shnum "
                             f"{hdr.e_shnum}: want both 0 or both set")
     for name, (sh_type, flags) in REQUIRED.items():
+        if not writable and name in (".data", ".bss"):
+            continue
         sec = sections.get(name)
         if sec is None:
             raise ElfCheckError("sections", f"no {name} section")
@@ -205,7 +209,9 @@ def _check_coverage(segments: list, sections: dict) -> None:
             ".bss": P_FLAGS.PF_R | P_FLAGS.PF_W}
     loads = [s for s in segments if s.p_type == "PT_LOAD"]
     for name, perm in want.items():
-        sec = sections[name]
+        sec = sections.get(name)
+        if sec is None:             # .data and .bss of a program without an rw segment
+            continue
         start, end = sec.sh_addr, sec.sh_addr + sec.sh_size
         home = [s for s in loads if s.p_vaddr <= start and end <= s.p_vaddr + s.p_memsz
                 and s.p_flags & perm == perm]

@@ -1,17 +1,22 @@
 """Where the linker puts things: file offsets and virtual addresses of .text, .data and .bss.
 
-Contract: `layout(text_size, data_size, bss_size) -> Layout`, a pure function of the three sizes
-(the front end calls it before assembling, to know the addresses its labels get).
+Contract: `layout(text_size, data_size, bss_size, base=BASE, writable=True) -> Layout`, a pure
+function of its arguments (the front end calls it before assembling, to know the addresses its labels
+get).
 
 File                                    Memory
-0x000  ELF header (64)                  0x400000 + offset   first PT_LOAD, r-x, offset 0:
+0x000  ELF header (64)                  base + offset       first PT_LOAD, r-x, offset 0:
 0x040  3 program headers (3 x 56)                           headers + .text
-0x0e8  .text                            text_addr = 0x4000e8
+0x0e8  .text                            text_addr = base + 0xe8
        zero padding to a multiple of 64 (only when .data is not empty)
-       .data                            data_addr = 0x401000 + data_off   second PT_LOAD, rw-
+       .data                            data_addr = base + 0x1000 + data_off  second PT_LOAD, rw-
                                         bss_addr  = data_addr + data_size (memory only)
        end of file (= file_end, the end of the loaded bytes)
        [.shstrtab .symtab .strtab, section header table: only with symbols, not loaded]
+
+A program laid out with writable=False (the packed program: its stub has no writeable
+segment) has no rw segment, no .data and no .bss: two program headers (r-x and
+PT_GNU_STACK), so .text starts at file offset 0xb0.
 
 The rw segment starts on the page after the last page of .text in memory while its file bytes
 follow .text directly: data_addr = BASE + PAGE + data_off keeps offset and address congruent
@@ -31,8 +36,7 @@ DATA_ALIGN = 64          # alignment of data_addr (and data_off): room for zmm-s
 EHDR_SIZE = 64           # sizeof(Elf64_Ehdr)
 PHDR_SIZE = 56           # sizeof(Elf64_Phdr)
 SHDR_SIZE = 64           # sizeof(Elf64_Shdr)
-PHNUM = 3                # PT_LOAD r-x, PT_LOAD rw-, PT_GNU_STACK
-HEADERS_SIZE = EHDR_SIZE + PHNUM * PHDR_SIZE
+PHNUM = 3                # PT_LOAD r-x, PT_LOAD rw-, PT_GNU_STACK (2 without the rw-)
 
 
 def align_up(value: int, alignment: int) -> int:
@@ -44,7 +48,10 @@ def align_up(value: int, alignment: int) -> int:
 class Layout:
     """File offsets (`*_off`) and virtual addresses (`*_addr`) of the three sections.
 
-    A valid entry point lies in [text_addr, text_end)."""
+    A valid entry point lies in [text_addr, text_end). `phnum` is 3, or 2 when the program
+    has no rw segment."""
+    base: int
+    phnum: int
     text_off: int
     text_addr: int
     text_size: int
@@ -53,6 +60,11 @@ class Layout:
     data_size: int
     bss_addr: int
     bss_size: int
+
+    @property
+    def writable(self) -> bool:
+        """Whether the program has an rw segment (.data or .bss)."""
+        return self.phnum == PHNUM
 
     @property
     def text_end(self) -> int:
@@ -80,18 +92,27 @@ class Layout:
         return self.bss_addr + self.bss_size
 
 
-def layout(text_size: int, data_size: int, bss_size: int) -> Layout:
-    """Lay out .text, .data and .bss of the given sizes (bytes) as described in the module
-    docstring. Raises ValueError for a negative or non-integer size."""
+def layout(text_size: int, data_size: int, bss_size: int, base: int = BASE,
+           writable: bool = True) -> Layout:
+    """Lay out .text, .data and .bss of the given sizes (bytes) at `base` (a multiple of the
+    page size) as described in the module docstring; without an rw segment (`writable`
+    False) .data and .bss must be empty. Raises ValueError for a negative or non-integer
+    size, a bad base, or data without an rw segment."""
     for name, size in (("text_size", text_size), ("data_size", data_size),
                        ("bss_size", bss_size)):
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"{name} must be a non-negative int, got {size!r}")
-    text_off = HEADERS_SIZE
+    if not isinstance(base, int) or base <= 0 or base % PAGE or base >= 1 << 31:
+        raise ValueError(f"base must be a positive multiple of {PAGE:#x} below 2^31, "
+                         f"got {base!r}")
+    if not writable and (data_size or bss_size):
+        raise ValueError("a program without an rw segment has no .data and no .bss")
+    phnum = PHNUM if writable else PHNUM - 1
+    text_off = EHDR_SIZE + phnum * PHDR_SIZE
     text_file_end = text_off + text_size
     data_off = (align_up(text_file_end, DATA_ALIGN) if data_size
                 else text_file_end & -DATA_ALIGN)
-    data_addr = BASE + PAGE + data_off
-    return Layout(text_off=text_off, text_addr=BASE + text_off, text_size=text_size,
+    data_addr = base + PAGE + data_off
+    return Layout(base=base, phnum=phnum, text_off=text_off, text_addr=base + text_off, text_size=text_size,
                   data_off=data_off, data_addr=data_addr, data_size=data_size,
                   bss_addr=data_addr + data_size, bss_size=bss_size)

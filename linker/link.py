@@ -1,7 +1,8 @@
 """Write the executable: `link(text, data, bss_size, entry, layout, symbols=None) -> bytes`.
 
 File order: ELF header, program headers (PT_LOAD r-x over offset 0 .. end of .text, PT_LOAD rw-
-over .data with .bss as memory beyond its file size, PT_GNU_STACK rw-), .text, and when .data is
+over .data with .bss as memory beyond its file size unless the layout has no rw segment,
+PT_GNU_STACK rw-), .text, and when .data is
 not empty, zero padding up to data_off and .data. The file ends there, at layout.file_end: no
 section header table and no .shstrtab (e_shoff, e_shnum and e_shstrndx are 0), since loading
 and running the program reads only the program headers. With `symbols` (a list, even empty)
@@ -13,7 +14,7 @@ disagree with the layout (sizes, entry outside .text) or a symbol is bad (see sy
 from .headers import (PF_R, PF_W, PF_X, PT_GNU_STACK, PT_LOAD, SHF_ALLOC, SHF_EXECINSTR,
                       SHF_WRITE, SHT_NOBITS, SHT_NULL, SHT_PROGBITS, SHT_STRTAB, SHT_SYMTAB,
                       SYM_SIZE, pack_ehdr, pack_phdr, pack_shdr, string_table)
-from .layout import DATA_ALIGN, PAGE, PHNUM, Layout, align_up
+from .layout import DATA_ALIGN, PAGE, Layout, align_up
 from .symbols import Symbol, symbol_tables
 
 STACK_ALIGN = 16         # p_align of PT_GNU_STACK, as GNU ld writes it
@@ -48,12 +49,13 @@ def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
     shoff = shnum = shstrndx = 0
     if symbols is not None:
         shoff, shnum, shstrndx = _append_sections(image, symbols, lay)
+    rw = pack_phdr(PT_LOAD, PF_R | PF_W, lay.data_off, lay.data_addr, lay.data_size,
+                   lay.data_size + lay.bss_size, PAGE) if lay.writable else b""
     image[:lay.text_off] = (
-        pack_ehdr(entry, shoff, PHNUM, shnum, shstrndx)
-        + pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.text_addr - lay.text_off,
-                    lay.text_file_end, lay.text_file_end, PAGE)
-        + pack_phdr(PT_LOAD, PF_R | PF_W, lay.data_off, lay.data_addr, lay.data_size,
-                    lay.data_size + lay.bss_size, PAGE)
+        pack_ehdr(entry, shoff, lay.phnum, shnum, shstrndx)
+        + pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.base, lay.text_file_end, lay.text_file_end,
+                    PAGE)
+        + rw
         + pack_phdr(PT_GNU_STACK, PF_R | PF_W, 0, 0, 0, 0, STACK_ALIGN))
     return bytes(image)
 
@@ -61,9 +63,10 @@ def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
 def _append_sections(image: bytearray, symbols: list[Symbol],
                      lay: Layout) -> tuple[int, int, int]:
     """Append .shstrtab, .symtab, .strtab and the section header table to `image`; return
-    (e_shoff, e_shnum, e_shstrndx)."""
-    index = {name: i + 1 for i, name in enumerate(SECTIONS)}
-    shstrtab, name_off = string_table(SECTIONS)
+    (e_shoff, e_shnum, e_shstrndx). A layout without an rw segment has no .data and .bss."""
+    names = [n for n in SECTIONS if lay.writable or n not in (".data", ".bss")]
+    index = {name: i + 1 for i, name in enumerate(names)}
+    shstrtab, name_off = string_table(names)
     symtab, strtab = symbol_tables(symbols, index, lay)
 
     def append(blob: bytes, alignment: int = 1) -> int:
@@ -72,16 +75,17 @@ def _append_sections(image: bytearray, symbols: list[Symbol],
         image.extend(blob)
         return len(image) - len(blob)
 
+    rw = [pack_shdr(name_off[".data"], SHT_PROGBITS, SHF_ALLOC | SHF_WRITE,
+                    lay.data_addr, lay.data_off, lay.data_size,
+                    addralign=natural_align(lay.data_addr)),
+          pack_shdr(name_off[".bss"], SHT_NOBITS, SHF_ALLOC | SHF_WRITE,
+                    lay.bss_addr, lay.data_file_end, lay.bss_size,
+                    addralign=natural_align(lay.bss_addr))] if lay.writable else []
     shdrs = [pack_shdr(0, SHT_NULL, 0, 0, 0, 0, addralign=0),
              pack_shdr(name_off[".text"], SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR,
                        lay.text_addr, lay.text_off, lay.text_size,
                        addralign=natural_align(lay.text_addr)),
-             pack_shdr(name_off[".data"], SHT_PROGBITS, SHF_ALLOC | SHF_WRITE,
-                       lay.data_addr, lay.data_off, lay.data_size,
-                       addralign=natural_align(lay.data_addr)),
-             pack_shdr(name_off[".bss"], SHT_NOBITS, SHF_ALLOC | SHF_WRITE,
-                       lay.bss_addr, lay.data_file_end, lay.bss_size,
-                       addralign=natural_align(lay.bss_addr)),
+             *rw,
              pack_shdr(name_off[".shstrtab"], SHT_STRTAB, 0, 0, append(shstrtab),
                        len(shstrtab)),
              pack_shdr(name_off[".symtab"], SHT_SYMTAB, 0, 0, append(symtab, SYMTAB_ALIGN),

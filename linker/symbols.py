@@ -23,11 +23,14 @@ class Symbol:
 
 
 def section_bounds(layout: Layout) -> dict[str, tuple[int, int, int]]:
-    """(start, end, segment end) of each section in SECTIONS: a symbol starts in [start, end]
-    and ends by the end of its segment in memory (a .data label may run on into .bss)."""
-    return {".text": (layout.text_addr, layout.text_end, layout.text_end),
-            ".data": (layout.data_addr, layout.bss_addr, layout.bss_end),
-            ".bss": (layout.bss_addr, layout.bss_end, layout.bss_end)}
+    """(start, end, segment end) of each section in SECTIONS that the layout has (.data and
+    .bss only with an rw segment): a symbol starts in [start, end] and ends by the end of its
+    segment in memory (a .data label may run on into .bss)."""
+    bounds = {".text": (layout.text_addr, layout.text_end, layout.text_end)}
+    if layout.writable:
+        bounds[".data"] = (layout.data_addr, layout.bss_addr, layout.bss_end)
+        bounds[".bss"] = (layout.bss_addr, layout.bss_end, layout.bss_end)
+    return bounds
 
 
 def symbol_tables(symbols: list[Symbol], section_index: dict[str, int],

@@ -366,7 +366,10 @@ def assemble(program: Program, layout: Callable = linker.layout) -> Image:
     sizes = (0, 0, 0)
     with Keystone() as ks:
         for npass in range(MAX_PASSES):
-            lay = layout(*sizes)
+            try:
+                lay = layout(*sizes)
+            except ValueError as exc:       # e.g. data in a program laid out without any
+                raise BuildError(f"layout: {exc}") from None
             symbols = {s.name: addrs[i] for i, s in enumerate(stmts)
                        if isinstance(s, (Label, Const))}
             env = SymbolEnv(program, symbols)

@@ -1,7 +1,10 @@
 """The FASM-subset front end: source files -> a flat list of statements.
 
-Contract: `parse(root) -> Program` reads `root/asm/gemma.asm` and the files it `include`s
-(paths relative to asm/) and returns every statement in source order, each with its `Where`.
+Contract: `parse(root, entry="gemma.asm", defines=None) -> Program` reads `root/asm/<entry>`
+and the files it `include`s (paths relative to asm/) and returns every statement in source
+order, each with its `Where`. `defines` ({NAME: int}) are constants defined before the first
+line, as `fasm -d NAME=VALUE` defines them (the packed program's stub gets the image's
+addresses this way).
 Nothing is evaluated here (addresses are the assembler's business); everything that can be
 judged from the text alone is: the accepted dialect is exactly the subset docs/build.md documents
 
@@ -418,13 +421,16 @@ class _Reader:
         return Imm(node, short)
 
 
-def parse(root: Path) -> Program:
-    """Parse `root/asm/gemma.asm` and its includes (see module docstring)."""
+def parse(root: Path, entry: str = "gemma.asm",
+          defines: dict[str, int] | None = None) -> Program:
+    """Parse `root/asm/<entry>` and its includes (see module docstring)."""
     reader = _Reader(Path(root))
-    reader.read_file(reader.asm / "gemma.asm", None)
+    for name, value in (defines or {}).items():
+        reader.line(f"{name} = {value}", Where(f"-d {name}", 1))
+    reader.read_file(reader.asm / entry, None)
     prog = reader.program
     if not reader.format_seen:
-        raise BuildError("asm/gemma.asm: missing `format ELF64 executable 3`")
+        raise BuildError(f"asm/{entry}: missing `format ELF64 executable 3`")
     if prog.entry is None:
-        raise BuildError("asm/gemma.asm: missing `entry`")
+        raise BuildError(f"asm/{entry}: missing `entry`")
     return prog

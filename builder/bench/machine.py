@@ -258,14 +258,15 @@ class KernelJob:
 
 
 class Kernels:
-    """The decode kernels of a built ./gemma, callable here: its executable segment copied
-    into an executable mapping (kernels hold no absolute address, so they run anywhere), the
-    kernels found through the symbol map build.py writes beside it (BINARY.map.json).
-    Raises OSError, ValueError or ELFError when the binary or its map cannot be read."""
+    """The decode kernels of a built ./gemma, callable here: the executable segment of its
+    image (BINARY.elf, which build.py writes beside the packed program) copied into an
+    executable mapping (kernels hold no absolute address, so they run anywhere), the kernels
+    found through the image's symbol map (BINARY.map.json). Raises OSError, ValueError or
+    ELFError when the image or its map cannot be read."""
 
     def __init__(self, binary: Path):
         symbols = json.loads(binary.with_name(binary.name + ".map.json").read_text())
-        with open(binary, "rb") as f:
+        with open(binary.with_name(binary.name + ".elf"), "rb") as f:
             text = next((s for s in ELFFile(f).iter_segments()
                          if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1), None)
             if text is None:

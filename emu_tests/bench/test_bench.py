@@ -267,7 +267,8 @@ def test_the_start_gate_holds_each_thread_until_all_are_in():
 
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])
 def test_kernels_run_the_engines_own_decode_kernel(gemma, wtype):
-    """Kernels copies the built ./gemma's executable segment and calls its decode kernel
+    """Kernels copies the executable segment of the built ./gemma's image (gemma.elf, beside
+    the packed program) and calls its decode kernel
     through the verified caller loop: on kernel_speeds' in-cache matrix it gives W x within
     test_speed_paths' float32 bound of the exact product (n/16 + 5 roundings of the sum of
     |products|), so the speed measured is that of the real kernel doing the real work."""
@@ -289,14 +290,19 @@ def test_kernels_run_the_engines_own_decode_kernel(gemma, wtype):
     assert list(speeds) == [wtype] and speeds[wtype][1] > 0  # a type without a kernel: left out
 
 
-def test_kernel_speeds_need_the_symbol_map(gemma, tmp_path):
-    """A binary without its map beside it (or not an ELF) gives no kernel figures, no error."""
+def test_kernel_speeds_need_the_image_and_its_map(gemma, tmp_path):
+    """A packed program without its image (gemma.elf) and map beside it, with an empty map,
+    or with an image that is not an ELF gives no kernel figures, no error."""
     alone = tmp_path / "gemma"
     alone.write_bytes(gemma.binary.read_bytes())
     assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
+    (tmp_path / "gemma.elf").write_bytes(gemma.elf.read_bytes())
+    assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
     (tmp_path / "gemma.map.json").write_text("{}")
     assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
-    alone.write_bytes(b"not an ELF")
+    (tmp_path / "gemma.map.json").write_text(json.dumps(gemma.symbols))
+    assert list(bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1)) == ["f16"]
+    (tmp_path / "gemma.elf").write_bytes(b"not an ELF")
     assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
 
 

@@ -12,7 +12,7 @@ emulated syscalls. Each module's docstring states its contract:
 
 Typical use (the `gemma` fixture is the freshly built ./gemma and its symbol map):
 
-    image = load_elf(gemma.binary, gemma.symbols)
+    image = load_elf(gemma.elf, gemma.symbols)
     got = Emulator(image).call("rmsnorm", Out(np.zeros(n, np.float32)), x, w, n, 1e-6)
     got.out, got.instructions
     run_program(image, ["gemma", "-m", "m.bin", "--tokens"], files={"m.bin": data}).stdout

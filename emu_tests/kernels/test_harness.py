@@ -373,7 +373,7 @@ def test_fasm_binary_loads_by_program_headers_and_prints_usage(tmp_path):
 
 
 def test_built_binary_prints_usage(gemma):
-    check_usage(run_program(load_elf(gemma.binary, gemma.symbols), ["gemma"]))
+    check_usage(run_program(load_elf(gemma.elf, gemma.symbols), ["gemma"]))
 
 
 def check_usage(r) -> None:
@@ -388,7 +388,7 @@ def test_engine_in_emulation_matches_native_run(gemma, tmp_path_factory, tmp_pat
     from emu_tests.modelfiles import convert_fixture
 
     model = convert_fixture("tiny_mqa", "hf", tmp_path_factory.getbasetemp())
-    image = load_elf(gemma.binary, gemma.symbols)
+    image = load_elf(gemma.elf, gemma.symbols)
     for flags in (["--tokens"], ["-n", "6", "--temp", "0", "--logits"]):
         logits = [str(tmp_path / "native.f32")] if flags[-1] == "--logits" else []
         # natively --baseline: the emulated CPU reports no AVX, so it runs the baseline too
@@ -411,7 +411,7 @@ def test_engine_asks_for_huge_pages_on_the_model(gemma, tmp_path_factory):
     from emu_tests.modelfiles import convert_fixture
 
     data = convert_fixture("tiny_mqa", "hf", tmp_path_factory.getbasetemp()).read_bytes()
-    r = run_program(load_elf(gemma.binary, gemma.symbols), ["gemma", "-m", "model.bin", "-p",
+    r = run_program(load_elf(gemma.elf, gemma.symbols), ["gemma", "-m", "model.bin", "-p",
                                                             "Hi", "--tokens"],
                     files={"model.bin": data})
     assert r.status == 0, r.stderr

@@ -51,7 +51,7 @@ X87_WRAPPERS = {
 
 @pytest.fixture(scope="module")
 def image(gemma):
-    return with_routines(load_elf(gemma.binary, gemma.symbols), X87_WRAPPERS)
+    return with_routines(load_elf(gemma.elf, gemma.symbols), X87_WRAPPERS)
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def test_buffers_have_their_constants_size(gemma):
 def test_geglu_table_offsets(gemma):
     """kernels.asm's GC_* offsets name the right entries of the gelu_c table in the shipped
     bytes: kappa, the clamp bounds +-126, p's coefficients c0 = 1 .. c6."""
-    image = load_elf(gemma.binary, gemma.symbols)
+    image = load_elf(gemma.elf, gemma.symbols)
     sym = gemma.symbols["gelu_c"]
     table = np.frombuffer(image.read(sym["address"], sym["size"]), "<f4")
     at = {name: float(table[constant(name) // 4]) for name in ("GC_KAPPA", "GC_MAX", "GC_ONE", "GC_MIN")}

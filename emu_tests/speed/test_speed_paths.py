@@ -61,7 +61,7 @@ ODD = Dims(vocab=600, dim=66, ffn=130, layers=2, heads=6, kv_heads=2, head_dim=2
 
 @pytest.fixture(scope="module")
 def cpu(gemma):
-    return NativeRunner(load_elf(gemma.binary, gemma.symbols))
+    return NativeRunner(load_elf(gemma.elf, gemma.symbols))
 
 
 def same_bits(what: str, got: np.ndarray, want: np.ndarray) -> None:

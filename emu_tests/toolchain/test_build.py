@@ -1,9 +1,10 @@
 """builder/asm/build.py, end to end: the shipped program's usage path, reproducible output, the
-size budget, the symbol map (and .symtab with --symbols), the size table and the command
-line."""
+size budget on the packed file, the image's symbol map and .symtab, the two files' layouts,
+the size table and the command line."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -12,8 +13,10 @@ import sys
 import pytest
 from elftools.elf.elffile import ELFFile
 
+import linker
 from builder.asm.build import REPO_ROOT, build
 from builder.asm.errors import BuildError
+from builder.asm.packed import STUB_BASE
 from conftest import PROLOGUE
 
 EXIT = "        mov eax, 60\n        syscall\n"
@@ -40,23 +43,30 @@ def snapshot(tmp_path):
     return root
 
 
-@pytest.mark.parametrize("symbols", [False, True])
-def test_two_builds_are_byte_identical(snapshot, tmp_path, symbols):
-    first = build(snapshot, tmp_path / "a" / "gemma", symbols=symbols)
-    second = build(snapshot, tmp_path / "b" / "gemma", symbols=symbols)
-    assert first.binary.read_bytes() == second.binary.read_bytes()
+def test_two_builds_are_byte_identical(snapshot, tmp_path):
+    first = build(snapshot, tmp_path / "a" / "gemma")
+    second = build(snapshot, tmp_path / "b" / "gemma")
+    for a, b in ((first.binary, second.binary), (first.elf, second.elf)):
+        assert a.read_bytes() == b.read_bytes()
+        assert b.stat().st_mode & 0o777 == 0o755
     assert first.map_path.read_text() == second.map_path.read_text()
-    assert second.binary.stat().st_mode & 0o777 == 0o755
+    assert (first.elf.name, first.map_path.name) == ("gemma.elf", "gemma.map.json")
+
+
+def random_bytes(count: int, seed: int = 1) -> str:
+    """A `db` line of `count` random bytes: data the packer cannot shrink."""
+    values = random.Random(seed).randbytes(count)
+    return "        db " + ", ".join(str(b) for b in values) + "\n"
 
 
 def test_over_budget_build_fails_and_writes_nothing(asm_tree):
-    root = asm_tree(EXIT + "        db 6000 dup 0\n")
+    root = asm_tree(EXIT + random_bytes(6000))
     with pytest.raises(BuildError) as err:
         build(root, root / "gemma")
     m = re.fullmatch(r"gemma would be (\d+) bytes, (\d+) over the budget of 6144 bytes "
                      r"\(pyproject.toml \[tool.gemma\] size_budget\)", str(err.value))
     assert m and int(m[1]) - 6144 == int(m[2]) and int(m[1]) > 6000, str(err.value)
-    assert not (root / "gemma").exists()
+    assert not (root / "gemma").exists() and not (root / "gemma.elf").exists()
     proc = builder_cli("--root", str(root))
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "over the budget" in proc.stderr
@@ -110,47 +120,54 @@ def test_real_map_covers_text_and_points_at_its_labels(gemma):
     for name, s in syms.items():
         line = (REPO_ROOT / s["file"]).read_text().splitlines()[s["line"] - 1]
         assert line.split(";")[0].split()[0].rstrip(":") == name, (name, s, line)
-    with open(gemma.binary, "rb") as f:
+    with open(gemma.elf, "rb") as f:
         code = next(ELFFile(f).iter_segments())
         assert code["p_flags"] == 5 and code["p_vaddr"] + lay.text_off == lay.text_addr
         assert code.data()[lay.text_off:] == gemma.result.image.text
 
 
-def test_shipped_file_is_headers_and_loaded_bytes(gemma):
-    """./gemma is the ELF and program headers, .text and (if any) .data after padding to a
-    multiple of 64: no section headers, nothing after the loaded bytes. The size table's
-    "headers etc." row is what is neither .text nor .data."""
-    image, blob = gemma.result.image, gemma.binary.read_bytes()
-    lay = image.layout
-    pad = (-(232 + len(image.text))) % 64 if image.data else 0
-    assert len(blob) == 232 + len(image.text) + pad + len(image.data) == lay.file_end
-    assert blob[232:232 + len(image.text)] == image.text
-    assert blob.endswith(image.data or image.text)
+def test_shipped_file_is_headers_stub_and_payload(gemma):
+    """./gemma is the ELF header, two program headers (one r-x PT_LOAD at the stub's base,
+    PT_GNU_STACK), the stub's code and the payload: no section headers, nothing after the
+    loaded bytes. The size table's rows add up to it."""
+    packed, blob = gemma.result.packed, gemma.binary.read_bytes()
+    stub = packed.stub
+    assert len(blob) == 176 + len(stub.text) + len(packed.payload) == gemma.result.size
+    assert blob[176:176 + len(stub.text)] == stub.text and blob.endswith(packed.payload)
     with open(gemma.binary, "rb") as f:
         elf = ELFFile(f)
         assert (elf["e_shoff"], elf["e_shnum"], elf["e_shstrndx"],
                 elf.num_sections()) == (0,) * 4
-    headers = re.search(r"^headers etc\. +(\d+)$", gemma.result.table, re.M)
-    assert int(headers[1]) == 232 + pad
+        assert [(s["p_type"], s["p_flags"], s["p_vaddr"]) for s in elf.iter_segments()] == \
+            [("PT_LOAD", 5, STUB_BASE), ("PT_GNU_STACK", 6, 0)]
+    table = gemma.result.table
+    parts = [int(re.search(rf"^{re.escape(name)} +(\d+)", table, re.M)[1])
+             for name in ("headers", "asm/unpack.asm", "asm/stub.asm", "payload")]
+    assert parts == [176, stub.symbols["stub_start"] - stub.layout.text_addr,
+                     len(stub.text) - (stub.symbols["stub_start"] - stub.layout.text_addr),
+                     len(packed.payload)]
+    total = re.search(r"^file total +(\d+) of (\d+) bytes budget", table, re.M)
+    assert (int(total[1]), int(total[2])) == (sum(parts), 6144) and sum(parts) == len(blob)
 
 
-def test_symbols_flag_adds_a_symtab_matching_the_map(snapshot, tmp_path):
-    """--symbols adds section headers and a .symtab matching the map after the loaded bytes,
-    which are those of the build without symbols (up to the ELF header's section fields)."""
-    result = build(snapshot, tmp_path / "gemma", symbols=True)
-    plain = build(snapshot, tmp_path / "plain" / "gemma").binary.read_bytes()
-    with open(result.binary, "rb") as f:
+def test_image_has_a_symtab_matching_the_map(gemma):
+    """The image (gemma.elf) has section headers and a .symtab matching the map after its
+    loaded bytes, which are those of the same program linked without symbols (up to the ELF
+    header's section fields): the program that the stub unpacks."""
+    image = gemma.result.image
+    plain = linker.link(image.text, image.data, image.bss_size, image.entry, image.layout)
+    with open(gemma.elf, "rb") as f:
         elf = ELFFile(f)
         symtab = elf.get_section_by_name(".symtab")
         got = {s.name: (s["st_value"], s["st_size"]) for s in symtab.iter_symbols() if s.name}
         text = elf.get_section_by_name(".text")
-        assert (text["sh_addr"], text.data()) == (result.image.layout.text_addr,
-                                                 result.image.text)
+        assert (text["sh_addr"], text.data()) == (image.layout.text_addr, image.text)
         assert elf["e_shoff"] >= len(plain)
-    assert got == {n: (s["address"], s["size"]) for n, s in result.symbols.items()}
-    blob = bytearray(result.binary.read_bytes()[:len(plain)])
+    assert got == {n: (s["address"], s["size"]) for n, s in gemma.symbols.items()}
+    blob = bytearray(gemma.elf.read_bytes()[:len(plain)])
     blob[40:48], blob[60:64] = bytes(8), bytes(4)       # e_shoff; e_shnum, e_shstrndx
     assert bytes(blob) == plain
+    assert len(plain) == image.layout.file_end
 
 
 def test_command_line_prints_the_size_table(asm_tree):
@@ -160,21 +177,28 @@ def test_command_line_prints_the_size_table(asm_tree):
     out = root / "out" / "prog"
     proc = builder_cli("--root", str(root), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines() if line}
-    size = out.stat().st_size
+    image_part, packed_part = proc.stdout.split("\npacked file")
+    rows = {line.split()[0]: line.split()[1:] for line in image_part.splitlines() if line}
+    size, image = out.stat().st_size, 256 + 4   # 232 + 8 of .text padded to 256, .data
     assert rows[".text"] == ["8"] and rows[".data"] == ["4"]
     assert rows[".bss"][0] == "3"
-    assert rows["headers"] == ["etc.", str(size - 12)]
-    assert size == 256 + 4                  # 232 + 8 of .text padded to 256, .data, no more
+    assert rows["headers"] == ["etc.", str(image - 12)]
     assert rows["asm/gemma.asm"] == ["7", "4", "3"] and rows["asm/part.asm"] == ["1", "0", "0"]
+    assert rows["image"][:2] == ["total", str(image)]
+    rows = {line.split()[0]: line.split()[1:] for line in packed_part.splitlines() if line}
+    assert rows["headers"] == ["176"]       # ELF header and two program headers
+    assert int(rows["headers"][0]) + int(rows["asm/unpack.asm"][0]) + \
+        int(rows["asm/stub.asm"][0]) + int(rows["payload"][0]) == size
     assert rows["file"] == ["total", str(size), "of", "6144", "bytes", "budget",
-                            f"({6144 - size}", "left)"]
-    assert (out.parent / "prog.map.json").exists()
+                            f"({6144 - size}", "left);", str(image), "bytes", "of", "image",
+                            "when", "it", "runs"]
+    assert (out.parent / "prog.map.json").exists() and (out.parent / "prog.elf").exists()
+    assert proc.stdout.endswith("wrote " + str(out) + ", prog.elf and prog.map.json\n")
 
 
 def test_help_and_bad_options():
     proc = builder_cli("build", "--help")  # (`--help` alone lists the commands: test_builder_cli)
-    assert proc.returncode == 0 and "--symbols" in proc.stdout and "--output" in proc.stdout
+    assert proc.returncode == 0 and "OUTPUT.elf" in proc.stdout and "--output" in proc.stdout
     proc = builder_cli("--no-such-option")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 

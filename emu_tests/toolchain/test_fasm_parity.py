@@ -1,9 +1,10 @@
 """FASM parity: the same asm/ sources through fasm 1.73 (`fasm asm/gemma.asm OUT`), the
 independent assembler, give a program that behaves like ours and is the same code.
 
-- Behaviour: both executables run on the same inputs (no arguments, bad flags, missing and
-  truncated model files, real prompts on a converted fixture model, --tokens, --logits) and
-  must give the same stdout, stderr, exit status (and --logits file).
+- Behaviour: fasm's executable, our image (gemma.elf) and our packed program run on the same
+  inputs (no arguments, bad flags, missing and truncated model files, real prompts on a
+  converted fixture model, --tokens, --logits) and must give the same stdout, stderr, exit
+  status (and --logits file). (fasm cannot pack: its program is the image's twin.)
 - Code: walking our statement list over fasm's file (fasm lays its code right after the
   program headers), every instruction fasm encoded must have the same mnemonic and register
   operands (capstone) as ours, every data statement the same bytes when evaluated at fasm's
@@ -97,16 +98,18 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_same_behaviour_as_fasm_build(builds, model, truncated_model, tmp_path, case):
     results = []
-    for name, binary in (("ours", builds.ours.binary), ("fasm", builds.fasm)):
+    for name, binary in (("ours", builds.ours.binary), ("fasm", builds.fasm),
+                         ("image", builds.ours.elf)):
         logits = tmp_path / f"{name}.logits"
         argv = [a.format(model=model, truncated=truncated_model, logits=logits)
                 for a in CASES[case]]
         proc = subprocess.run([str(binary), *argv], capture_output=True, timeout=120)
         results.append((proc.returncode, proc.stdout, proc.stderr,
                         logits.read_bytes() if logits.exists() else None))
-    ours, theirs = results
-    for what, a, b in zip(("exit status", "stdout", "stderr", "logits file"), ours, theirs):
-        assert a == b, f"{case}: {what} differs: ours {a!r:.300}, fasm's {b!r:.300}"
+    ours, *others = results
+    for name, theirs in zip(("fasm's", "the image's"), others):
+        for what, a, b in zip(("exit status", "stdout", "stderr", "logits file"), ours, theirs):
+            assert a == b, f"{case}: {what} differs: ours {a!r:.300}, {name} {b!r:.300}"
     assert ours[0] >= 0, f"{case}: killed by signal {-ours[0]}"
 
 

@@ -118,6 +118,41 @@ def test_layout_rejects_bad_sizes(sizes):
         linker.layout(*sizes)
 
 
+@pytest.mark.parametrize("base", [0x10000, 0x200000, BASE])
+def test_layout_without_rw_segment(base):
+    """writable=False (the packed program): two program headers, .text right after them at
+    `base`, no .data or .bss allowed; `base` must be a page multiple below 2^31."""
+    lay = linker.layout(100, 0, 0, base=base, writable=False)
+    assert (lay.phnum, lay.writable, lay.text_off, lay.text_addr) == (2, False, 176, base + 176)
+    assert lay.file_end == 276
+    for sizes in ((100, 1, 0), (100, 0, 1)):
+        with pytest.raises(ValueError, match="no .data and no .bss"):
+            linker.layout(*sizes, base=base, writable=False)
+    for bad in (0, base + 1, 1 << 31, -PAGE):
+        with pytest.raises(ValueError, match="base"):
+            linker.layout(100, 0, 0, base=bad)
+
+
+@pytest.mark.parametrize("symbols", [None, []])
+def test_code_only_program_runs(tmp_path, symbols):
+    """A program laid out without an rw segment (one r-x PT_LOAD at another base, and
+    PT_GNU_STACK; with symbols no .data or .bss section) passes the checks and runs."""
+    lay = linker.layout(0, 0, 0, base=0x200000, writable=False)
+    text = assemble(EXIT.format(code=42), lay)
+    lay = linker.layout(len(text), 0, 0, base=0x200000, writable=False)
+    syms = None if symbols is None else [Symbol("start", lay.text_addr, len(text), ".text")]
+    elf = linker.link(text, b"", 0, lay.text_addr, lay, syms)
+    linker.check(elf)
+    assert [(s["p_type"], s["p_flags"]) for s in elf_file(elf).iter_segments()] == \
+        [("PT_LOAD", 5), ("PT_GNU_STACK", 6)]
+    if symbols is not None:
+        names = [s.name for s in elf_file(elf).iter_sections()]
+        assert names == ["", ".text", ".shstrtab", ".symtab", ".strtab"]
+        with pytest.raises(ValueError, match="unknown section '.data'"):
+            linker.link(text, b"", 0, lay.text_addr, lay, [Symbol("d", lay.text_end, 0, ".data")])
+    assert run(elf, tmp_path).returncode == 42
+
+
 # ---------------------------------------------------------------- programs the kernel runs
 
 @pytest.mark.parametrize("filler", [0, 5, 40, 3900, 4700])
@@ -409,7 +444,8 @@ BAD = [  # (id, files it applies to, mutation, check name, fragment of the messa
     ("stack-missing", ALL, patch("<I", ph(2, 0), 0), "stack", "no PT_GNU_STACK"),
     ("data-read-only", ALL, patch("<I", ph(1, 4), 4), "segments", "[r--, r-x]"),
     ("text-not-exec", ALL, patch("<I", ph(0, 4), 4), "segments", "[r--, rw-]"),
-    ("no-data-segment", ALL, patch("<I", ph(1, 0), 4), "segments", "[r-x]"),
+    ("no-data-segment", SYMS, patch("<I", ph(1, 0), 4), "coverage", ".data"),
+    ("two-code-segments", ALL, patch("<I", ph(1, 4), 5), "segments", "[r-x, r-x]"),
     ("phdrs-not-mapped", ALL, patch("<Q", ph(0, 8), 0x100), "segments",
      "does not map the program headers"),
     ("shnum-without-shoff", NO_SHDRS, patch("<H", E_SHNUM, 5), "sections", "e_shnum 5"),

@@ -1,0 +1,105 @@
+; stub.asm: the entry file of the packed ./gemma. The build assembles asm/gemma.asm into the
+; image (gemma.elf), packs the image's bytes (builder/asm/pack.py), then assembles this file
+; with the image's addresses as constants (fasm's -d; below) and appends the packed bytes at
+; `payload`. At start-up the stub maps the image's pages where the image was linked, decodes
+; it into them, makes its code read+execute, unmaps its own table and jumps to the image's
+; entry with the registers, flags and stack as Linux hands them to a new program. The second
+; file, after sys.asm, that holds `syscall`.
+;
+; Constants from the build:
+;   IMAGE_BASE      the image's first page (its link base)
+;   IMAGE_TEXT      the address of the image's first code byte: where decoding starts
+;   IMAGE_BYTES     the bytes to decode: .text (and .data after it, when there is one)
+;   IMAGE_CODE_END  the end of .text: its pages become read+execute
+;   IMAGE_END       the end of .bss: the image's pages end on the page boundary after it
+;   IMAGE_ENTRY     the image's entry point
+
+format ELF64 executable 3
+entry stub_start
+
+segment readable executable
+
+include 'unpack.asm'            ; the decoder
+
+PAGE_MASK       = 0xFFF
+IMAGE_MAP_END   = (IMAGE_END + PAGE_MASK) and not PAGE_MASK        ; the table's first byte
+IMAGE_CODE_MAP  = ((IMAGE_CODE_END + PAGE_MASK) and not PAGE_MASK) - IMAGE_BASE
+
+SYS_write       = 1
+SYS_mmap        = 9
+SYS_mprotect    = 10
+SYS_munmap      = 11
+SYS_exit_group  = 231
+
+PROT_READ       = 1
+PROT_WRITE      = 2
+PROT_EXEC       = 4
+MAP_FIXED_NOREPLACE_ANONYMOUS_PRIVATE = 0x100022   ; MAP_FIXED_NOREPLACE (a hint before
+                                                    ; Linux 4.17) | MAP_ANONYMOUS | MAP_PRIVATE
+
+; stub_start: the packed program's entry point. The kernel starts it with every general
+; register but rsp zero (ELF_PLAT_INIT), and so it leaves them for the image: the decoder
+; preserves rbx rbp r12-r15 (SysV), and the rest is zeroed before the jump.
+;   in: rsp -> argc, argv[], 0, envp[], auxv   out: never returns (jumps to IMAGE_ENTRY)
+stub_start:
+        ; mmap(IMAGE_BASE, image pages + table, read+write, private anonymous, fd 0, 0):
+        ; Linux ignores fd with MAP_ANONYMOUS; r8 and r9 are zero
+        mov     edi, IMAGE_BASE
+        mov     esi, IMAGE_MAP_END - IMAGE_BASE + PACK_SCRATCH
+        push    PROT_READ or PROT_WRITE
+        pop     rdx
+        mov     r10d, MAP_FIXED_NOREPLACE_ANONYMOUS_PRIVATE
+        push    SYS_mmap
+        pop     rax
+        syscall
+        cmp     rax, rdi                ; -errno, or elsewhere (a hint not taken)
+        jne     stub_no_memory
+        mov     edi, IMAGE_TEXT
+        mov     esi, payload
+        mov     edx, IMAGE_BYTES
+        mov     ecx, IMAGE_MAP_END      ; the table, after the image's pages
+        call    unpack
+        ; mprotect(IMAGE_BASE, the code's pages, read+execute)
+        mov     edi, IMAGE_BASE
+        mov     esi, IMAGE_CODE_MAP
+        push    PROT_READ or PROT_EXEC
+        pop     rdx
+        push    SYS_mprotect
+        pop     rax
+        syscall
+        ; munmap(the table, PACK_SCRATCH)
+        mov     edi, IMAGE_MAP_END
+        mov     esi, PACK_SCRATCH
+        push    SYS_munmap
+        pop     rax
+        syscall                         ; rax = 0
+        push    IMAGE_ENTRY             ; popped by the ret below: rsp as the kernel left it
+        xor     ecx, ecx                ; (syscall's return address)
+        xor     edx, edx
+        xor     esi, esi
+        xor     edi, edi
+        xor     r8d, r8d
+        xor     r9d, r9d
+        xor     r10d, r10d
+        xor     r11d, r11d              ; (syscall's rflags)
+        ret
+
+; stub_no_memory: "gemma: out of memory" on stderr, exit status 1.
+stub_no_memory:
+        push    2                       ; STDERR
+        pop     rdi
+        mov     esi, stub_msg_no_memory
+        push    stub_msg_no_memory.end - stub_msg_no_memory
+        pop     rdx
+        push    SYS_write
+        pop     rax
+        syscall
+        dec     edi                     ; STDERR - 1 = EXIT_ERROR
+        mov     eax, SYS_exit_group
+        syscall
+
+stub_msg_no_memory:
+        db      'gemma: out of memory', 10
+.end:
+
+payload:                                ; the build appends the packed image here

@@ -1,0 +1,157 @@
+; unpack.asm: the decoder of the packed ./gemma (builder/asm/pack.py is its mirror in Python,
+; and the packer). A bitwise context-mixing model drives a binary arithmetic decoder:
+; - each of the model's N context models (at most 15) hashes the bytes it selects among the
+;   last six (a mask), the bits of the current byte seen so far (c0) and its index into a
+;   slot of one shared table; a slot holds two counts, n0 and n1, and a 16-bit check that
+;   tells a new context from a collision (a new context starts at n0 = n1 = 0);
+; - the mix is P(1) = (sum n1 << shift + PRIOR) / (sum (n0 + n1) << shift + 2 PRIOR), each
+;   model weighted by its shift: a context seen often, and seen one way, counts the most;
+; - after each bit its count goes up by one (at most 255), the other count n becomes
+;   n / 2 + 1 (0 stays 0): the counts follow what the code does now.
+; Integers only, so the Python mirror and this routine agree bit for bit on any input.
+
+PACK_TABLE_BITS = 18
+PACK_SCRATCH    = 4 shl PACK_TABLE_BITS ; its bytes: a slot is n0, n1, the check (word)
+PACK_HASH       = 0x9E3779B97F4A7C15    ; odd: the key times it, mod 2^64, is the hash
+PACK_PRIOR      = 2
+
+; unpack: out (n,) <- the packed bytes at src: the model (a count byte N, then N pairs
+; mask, shift) and the range-coded bits of out, each byte's most significant bit first.
+; Records on the stack, 32 bytes per model i, the first model's highest (the loops walk
+; down from it): [+0] R_i = 0xFF in the lanes (bytes) 2..7 of the history bytes the mask
+; chooses, i in lane 0; [+8] the slot of the previous bit; [+16] the check << 16 (a new
+; context's slot: the check, no counts) and [+20] the slot base of the current byte's
+; context; [+24] the shift. rbx holds history bytes 0..5 (the
+; last first) in lanes 2..7, c0 in bh and 0xFF in bl, so that rbx & R_i is model i's key
+; (c0 is 1 when keys are hashed, once per byte). A bit's slot is its byte's slot base xor c0.
+; The loop over the models first teaches the previous slot the previous bit (r8d: the first
+; bit's loop teaches slot 0 a 0), then reads the current slot.
+; The range decoder: r9d range, r10d code (the stream's bytes read so far minus the low end
+; of the range), starting at 1 and 0, so that the first bit's renormalisation reads three
+; bytes.
+;   in: rdi out, rsi src, rdx n (>= 1), rcx scratch (PACK_SCRATCH bytes, zero, 4-aligned)
+;   out: out   clobbers: rax rcx rdx rsi rdi r8-r11
+unpack:
+        push    rbx
+        push    rbp
+        push    r12
+        push    r13
+        push    r14
+        push    r15
+        mov     r11, rcx                ; the table
+        add     rdx, rdi
+        push    rdx                     ; the end of out: [rsp + r12] below the records
+        lodsb
+        movzx   r8d, al                 ; N
+        imul    r12d, r8d, 32           ; the records' bytes
+        xor     ebp, ebp                ; model 0
+.record:
+        lodsw                           ; al mask, ah shift
+        movzx   edx, ah
+        push    rdx                     ; [+24] shift
+        push    rdx                     ; [+16] (the check and slot base, per byte)
+        push    r11                     ; [+8] slot 0
+        push    10
+        pop     rcx
+.lane:                                  ; mask bit k -> lane k + 2: ten steps, high bit first
+        shl     rdx, 8
+        shl     al, 1
+        sbb     dl, dl
+        loop    .lane
+        or      rdx, rbp
+        push    rdx                     ; [+0] R_i
+        inc     ebp
+        dec     r8d
+        jnz     .record
+        push    1
+        pop     r9                      ; range
+        xor     r10d, r10d              ; code
+        mov     ebx, 0x1FF              ; no history, c0 = 1
+.byte:                                  ; each model's slot base and check for this byte
+        lea     ebp, [r12-32]
+.hash:
+        mov     rax, rbx
+        and     rax, [rsp+rbp]          ; the key
+        imul    rax, [pack_hash]
+        shr     rax, 48 - PACK_TABLE_BITS
+        mov     edx, eax
+        shl     edx, 16
+        mov     [rsp+rbp+16], edx       ; the check (the 16 bits below the slot base) << 16
+        shr     rax, 16
+        mov     [rsp+rbp+20], eax       ; the slot base: the hash's top bits
+        sub     ebp, 32
+        jnc     .hash
+.bit:
+        cmp     r9d, 1 shl 24
+        jae     .coded_bit
+        shl     r9d, 8
+        lodsb
+        shl     r10d, 8
+        mov     r10b, al
+        jmp     .bit
+.coded_bit:
+        movzx   eax, bh
+        mov     r15d, eax               ; c0
+        xor     r13d, r13d              ; num = sum n1 << shift
+        xor     r14d, r14d              ; den = sum (n0 + n1) << shift
+        lea     ebp, [r12-32]
+.model:
+        mov     rax, [rsp+rbp+8]        ; the previous bit's slot
+        add     rax, r8                 ; -> the count of that bit
+        add     byte [rax], 1
+        sbb     byte [rax], 0           ; at most 255
+        xor     al, 1                   ; -> the other count n (slots are 4-aligned)
+        mov     dl, [rax]
+        shr     byte [rax], 1
+        neg     dl
+        adc     byte [rax], 0           ; n / 2 + 1, or 0
+        mov     eax, [rsp+rbp+20]
+        xor     eax, r15d
+        lea     rax, [r11+rax*4]        ; this bit's slot
+        mov     [rsp+rbp+8], rax
+        movzx   ecx, word [rsp+rbp+18]
+        cmp     [rax+2], cx             ; ZF: the slot holds this context
+        mov     ecx, [rax]
+        cmovne  ecx, [rsp+rbp+16]       ; or a new one: no counts, its check
+        mov     [rax], ecx
+        movzx   edx, ch                 ; n1
+        movzx   eax, cl
+        add     eax, edx                ; n0 + n1
+        mov     cl, [rsp+rbp+24]
+        shl     edx, cl
+        add     r13d, edx
+        shl     eax, cl
+        add     r14d, eax
+        sub     ebp, 32
+        jnc     .model
+        lea     edx, [r13+PACK_PRIOR]
+        lea     ecx, [r14+2*PACK_PRIOR]
+        xor     eax, eax
+        div     ecx                     ; p = (num + PRIOR) 2^32 / (den + 2 PRIOR) < 2^32
+        mul     r9d                     ; bound = range p / 2^32
+        mov     eax, r10d
+        sub     eax, edx                ; CF: code < bound, a 1
+        sbb     r8d, r8d
+        sub     r9d, edx
+        neg     r8d                     ; the bit; CF and not ZF when it is 1
+        cmovz   r10d, eax               ; 0: code -= bound, range -= bound
+        cmovnz  r9d, edx                ; 1: range = bound
+        adc     bh, bh                  ; c0 = 2 c0 + bit; CF: the byte is complete
+        jnc     .bit
+        mov     al, bh
+        stosb
+        shl     rbx, 8                  ; the byte into lane 2, the oldest one out
+        mov     bx, 0x1FF               ; c0 = 1
+        cmp     rdi, [rsp+r12]
+        jb      .byte
+        lea     rsp, [rsp+r12+8]        ; drop the records and the end
+        pop     r15
+        pop     r14
+        pop     r13
+        pop     r12
+        pop     rbp
+        pop     rbx
+        ret
+
+pack_hash:
+        dq      PACK_HASH

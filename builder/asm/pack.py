@@ -1,0 +1,189 @@
+"""The packer: a bitwise context-mixing model and a range coder, mirrored by asm/unpack.asm.
+
+Contract: `compress(data, model=MODEL) -> bytes` packs `data` (at least one byte) into a
+payload that `asm/unpack.asm`'s `unpack` decodes back into `data` given its length;
+`decompress(payload, size) -> bytes` is that decoder in Python, step for step the asm's (the
+build checks every payload with it). Both raise PackError on what they cannot do (an empty
+input, a payload that ends too soon or has bytes left over, a bad model). Everything is
+integer arithmetic, so the two decoders agree bit for bit on any input.
+
+The payload: a count byte N, N pairs (mask, shift) — the model — then the coded bits of `data`,
+each byte's most significant bit first. The model's parameters (`Model`: which of the last
+six bytes each context model hashes, and its weight as a shift) are committed data in
+`builder/asm/pack_model.py`; `python -m builder pack --search` searches new ones.
+
+Once per byte, each context model i hashes its key — the bytes its mask selects from the last
+six, and i — into a slot base and a 16-bit check. A bit's slot in the table of
+2^TABLE_BITS slots is its byte's slot base xor c0 (the bits of the byte seen so far, after a
+leading 1); a slot holds two counts, n0 and n1, and the check of its context (a slot whose
+check differs is a new context: its counts restart at 0). The probability of a 1 is
+
+    p = (sum_i n1_i << shift_i + PRIOR) * 2^32 // (sum_i (n0_i + n1_i) << shift_i + 2 PRIOR)
+
+and the range coder splits its range at range * p >> 32. A slot learns its bit when the next
+bit is predicted, in one loop over the models (the first to the last, as the asm walks
+them): first model i's previous slot learns the previous bit — its count goes up by one, at
+most 255; the other count n becomes n // 2 + 1, 0 stays 0 — then model i reads its new slot.
+The first bit's loop teaches slot 0 a 0 (every model's previous slot starts there).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TABLE_BITS = 18                   # asm/unpack.asm PACK_TABLE_BITS
+SCRATCH = 4 << TABLE_BITS         # PACK_SCRATCH: the table's bytes, a slot per dword
+HASH = 0x9E3779B97F4A7C15         # PACK_HASH
+PRIOR = 2                         # PACK_PRIOR
+HISTORY = 6                       # bytes a mask can select
+MAX_MODELS = 15                   # so that a model's index fits beside c0 in its key
+MAX_SHIFT = 12                    # keeps the sums below 2^25: p >= 2^8, every bit codable
+COUNT_MAX = 255
+TOP = 1 << 24                     # the range is renormalised below this
+M64 = (1 << 64) - 1
+
+
+class PackError(Exception):
+    """The input cannot be packed or unpacked (one line)."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """The context models: `masks[i]` selects bytes back 1..6 (bit k: the byte k + 1 back),
+    `shifts[i]` is its weight as a power of two."""
+    masks: tuple[int, ...]
+    shifts: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.masks) == len(self.shifts) <= MAX_MODELS:
+            raise PackError(f"a model has 1..{MAX_MODELS} context models, each a mask and a "
+                            f"shift; got {len(self.masks)} masks and {len(self.shifts)} shifts")
+        if len(set(self.masks)) != len(self.masks):
+            raise PackError(f"masks repeat: {self.masks}")
+        for mask, shift in zip(self.masks, self.shifts):
+            if not 0 <= mask < 1 << HISTORY or not 0 <= shift <= MAX_SHIFT:
+                raise PackError(f"mask {mask} or shift {shift} out of range "
+                                f"(0..{(1 << HISTORY) - 1}, 0..{MAX_SHIFT})")
+
+    def header(self) -> bytes:
+        """The payload's first bytes: N, then (mask, shift) per context model."""
+        return bytes([len(self.masks)]) + bytes(b for pair in zip(self.masks, self.shifts)
+                                                for b in pair)
+
+    @classmethod
+    def read(cls, payload: bytes) -> tuple["Model", int]:
+        """The model at the start of a payload, and the offset of the coded bits."""
+        if not payload or len(payload) < 1 + 2 * payload[0]:
+            raise PackError("the payload is shorter than its model")
+        n = payload[0]
+        pairs = payload[1:1 + 2 * n]
+        return cls(tuple(pairs[0::2]), tuple(pairs[1::2])), 1 + 2 * n
+
+
+def key_mask(mask: int, index: int) -> int:
+    """R_i of asm/unpack.asm: 0xFF in the lanes (bytes) 2..7 of the chosen history bytes,
+    the model's index in lane 0. ANDed with the state word (history bytes in lanes 2..7, c0
+    in lane 1, 0xFF in lane 0) it gives the model's key."""
+    lanes = sum(0xFF << 8 * (k + 2) for k in range(HISTORY) if mask >> k & 1)
+    return lanes | index
+
+
+class ContextMixer:
+    """The model's state while coding: the table, the state word, each model's slot base,
+    check and previous slot."""
+
+    def __init__(self, model: Model):
+        self.models = [(key_mask(mask, i), shift)
+                       for i, (mask, shift) in enumerate(zip(model.masks, model.shifts))]
+        self.n0 = bytearray(1 << TABLE_BITS)
+        self.n1 = bytearray(1 << TABLE_BITS)
+        self.check = [0] * (1 << TABLE_BITS)
+        self.slots = [0] * len(self.models)        # each model's previous slot
+        self.bit = 0                               # the previous bit
+        self.state = 0x1FF                         # no history, c0 = 1, lane 0 all ones
+        self.bases: list[tuple[int, int]] = []
+        self.hash_byte()
+
+    def hash_byte(self) -> None:
+        """Each model's slot base and check for the byte that starts (c0 = 1)."""
+        self.bases = []
+        for key_and, _ in self.models:
+            h = (self.state & key_and) * HASH & M64
+            self.bases.append((h >> 64 - TABLE_BITS, h >> 48 - TABLE_BITS & 0xFFFF))
+
+    def predict(self) -> int:
+        """Teach the previous slots the previous bit; P(the next bit is 1) times 2^32, in
+        (0, 2^32)."""
+        num = den = 0
+        n0, n1, check = self.n0, self.n1, self.check
+        same, other = (n1, n0) if self.bit else (n0, n1)
+        c0 = self.state >> 8 & 0xFF
+        for i, ((_, shift), (base, tag)) in enumerate(zip(self.models, self.bases)):
+            slot = self.slots[i]
+            same[slot] = min(same[slot] + 1, COUNT_MAX)
+            if other[slot]:
+                other[slot] = other[slot] // 2 + 1
+            slot = self.slots[i] = base ^ c0
+            if check[slot] != tag:                 # a new context
+                check[slot], n0[slot], n1[slot] = tag, 0, 0
+            num += n1[slot] << shift
+            den += n0[slot] + n1[slot] << shift
+        return (num + PRIOR << 32) // (den + 2 * PRIOR)
+
+    def update(self, bit: int) -> int | None:
+        """Take `bit` (learnt at the next predict); return the byte it completes, if any."""
+        self.bit = bit
+        c0 = (self.state >> 8 & 0xFF) << 1 | bit
+        if c0 < 0x100:
+            self.state = self.state & ~0xFF00 | c0 << 8
+            return None
+        byte = c0 & 0xFF                           # into lane 2, the oldest byte out
+        self.state = (self.state & ~0xFFFF | byte << 8) << 8 & M64 | 0x1FF
+        self.hash_byte()
+        return byte
+
+
+def compress(data: bytes, model: Model | None = None) -> bytes:
+    """The payload for `data` (see the module docstring)."""
+    if not data:
+        raise PackError("nothing to pack")
+    if model is None:
+        from .pack_model import MODEL as model
+    mixer = ContextMixer(model)
+    low, rng, size = 0, 1, 0           # low: every byte so far, an integer of `size` bytes
+    for byte in data:
+        for k in range(7, -1, -1):
+            while rng < TOP:
+                rng, low, size = rng << 8, low << 8, size + 1
+            bound = rng * mixer.predict() >> 32
+            if byte >> k & 1:
+                rng = bound
+            else:
+                low, rng = low + bound, rng - bound
+            mixer.update(byte >> k & 1)
+    return model.header() + low.to_bytes(size, "big")
+
+
+def decompress(payload: bytes, size: int) -> bytes:
+    """`size` bytes decoded from `payload` exactly as asm/unpack.asm decodes them."""
+    if size < 1:
+        raise PackError("nothing to unpack")
+    model, pos = Model.read(payload)
+    mixer = ContextMixer(model)
+    rng, code, out = 1, 0, bytearray()
+    while len(out) < size:
+        while rng < TOP:
+            if pos == len(payload):
+                raise PackError(f"the payload ends after {len(out)} of {size} bytes")
+            rng, code, pos = rng << 8, (code << 8 | payload[pos]) & 0xFFFFFFFF, pos + 1
+        bound = rng * mixer.predict() >> 32
+        bit = int(code < bound)
+        if bit:
+            rng = bound
+        else:
+            code, rng = code - bound, rng - bound
+        byte = mixer.update(bit)
+        if byte is not None:
+            out.append(byte)
+    if pos != len(payload):
+        raise PackError(f"{len(payload) - pos} payload bytes left after {size} bytes")
+    return bytes(out)

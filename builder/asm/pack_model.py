@@ -1,0 +1,7 @@
+"""The packer's model (builder/asm/pack.py): committed data, written by `python -m builder pack
+--search`, read by every build. Each context model: a mask over the last six bytes (bit k: the
+byte k + 1 back) and its weight as a shift."""
+from .pack import Model
+
+MODEL = Model(masks=(1, 2, 0, 3, 5, 6, 9, 4),
+              shifts=(2, 1, 0, 4, 3, 3, 4, 0))

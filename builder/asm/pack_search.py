@@ -1,0 +1,159 @@
+"""`python -m builder pack`: the packer's model, measured and searched.
+
+Contract: `main(argv)`. Without options it packs the image of the sources with the committed
+model (builder/asm/pack_model.py) and prints the payload's size. `--search` chooses a new
+model for today's image: context masks greedily (each round adds the mask that lowers the
+estimated size most, up to `--models`), then each model's shift by coordinate descent; it
+prints the exact size of the committed model and of the found one, and with `--write`
+rewrites builder/asm/pack_model.py (never part of a normal build: the model stays fixed, so
+an asm change moves the packed size by about what it should).
+
+The estimate codes every bit with counts that never collide (a dictionary per mask instead of
+the shared table) and without the one-bit lag of learning; the search's last step is the
+exact size (pack.compress) of its result.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from . import pack
+from .assemble import assemble
+from .build import REPO_ROOT
+from .errors import BuildError
+from .fasm import parse
+from .packed import image_bytes
+
+MODEL_FILE = Path(__file__).with_name("pack_model.py")
+
+
+def bits_of(data: bytes) -> np.ndarray:
+    """Every bit of `data`, each byte's most significant first."""
+    return np.unpackbits(np.frombuffer(data, np.uint8)).astype(np.int64)
+
+
+def ideal_counts(data: bytes, mask: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n0, n1) before each bit for the context of `mask` (the chosen history bytes and c0),
+    with pack's update rule and no collisions."""
+    counts: dict[tuple, tuple[int, int]] = {}
+    n0s, n1s = [], []
+    history = [0] * pack.HISTORY
+    for byte in data:
+        chosen = tuple(history[k] for k in range(pack.HISTORY) if mask >> k & 1)
+        c0 = 1
+        for k in range(7, -1, -1):
+            bit = byte >> k & 1
+            n0, n1 = counts.get((chosen, c0), (0, 0))
+            n0s.append(n0)
+            n1s.append(n1)
+            if bit:
+                n0, n1 = (n0 // 2 + 1 if n0 else 0), min(n1 + 1, pack.COUNT_MAX)
+            else:
+                n0, n1 = min(n0 + 1, pack.COUNT_MAX), (n1 // 2 + 1 if n1 else 0)
+            counts[(chosen, c0)] = (n0, n1)
+            c0 = c0 << 1 | bit
+        history = [byte] + history[:-1]
+    return np.array(n0s, np.int64), np.array(n1s, np.int64)
+
+
+def estimate(bits: np.ndarray, counts: list[tuple[np.ndarray, np.ndarray]],
+             shifts: list[int]) -> float:
+    """Bytes to code `bits` with these counts and shifts (the mix of pack's docstring)."""
+    num = sum(n1 << s for (_, n1), s in zip(counts, shifts))
+    den = sum(n0 + n1 << s for (n0, n1), s in zip(counts, shifts))
+    p = ((num + pack.PRIOR) << 32) // (den + 2 * pack.PRIOR) / 2.0 ** 32
+    return float(-np.log2(np.where(bits == 1, p, 1 - p)).sum() / 8)
+
+
+def tune_shifts(bits: np.ndarray, counts: list, shifts: list[int]) -> tuple[float, list[int]]:
+    """Coordinate descent on the shifts, one step at a time, from `shifts`."""
+    best = estimate(bits, counts, shifts)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(shifts)):
+            for step in (-1, 1):
+                trial = list(shifts)
+                trial[i] += step
+                if not 0 <= trial[i] <= pack.MAX_SHIFT:
+                    continue
+                size = estimate(bits, counts, trial)
+                if size < best - 1e-6:
+                    best, shifts, improved = size, trial, True
+    return best, shifts
+
+
+def search(data: bytes, models: int, progress: bool = True) -> pack.Model:
+    """A model for `data`: greedy masks, tuned shifts (see the module docstring)."""
+    bits = bits_of(data)
+    masks = range(1 << pack.HISTORY)
+    table = {m: ideal_counts(data, m) for m in tqdm(masks, desc="counting contexts",
+                                                     disable=not progress, leave=False)}
+    chosen: list[int] = []
+    shifts: list[int] = []
+    best = math.inf
+    while len(chosen) < models:
+        trials = []
+        for m in masks:
+            if m in chosen:
+                continue
+            for start in (1, 3, 5):
+                size = estimate(bits, [table[c] for c in chosen + [m]], shifts + [start])
+                trials.append((size, m, start))
+        _, m, start = min(trials)
+        size, tuned = tune_shifts(bits, [table[c] for c in chosen + [m]], shifts + [start])
+        if size >= best - 1:
+            break
+        chosen, shifts, best = chosen + [m], tuned, size
+        if progress:
+            print(f"{len(chosen):2} models: ~{best:.0f} bytes, masks {chosen}", file=sys.stderr)
+    return pack.Model(tuple(chosen), tuple(shifts))
+
+
+def write_model(model: pack.Model, path: Path = MODEL_FILE) -> None:
+    """Rewrite builder/asm/pack_model.py with `model`."""
+    head = path.read_text().split("\nMODEL = ")[0]
+    path.write_text(f"{head}\nMODEL = Model(masks={model.masks},\n"
+                    f"              shifts={model.shifts})\n")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m builder pack",
+        description="Pack the image of asm/gemma.asm with the committed model and print the "
+                    "payload's size; --search looks for a better model.")
+    parser.add_argument("--search", action="store_true",
+                        help="search masks and shifts for today's image (about a minute)")
+    parser.add_argument("--models", type=int, default=8, metavar="N",
+                        help=f"at most N context models (1..{pack.MAX_MODELS}; each costs "
+                             "start-up time); default 8")
+    parser.add_argument("--write", action="store_true",
+                        help="with --search: write the model found to "
+                             "builder/asm/pack_model.py")
+    parser.add_argument("--root", type=Path, default=REPO_ROOT,
+                        help="project directory holding asm/")
+    args = parser.parse_args(argv)
+    if not 1 <= args.models <= pack.MAX_MODELS:
+        parser.error(f"--models must be 1..{pack.MAX_MODELS}")
+    try:
+        data = image_bytes(assemble(parse(args.root)))
+        from .pack_model import MODEL
+        print(f"committed model: {len(pack.compress(data, MODEL))} bytes of payload for "
+              f"{len(data)} bytes of image ({len(MODEL.masks)} context models)")
+        if args.search:
+            model = search(data, args.models)
+            print(f"found: {len(pack.compress(data, model))} bytes of payload "
+                  f"({len(model.masks)} context models): masks {model.masks}, shifts "
+                  f"{model.shifts}")
+            if args.write:
+                write_model(model)
+                print(f"wrote {MODEL_FILE.relative_to(REPO_ROOT)}")
+    except (BuildError, pack.PackError) as exc:
+        print(f"python -m builder pack: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -39,7 +39,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class BuildResult:
     """A finished build: the packed program (`binary`, `size` bytes, within `budget`), the
     image it unpacks (`elf`, its file; `image`, its assembly; `symbols`, its map, also in
-    `map_path`), the packed program's parts (`packed`) and the size table."""
+    `map_path`), the packed program's parts (`packed`; `stub_symbols`, the stub's labels in
+    the map's form) and the size table."""
     binary: Path
     elf: Path
     map_path: Path
@@ -48,6 +49,7 @@ class BuildResult:
     image: Image
     symbols: dict
     packed: Packed
+    stub_symbols: dict
     table: str
 
 
@@ -178,7 +180,8 @@ def build(root: Path = REPO_ROOT, out: Path | None = None,
         linker.check(elf_path)
     except linker.ElfCheckError as exc:
         raise BuildError(f"check: {exc}") from None
-    return BuildResult(out, elf_path, map_path, size, budget, image, table, packed, report)
+    return BuildResult(out, elf_path, map_path, size, budget, image, table, packed,
+                       symbol_map(packed.stub), report)
 
 
 def main(argv: list[str]) -> int:

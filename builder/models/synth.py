@@ -253,7 +253,7 @@ def main(argv: list[str]) -> int:
                    help="also write the same weights as a GGUF here (F16, or with --type q8_0 Q8_0)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    return run("synth", lambda: synth(args.preset, args.output, args.seed, args.gguf, not args.quiet,
+    return run(p.prog, lambda: synth(args.preset, args.output, args.seed, args.gguf, not args.quiet,
                                       args.type),
                (ModelFormatError, ValueError), model_summary(args.output))
 

@@ -34,7 +34,15 @@ def test_version():
 @pytest.mark.parametrize("name", COMMANDS)
 def test_every_command_has_help(name):
     r = builder(name, "--help")
-    assert r.returncode == 0 and r.stdout.startswith("usage: python -m builder"), (name, r.stderr)
+    assert r.returncode == 0 and r.stdout.startswith(f"usage: python -m builder {name}"), \
+        (name, r.stdout[:80], r.stderr)
+
+
+def test_unknown_command_names_itself_and_lists_the_commands():
+    r = builder("frobnicate")
+    assert r.returncode == 2 and not r.stdout
+    assert r.stderr.startswith("python -m builder: unknown command 'frobnicate'\n"), r.stderr
+    assert all(f"  {name}" in r.stderr for name in COMMANDS)
 
 
 def test_convert_and_synth_end_with_a_summary_and_unwritable_output_is_a_sentence(tmp_path):
@@ -46,4 +54,4 @@ def test_convert_and_synth_end_with_a_summary_and_unwritable_output_is_a_sentenc
     assert r.returncode == 1 and "Traceback" not in r.stderr
     r = builder("synth", "--preset", "tiny", "-q", "-o", str(tmp_path / "none" / "x.bin"))
     assert (r.returncode, r.stdout, r.stderr) == (
-        1, "", f"synth: error: {tmp_path / 'none' / 'x.bin'}: No such file or directory\n")
+        1, "", f"python -m builder synth: error: {tmp_path / 'none' / 'x.bin'}: No such file or directory\n")

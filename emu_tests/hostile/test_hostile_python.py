@@ -220,7 +220,7 @@ def _convert_case(tmp: Path, name: str, make: Callable[[Path], Path]) -> Callabl
             return "converted without an error"
         if out.exists():
             return f"left {out.name} behind"
-        return one_line_error(p, r"convert: ")
+        return one_line_error(p, r"python -m builder convert: ")
     return case
 
 

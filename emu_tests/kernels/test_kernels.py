@@ -20,6 +20,7 @@ import pytest
 
 from builder.models.modelfile import LayerAttn, rope_freqs
 from emu_tests.harness import I64, Emulator, In, Out, load_elf
+from conftest import KERNEL_COUNTS
 from emu_tests.harness.header import read_header
 from emu_tests.harness.image import with_routines
 from emu_tests.harness.native import NativeRunner
@@ -56,14 +57,11 @@ def image(gemma):
 
 @pytest.fixture(scope="module")
 def emu(image, gemma, request):
+    """The emulator for this module; its instruction counts go to the run's summary
+    (conftest.py: `pytest --kernel-counts` prints them)."""
     emu = HeaderCheckedEmulator(image, gemma.symbols)
     yield emu
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled():
-        print("\nkernel instructions per call in Unicorn (min .. max over the calls):")
-        for name in sorted(emu.counts):
-            n = emu.counts[name]
-            print(f"  {name:<16} {len(n):3} calls {min(n):>9} .. {max(n):>9}")
+    request.config.stash.setdefault(KERNEL_COUNTS, {}).update(emu.counts)
 
 
 class HeaderCheckedEmulator(Emulator):

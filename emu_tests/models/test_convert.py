@@ -244,7 +244,7 @@ def test_cli(tmp_path, capsys):
     assert ModelFile(out).dims.dim == 144
     assert conv.main([str(tmp_path / "none"), "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("convert: error:") and "no such file" in err
+    assert err.count("\n") == 1 and err.startswith("python -m builder convert: error:") and "no such file" in err
     with pytest.raises(SystemExit) as e:
         conv.main(["-o"])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1

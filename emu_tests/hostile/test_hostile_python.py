@@ -45,6 +45,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from modelfiles import fixture_path
+from conftest import write_tree
 from variants import gguf_variant, hf_variant, kv_set, quantized
 
 pytestmark = pytest.mark.slow  # hundreds of builds and conversions
@@ -136,12 +137,15 @@ BAD_LINES = {     # inserted as line 3 of asm/part.asm
 }
 
 
+def _project(root: Path) -> None:
+    """root/asm with GOOD_MAIN, the repository's stub, and a pyproject.toml."""
+    write_tree(root, {"gemma.asm": GOOD_MAIN})
+
+
 def _asm_case(tmp: Path, name: str, bad: str) -> Callable[[], str | None]:
     def case() -> str | None:
         root = tmp / re.sub(r"\W+", "_", name)
-        (root / "asm").mkdir(parents=True)
-        (root / "pyproject.toml").write_text("[tool.gemma]\nsize_budget = 6144\n")
-        (root / "asm" / "gemma.asm").write_text(GOOD_MAIN)
+        _project(root)
         lines = GOOD_PART.splitlines()
         lines[2:2] = [bad]
         (root / "asm" / "part.asm").write_bytes(
@@ -156,9 +160,7 @@ def _asm_case(tmp: Path, name: str, bad: str) -> Callable[[], str | None]:
 
 def test_good_program_builds(tmp_path):
     """The base of the malformed cases builds (so each error is the bad line's)."""
-    (tmp_path / "asm").mkdir()
-    (tmp_path / "pyproject.toml").write_text("[tool.gemma]\nsize_budget = 6144\n")
-    (tmp_path / "asm" / "gemma.asm").write_text(GOOD_MAIN)
+    _project(tmp_path)
     (tmp_path / "asm" / "part.asm").write_text(GOOD_PART)
     p = builder("--root", tmp_path, "-o", tmp_path / "out")
     assert p.returncode == 0, p.stderr.decode()
@@ -198,10 +200,7 @@ def test_asm_without_line_numbers_still_one_line(tmp_path):
     def case(name: str, main: str, part: str) -> Callable[[], str | None]:
         def run() -> str | None:
             root = tmp_path / re.sub(r"\W+", "_", name)
-            (root / "asm").mkdir(parents=True)
-            (root / "pyproject.toml").write_text("[tool.gemma]\nsize_budget = 6144\n")
-            (root / "asm" / "gemma.asm").write_text(main)
-            (root / "asm" / "part.asm").write_text(part)
+            write_tree(root, {"gemma.asm": main, "part.asm": part})
             p = builder("--root", root, "-o", root / "out")
             return "built without an error" if p.returncode == 0 else one_line_error(p)
         return run
@@ -677,7 +676,10 @@ def test_regression_F5_safetensors_dtype_of_another_type(tmp_path):
 
 ASM_CASES = 80
 REPO = Path(__file__).resolve().parents[2]
-WHOLE_PROGRAM = re.compile(r"(link|check): |gemma would be \d+ bytes|asm/gemma\.asm: ")
+# errors about the whole program (no line to blame): the image's link and checks, the
+# packed program's (packing, its layout and link), the budget, a missing format or entry
+WHOLE_PROGRAM = re.compile(r"(link|check|pack|layout|link \(packed\)): |gemma would be \d+ "
+                           r"bytes|asm/(gemma|stub)\.asm: ")
 
 
 def _mutate_line(r: random.Random, line: str, tokens: list[str]) -> list[str]:

@@ -172,7 +172,7 @@ def test_stub_maps_writes_then_protects(gemma, start_up):
         (10, lay.base, code_pages, 5),                      # PROT_READ | PROT_EXEC
         (11, lay.base + image_pages, pack.SCRATCH)]         # (munmap has two arguments)
     assert [c[4] for c in calls] == [lay.base, 0, 0]
-    assert start_up["syscalls"][0]["r10"] == 0x100022   # MAP_FIXED_NOREPLACE|ANON|PRIVATE
+    assert start_up["syscalls"][0]["r10"] == 0x108022   # MAP_FIXED_NOREPLACE|POPULATE|ANON|PRIVATE
     for c in start_up["syscalls"][:2]:
         assert c["rdx"] & (PROT_WRITE | PROT_EXEC) != PROT_WRITE | PROT_EXEC, c
 

@@ -1,31 +1,31 @@
-; unpack.asm: the decoder of the packed ./gemma (builder/asm/pack.py is its mirror in Python,
-; and the packer). A bitwise context-mixing model drives a binary arithmetic decoder:
-; - each of the model's N context models (at most 15) hashes the bytes it selects among the
-;   last six (a mask), the bits of the current byte seen so far (c0) and its index into a
-;   slot of one shared table; a slot holds two counts, n0 and n1, and a 16-bit check that
-;   tells a new context from a collision (a new context starts at n0 = n1 = 0);
-; - the mix is P(1) = (sum n1 << shift + PRIOR) / (sum (n0 + n1) << shift + 2 PRIOR), each
-;   model weighted by its shift: a context seen often, and seen one way, counts the most;
-; - after each bit its count goes up by one (at most 255), the other count n becomes
-;   n / 2 + 1 (0 stays 0): the counts follow what the code does now.
+; unpack.asm: the decoder of the packed ./gemma. builder/asm/pack.py is its mirror in Python
+; (and the packer); docs/build.md "The packed program" explains the model. In short, a
+; bitwise context-mixing model drives a range decoder:
+; - each of the model's N context models (at most 15) chooses some of the last six bytes (a
+;   mask); once per byte it hashes them with its index into a slot base and a 16-bit check;
+;   a bit's slot in the shared table is the slot base xor c0 (the bits of the byte so far,
+;   after a leading 1). A slot holds two counts, n0 and n1, and the check of its context: a
+;   slot with another check belongs to another context and starts again from no counts;
+; - P(1) = (sum n1 << shift + PRIOR) / (sum (n0 + n1) << shift + 2 PRIOR) over the models;
+; - after each bit its count goes up by one (at most 255) and the other count n becomes
+;   n / 2 + 1 (0 stays 0).
 ; Integers only, so the Python mirror and this routine agree bit for bit on any input.
 
-PACK_TABLE_BITS = 18
+PACK_TABLE_BITS = 18                    ; the table: 2^18 slots
 PACK_SCRATCH    = 4 shl PACK_TABLE_BITS ; its bytes: a slot is n0, n1, the check (word)
 PACK_HASH       = 0x9E3779B97F4A7C15    ; odd: the key times it, mod 2^64, is the hash
 PACK_PRIOR      = 2
 
 ; unpack: out (n,) <- the packed bytes at src: the model (a count byte N, then N pairs
 ; mask, shift) and the range-coded bits of out, each byte's most significant bit first.
-; Records on the stack, 32 bytes per model i, the first model's highest (the loops walk
-; down from it): [+0] R_i = 0xFF in the lanes (bytes) 2..7 of the history bytes the mask
+; Records on the stack, 32 bytes per model i, the first model's highest (the loops walk down
+; from it): [+0] R_i = 0xFF in the lanes (bytes) 2..7 of the history bytes the mask
 ; chooses, i in lane 0; [+8] the slot of the previous bit; [+16] the check << 16 (a new
-; context's slot: the check, no counts) and [+20] the slot base of the current byte's
-; context; [+24] the shift. rbx holds history bytes 0..5 (the
-; last first) in lanes 2..7, c0 in bh and 0xFF in bl, so that rbx & R_i is model i's key
-; (c0 is 1 when keys are hashed, once per byte). A bit's slot is its byte's slot base xor c0.
-; The loop over the models first teaches the previous slot the previous bit (r8d: the first
-; bit's loop teaches slot 0 a 0), then reads the current slot.
+; context's slot: its check, no counts); [+20] the slot base of the byte's context;
+; [+24] the shift. rbx holds history bytes 0..5 (the last first) in lanes 2..7, c0 in bh
+; and 0xFF in bl, so that rbx & R_i is model i's key (hashed once per byte, c0 = 1: lane
+; 1 of R_i is 0). The loop over the models first teaches each model's previous slot the
+; previous bit (r8d; the first bit's loop teaches slot 0 a 0), then reads its new slot.
 ; The range decoder: r9d range, r10d code (the stream's bytes read so far minus the low end
 ; of the range), starting at 1 and 0, so that the first bit's renormalisation reads three
 ; bytes.
@@ -81,7 +81,7 @@ unpack:
         mov     [rsp+rbp+20], eax       ; the slot base: the hash's top bits
         sub     ebp, 32
         jnc     .hash
-.bit:
+.bit:                                   ; renormalise: below 2^24 the range takes a byte
         cmp     r9d, 1 shl 24
         jae     .coded_bit
         shl     r9d, 8

@@ -314,11 +314,12 @@ def llama_source(cfg: Config, ggufs: list[Path]) -> str | None:
 
 
 def llama_missing(cfg: Config, ggufs: list[Path]) -> str:
+    """Why llama.cpp is not run, for the report's "llama.cpp: ..." line (no prefix of its own)."""
     if not ggufs:
-        return "llama.cpp: not run (no GGUF given)"
+        return "not run (no GGUF given)"
     if not cfg.llama:
-        return "llama.cpp: not run (--no-llama)"
-    return f"llama.cpp: not run: {bench_llama.available()}; pip install llama-cpp-python, " \
+        return "not run (--no-llama)"
+    return f"not run: {bench_llama.available()}; pip install llama-cpp-python, " \
            "or give --llama-bench PATH"
 
 

@@ -317,6 +317,7 @@ def test_baseline_runs_have_no_kernel_figures(gemma, tmp_path):
     assert rc == 0, out.getvalue()
     rows = parse_table(out.getvalue())
     assert rows["gemma decode kernel in cache GB/s"] == rows["gemma decode / kernel in cache"] == ["n/a"]
+    assert "\nllama.cpp: not run (--no-llama)\n" in out.getvalue()  # the prefix once
     assert json.loads((tmp_path / "out.json").read_text())["engines"][0]["kernel"] == {}
 
 

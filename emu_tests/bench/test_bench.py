@@ -6,6 +6,7 @@ the verified bandwidth loop, llama-bench parsing, one-line errors) are checked o
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import importlib.util
@@ -451,6 +452,19 @@ def test_efficiency_above_one_is_a_fault_not_a_figure():
         [f"llama.cpp[m-q8_0.gguf] on {t} thread(s) read {25 * 0.53 * t / (10 * t):.3f}x the bandwidth"
          for t in (1, 2)]
     assert text.count("MEASUREMENT FAULT: ") == 4
+
+
+def test_bw_size_default_is_proportionate():
+    """--bw-size: 2G, 256M with a tiny preset (not with a given or the real model), or as given."""
+    def size(argv: list[str]) -> int:
+        a = argparse.Namespace(bw_size=None, preset="2b", model=None, real=False)
+        for k, v in zip(argv[::2], argv[1::2]):
+            setattr(a, k, v)
+        return bench.bw_size(a)
+    assert size([]) == 2 << 30 and size(["preset", "g3-270m"]) == 2 << 30
+    assert size(["preset", "tiny"]) == size(["preset", "tiny-g3"]) == 256 << 20
+    assert size(["preset", "tiny", "model", "m.bin"]) == size(["preset", "tiny", "real", True]) == 2 << 30
+    assert size(["preset", "tiny", "bw_size", "16M"]) == 16 << 20
 
 
 def test_type_option():

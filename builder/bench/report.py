@@ -75,6 +75,27 @@ class Peer:
 
 
 @dataclass
+class StartupRow:
+    """One command line run by the packed program and by its image (builder.bench.startup)."""
+    what: str  # "-h" or "one token (tiny)"
+    argv: str  # its arguments after the program's name ("" when not run)
+    runs: int  # runs of each program (0: not run)
+    packed_ms: float | None  # the packed program's median wall time; None: n/a
+    image_ms: float | None  # the image's
+    cost_ms: float | None  # packed_ms - image_ms: what unpacking costs
+    error_ms: float | None  # the standard error of cost_ms
+
+
+@dataclass
+class Startup:
+    """The start-up cost of the packed program against its image."""
+    packed: str  # the packed program
+    image: str  # its image, "" when there is none
+    missing: str  # why the rows are n/a; "" when they were measured
+    rows: list[StartupRow]
+
+
+@dataclass
 class Result:
     machine: Machine
     preset: str
@@ -88,6 +109,7 @@ class Result:
     llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
     load: list[float]  # 1-minute load average before and after: other work on the machine
     repeat: int  # rounds; each figure is the best of them
+    startup: Startup  # the packed program's start-up cost against its image
 
     def efficiency(self, f: Figures, bytes_per_token: int) -> float:
         """Decode bytes/s over the bandwidth: at most 1 when the bandwidth is a ceiling."""
@@ -139,13 +161,49 @@ def _eff(x: float) -> str:
     return "FAULT" if x > 1 else _num(x, 3)
 
 
+def _machine(m: Machine) -> str:
+    return f"machine: {m.cpu}, {m.cpus} CPUs, {_num(m.mhz, 0)} MHz, {_num(m.mem_gib, 1)} GiB, {m.vector}"
+
+
+def _load(load: list[float], cpus: int) -> str:
+    return (f"load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f} "
+            f"(other work on the {cpus} CPUs)")
+
+
+def _aligned(rows: list[tuple[str, list[str]]]) -> list[str]:
+    """Rows as lines: labels left-aligned, each column of cells right-aligned."""
+    width = max(len(name) for name, _ in rows)
+    cols = [max(len(r[1][i]) for r in rows) for i in range(len(rows[0][1]))]
+    return [f"{name:<{width}}  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols)) for name, cells in rows]
+
+
+def startup_lines(s: Startup) -> list[str]:
+    """The start-up block: a line saying what was timed (or why not), then a row per command
+    line: the median wall times of the packed program and its image, the difference with its
+    standard error, and the runs of each."""
+    head = f"start-up: n/a: {s.missing}" if s.missing else \
+        f"start-up: {s.packed} against its image {s.image}, run alternately; median wall times"
+
+    def ms(x: float | None) -> str:
+        return "n/a" if x is None else _num(x)
+
+    return [head] + _aligned([("start-up ms", ["packed", "image", "packed - image", "runs"])] + [
+        (f"start-up {r.what}", [ms(r.packed_ms), ms(r.image_ms),
+                                "n/a" if r.cost_ms is None else f"{_num(r.cost_ms)} ± {_num(r.error_ms)}",
+                                str(r.runs) if r.runs else "n/a"]) for r in s.rows])
+
+
+def startup_report(machine: Machine, engine: str, load: list[float], s: Startup) -> str:
+    """`bench --startup-only`: the machine, the engine, the load, the start-up block."""
+    return "\n".join([_machine(machine), f"engine: {engine}", _load(load, machine.cpus), *startup_lines(s)])
+
+
 def table(res: Result) -> str:
-    """The report: a few header lines, then one row per figure and one column per thread count."""
+    """The report: a few header lines, then one row per figure and one column per thread count,
+    then the start-up block."""
     m = res.machine
     several = len(res.engines) > 1
-    lines = [f"machine: {m.cpu}, {m.cpus} CPUs, {_num(m.mhz, 0)} MHz, {_num(m.mem_gib, 1)} GiB, "
-             f"{m.vector}",
-             f"engine: {res.engine}"]
+    lines = [_machine(m), f"engine: {res.engine}"]
     for e in res.engines:
         by = f" by {e.label}" if several else ""
         lines += [f"model: {e.model} ({res.preset})",
@@ -160,8 +218,7 @@ def table(res: Result) -> str:
                                                    + (f" ({e.label})" if several else "") for e in res.engines)
              + "; AVX2 FMA peak (measured, GFLOP/s): " + (", ".join(f"{_num(p, 1)} on {t} thread(s)"
                                                                    for t, p in res.fma_peak.items()) or "n/a"),
-             f"load average (1 min) before / after: {res.load[0]:.2f} / {res.load[1]:.2f} "
-             f"(other work on the {m.cpus} CPUs); best of {res.repeat} round(s)"
+             f"{_load(res.load, m.cpus)}; best of {res.repeat} round(s)"
              + ("; BUSY: every figure is a lower bound" if max(res.load) >= m.cpus else ""),
              f"llama.cpp: {res.llama_source}"]
     lines += [f"MEASUREMENT FAULT: {f} (decode efficiency above 1: the bandwidth measured was not the "
@@ -212,11 +269,7 @@ def table(res: Result) -> str:
             (f"prompt ratio {mine}/{name}", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
             (f"decode ratio {mine}/{name}", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
         ]
-    width = max(len(name) for name, _ in rows)
-    cols = [max(len(r[1][i]) for r in rows) for i in range(len(threads))]
-    for name, cells in rows:
-        lines.append(f"{name:<{width}}  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols)))
-    return "\n".join(lines)
+    return "\n".join(lines + _aligned(rows) + startup_lines(res.startup))
 
 
 def peer_label(res: Result, p: Peer) -> str:

@@ -22,7 +22,8 @@ import capstone
 import numpy as np
 import pytest
 
-from builder.bench import llama as bench_llama, machine as bench_machine, main as bench, report as bench_report
+from builder.bench import (llama as bench_llama, machine as bench_machine, main as bench, report as bench_report,
+                           startup as bench_startup)
 from builder.bench.run import run
 from builder.models.gguf_meta import read_gguf_meta
 from builder.models.modelfile import Q8_0, ModelFile, dequantize_q8_0
@@ -34,6 +35,8 @@ ROWS = ["threads", "memory read bandwidth GB/s", "(before each round / after)", 
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
         "gemma decode kernel in cache GB/s", "gemma decode / kernel in cache", "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
         "gemma peak anonymous MB", "tokens: prompt, decoded", "gemma major page faults"]
+STARTUP_ROWS = ["start-up ms", "start-up -h", "start-up one token (tiny)"]
+STARTUP_RUNS = {bench_startup.HELP: 6, bench_startup.ONE_TOKEN: 4}  # the tests' counts (speed is not tested)
 LLAMA_ROWS = ["llama.cpp prompt tokens/s", "llama.cpp decode tokens/s",
               "llama.cpp decode efficiency", "llama.cpp peak RSS MB", "llama.cpp major page faults",
               "prompt ratio gemma/llama.cpp", "decode ratio gemma/llama.cpp"]
@@ -61,10 +64,17 @@ def report(gemma, tmp_path_factory):
     if HAVE_MATPLOTLIB:
         argv += ["--plot", str(tmp / "plot.png")]
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_startup, "RUNS", STARTUP_RUNS)
         rc = bench.main(argv)
     assert rc == 0, f"bench failed (rc {rc}); stdout: {out.getvalue()}"
     return tmp, threads, out.getvalue(), json.loads((tmp / "out.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def few_startup_runs(monkeypatch):
+    """Every bench run times start-up; the tests' runs take few of them."""
+    monkeypatch.setattr(bench_startup, "RUNS", STARTUP_RUNS)
 
 
 def parse_table(text: str) -> dict[str, list[str]]:
@@ -86,10 +96,11 @@ def test_table_has_every_row_and_a_column_per_thread_count(report, gemma):
     _, threads, text, res = report
     rows = parse_table(text)
     llama = bool(res["peers"])
-    want = ROWS + (LLAMA_ROWS if llama else [])
+    want = ROWS + (LLAMA_ROWS if llama else []) + STARTUP_ROWS
     assert list(rows) == want, f"rows differ: expected {want}, got {list(rows)}"
     for label, cells in rows.items():
-        assert len(cells) == len(threads), f"row {label!r}: {len(cells)} cells for {threads}"
+        if not label.startswith("start-up"):
+            assert len(cells) == len(threads), f"row {label!r}: {len(cells)} cells for {threads}"
     assert [int(c) for c in rows["threads"]] == threads
     assert f"bytes read per generated token: {tiny_bytes():,}" in text
     engine, = res["engines"]
@@ -150,6 +161,74 @@ def test_figures_are_positive_and_consistent(report):
     for i, (g, ll) in enumerate(zip(engine["figures"], llama)):
         assert math.isclose(number(rows["decode ratio gemma/llama.cpp"][i]),
                             g["decode_tps"] / ll["decode_tps"], abs_tol=6e-4)
+
+
+def check_startup(text: str, startup: dict, engine) -> None:
+    """The start-up block: the packed program against its image beside it, a row per command
+    line whose cells are the JSON's figures (packed, image, their difference ± its error,
+    runs), each median one of the runs' wall times."""
+    assert (startup["packed"], startup["image"], startup["missing"]) == (str(engine), f"{engine}.elf", "")
+    assert f"start-up: {engine} against its image {engine}.elf, run alternately; median wall times" in text
+    rows = parse_table(text)
+    assert rows["start-up ms"] == ["packed", "image", "packed - image", "runs"]
+    assert [r["what"] for r in startup["rows"]] == list(STARTUP_RUNS)
+    for r in startup["rows"]:
+        cells = rows[f"start-up {r['what']}"]
+        assert r["runs"] == STARTUP_RUNS[r["what"]] and cells[3] == str(r["runs"])
+        assert r["packed_ms"] > 0 and r["image_ms"] > 0 and r["error_ms"] >= 0
+        assert math.isclose(r["cost_ms"], r["packed_ms"] - r["image_ms"])
+        assert [number(c) for c in cells[:2]] == [round(r["packed_ms"], 2), round(r["image_ms"], 2)]
+        cost, error = cells[2].split(" ± ")
+        assert (number(cost), number(error)) == (round(r["cost_ms"], 2), round(r["error_ms"], 2))
+    help_run, token_run = startup["rows"]
+    assert help_run["argv"] == "-h"
+    assert token_run["argv"].endswith("tiny-seed0.bin -p Hello -n 1 --temp 0 -s 7") \
+        and "-t" not in token_run["argv"].split()  # the engine's default threads, as users run it
+
+
+def test_startup_block_is_in_every_run(report, gemma):
+    _, _, text, res = report
+    check_startup(text, res["startup"], gemma.binary)
+
+
+def test_startup_only(gemma, tmp_path):
+    """--startup-only: the machine, engine and load lines and the start-up block, nothing else;
+    its JSON holds those."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--startup-only", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--engine-args", "-s 7", "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert sorted(res) == ["engine", "load", "machine", "startup"] and res["engine"] == f"{gemma.binary} -s 7"
+    lines = text.splitlines()
+    assert lines[0].startswith("machine: ")
+    assert lines[1] == f"engine: {gemma.binary} -s 7" and lines[2].startswith("load average (1 min)")
+    assert list(parse_table(text)) == STARTUP_ROWS and len(lines) == 7
+    check_startup(text, res["startup"], gemma.binary)
+
+
+def test_startup_without_an_image_is_na(gemma, tmp_path):
+    """An engine with no image beside it: the start-up rows say n/a, with the reason."""
+    alone = tmp_path / "bin" / "gemma"
+    alone.parent.mkdir()
+    alone.write_bytes(gemma.binary.read_bytes())
+    alone.chmod(0o755)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--startup-only", "--cache", str(tmp_path), "--engine", str(alone),
+                         "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    why = f"no image {alone}.elf beside the engine (a build writes one)"
+    assert f"\nstart-up: n/a: {why}\n" in text
+    rows = parse_table(text)
+    assert rows["start-up -h"] == rows["start-up one token (tiny)"] == ["n/a"] * 4
+    startup = json.loads((tmp_path / "out.json").read_text())["startup"]
+    assert (startup["image"], startup["missing"]) == ("", why)
+    assert all(r["packed_ms"] is None and r["cost_ms"] is None and r["runs"] == 0 for r in startup["rows"])
+    assert not list(tmp_path.glob("*.bin")), "the tiny model was made for nothing"
 
 
 def test_model_pair_is_cached(report):
@@ -340,6 +419,7 @@ def test_llama_bench_output_is_parsed():
     (["--type", "f16,q4_0"], "--type wants f16 or q8_0 (comma-separated or repeated), not 'q4_0'"),
     (["--model", "/nonexistent/m.bin", "--engine", "/bin/true"], "no such file: /nonexistent/m.bin"),
     (["--preset", "tiny", "--engine", "/bin/false"], "the engine's --tokens failed: exit status 1"),
+    (["--startup-only", "--type", "q8_0"], "--startup-only times the engine alone (on the tiny model): no"),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--cache", str(tmp_path)]) == 1
@@ -415,7 +495,8 @@ def fake_result(decode: dict[str, float]) -> bench_report.Result:
     machine = bench_report.Machine("cpu", 2, 1000.0, 1.0, "avx2")
     return bench_report.Result(machine, "2b", "gemma", engines, peers, {1: 10.0, 2: 20.0},
                                {1: [9.0, 10.0], 2: [20.0, 19.0]}, {1: "256-bit x2 file", 2: "128-bit x4 buffer"},
-                               {1: 100.0, 2: 200.0}, "llama-cpp-python", [0.1, 0.2], 1)
+                               {1: 100.0, 2: 200.0}, "llama-cpp-python", [0.1, 0.2], 1,
+                               bench_report.Startup("gemma", "", "no image", []))
 
 
 def test_two_weight_types_side_by_side():

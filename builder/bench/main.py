@@ -16,7 +16,11 @@ files at least half that size) and the speed of the engine's decode kernel for e
 weight type with the weights in cache (its arithmetic ceiling; its AVX2 kernels, so not with
 --engine-args=--baseline), then for each thread count each model file in the
 engine and each twin in llama.cpp, one after the other; the ceiling once more at the
-end. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
+end. The engine is the packed program users run (./gemma built from the current sources, or
+--engine); --compare-image times its image (BINARY.elf) too, right after or before it (the
+two take turns at going first, round by round), and shows each one's rounds and the
+packed/image ratios: the two run the same code, so the ratios should sit within the rounds'
+spread. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
 measurement fault instead of printing it. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
 
@@ -26,8 +30,9 @@ tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--
   tokenize, print the ids, exit);
 - prompt tokens/s = P / (wall time of a `-n 0` run - start-up): the prompt alone, exactly as
   the engine processes it when nothing asks for its logits. Both runs are repeated while short
-  (up to 20 runs or 0.5 s) and the fastest kept: on a tiny model they are mostly process noise
-  (the packed program's start-up, ~3 ms of unpacking, jitters by more than the prompt takes);
+  (up to 20 runs or 0.5 s each, taking turns) and the fastest kept: on a tiny model they are
+  mostly process noise (the packed program's start-up, ~3 ms of unpacking, jitters by more
+  than the prompt takes);
 - decode tokens/s: a `-n N --logits FIFO` run; the engine writes one float32 row of vocab
   logits per evaluated position, and each row's arrival is stamped (builder.bench.run): rows
   0..P-1 are the prompt, each later row is one generated token's forward pass, so decode
@@ -99,6 +104,7 @@ class Config:
     gguf: list[Path] = field(default_factory=list)  # GGUFs for llama.cpp: each one a peer
     types: list[str] = field(default_factory=lambda: ["f16"])  # the models' weight types (not --model)
     real: bool = False  # the real Gemma 3 270M instead of a preset (real_model_paths)
+    compare_image: bool = False  # time the engine's image (BINARY.elf) too, alternately
 
 
 # ---------------------------------------------------------------- model files
@@ -259,13 +265,20 @@ def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int
     return text[:lo], ids(text[:lo])
 
 
-def fastest(argv: list[str], what: str) -> Run:
-    """The fastest of runs of argv: repeated while short (up to 20 runs or 0.5 s in all), since
-    other work on the machine only ever adds time and a short run is mostly process noise."""
-    runs = [checked(run(argv), what)]
-    while len(runs) < 20 and sum(r.seconds for r in runs) < 0.5:
-        runs.append(checked(run(argv), what))
-    return min(runs, key=lambda r: r.seconds)
+def fastest(commands: dict[str, list[str]]) -> dict[str, Run]:
+    """The fastest run of each command (what it is -> argv): each repeated while short (up to
+    20 runs or 0.5 s of its own), since other work on the machine only ever adds time and a
+    short run is mostly process noise; the commands take turns, so a slower minute of the
+    machine hits each alike."""
+    runs: dict[str, list[Run]] = {what: [] for what in commands}
+
+    def short(rs: list[Run]) -> bool:
+        return not rs or (len(rs) < 20 and sum(r.seconds for r in rs) < 0.5)
+
+    while pending := [what for what, rs in runs.items() if short(rs)]:
+        for what in pending:
+            runs[what].append(checked(run(commands[what]), what))
+    return {what: min(rs, key=lambda r: r.seconds) for what, rs in runs.items()}
 
 
 def time_engine(engine: Path, model: Path, text: str, n_prompt: int, n: int,
@@ -275,8 +288,8 @@ def time_engine(engine: Path, model: Path, text: str, n_prompt: int, n: int,
     ctx = min(h.max_ctx, n_prompt + n + 8)
     base = [str(engine), "-m", str(model), "-p", text, "--temp", "0", "-t", str(threads),
             "-c", str(ctx), *extra]
-    start = fastest(base + ["--tokens"], "the engine's --tokens")
-    prompt = fastest(base + ["-n", "0"], "the engine's -n 0 run")
+    start, prompt = fastest({"the engine's --tokens": base + ["--tokens"],
+                             "the engine's -n 0 run": base + ["-n", "0"]}).values()
     decode = checked(run(base + ["-n", str(n), "--logits", "{logits}"], row_bytes=h.vocab * 4),
                       f"the engine's -n {n} run")
     rows = decode.rows
@@ -363,6 +376,10 @@ def bench(cfg: Config) -> Result:
     load = load_average()
     threads = cfg.threads or [machine.cpus]
     engine = engine_path(cfg)
+    image = bench_startup.image_of(engine)
+    if cfg.compare_image and not image.is_file():
+        raise BenchError(f"--compare-image: no image {image} beside the engine (a build writes one)")
+    programs = [engine, image] if cfg.compare_image else [engine]
     start = startup(cfg, engine)
     pairs = [model_paths(cfg)] if cfg.model else [model_paths(cfg, w) for w in cfg.types]
     models = [m for m, _ in pairs]
@@ -385,7 +402,8 @@ def bench(cfg: Config) -> Result:
     big = [m for m in models + [g for _, g in ggufs] if m.stat().st_size >= cfg.bw_size // 2]
     bw_runs: dict[int, list[float]] = {t: [] for t in threads}
     bw_loop: dict[int, tuple[float, str]] = {}
-    gemma: dict[tuple[int, int], list[Figures]] = {(i, t): [] for i in range(len(engines)) for t in threads}
+    gemma: dict[tuple[int, int, int], list[Figures]] = {(k, i, t): [] for k in range(len(programs))
+                                                         for i in range(len(engines)) for t in threads}
     llama: dict[tuple[int, int], list[Figures]] = {(i, t): [] for i in range(len(peers)) for t in threads}
 
     def bandwidth() -> None:
@@ -399,12 +417,15 @@ def bench(cfg: Config) -> Result:
             for t, gbs in speeds.get(e.wtype, {}).items():
                 e.kernel[t] = max(e.kernel.get(t, 0.0), gbs)
 
-    # rounds interleave the engines, so a burst of other work on the machine hits both
-    for _ in tqdm(range(cfg.repeat), desc="rounds", leave=False, disable=cfg.repeat < 2):
+    # rounds interleave the engines, so a burst of other work on the machine hits both; the
+    # packed program and its image (--compare-image) take turns at going first
+    for r in tqdm(range(cfg.repeat), desc="rounds", leave=False, disable=cfg.repeat < 2):
         bandwidth()
         for t in threads:
             for i, m in enumerate(models):
-                gemma[i, t].append(time_engine(engine, m, text, len(ids), cfg.n, t, cfg.engine_args))
+                for k in (range(len(programs)) if r % 2 == 0 else reversed(range(len(programs)))):
+                    gemma[k, i, t].append(time_engine(programs[k], m, text, len(ids), cfg.n, t,
+                                                      cfg.engine_args))
             for i, ((_, g), p) in enumerate(zip(ggufs, peers)):
                 if not p.error:  # a peer that crashed once is not run again
                     try:
@@ -413,14 +434,18 @@ def bench(cfg: Config) -> Result:
                         p.error = str(e)
     bandwidth()
     for i, e in enumerate(engines):
-        e.figures = [best(gemma[i, t]) for t in threads]
+        e.rounds = [gemma[0, i, t] for t in threads]
+        e.figures = [best(runs) for runs in e.rounds]
+        if cfg.compare_image:
+            e.image_rounds = [gemma[1, i, t] for t in threads]
+            e.image = [best(runs) for runs in e.image_rounds]
     for i, p in enumerate(peers):
         p.figures = [] if p.error else [best(llama[i, t]) for t in threads]
     return Result(machine, "real" if cfg.real else cfg.preset if not cfg.model else "given",
                   shlex.join([str(engine), *cfg.engine_args]), engines, peers,
                   {t: max(bw_runs[t]) for t in threads}, bw_runs, {t: bw_loop[t][1] for t in threads},
                   peaks, source or llama_missing(cfg, [g for _, gs in pairs for g in gs]),
-                  [load, load_average()], cfg.repeat, start)
+                  [load, load_average()], cfg.repeat, start, str(image) if cfg.compare_image else "")
 
 
 def _types(values: list[str]) -> list[str]:
@@ -498,6 +523,9 @@ def main(argv: list[str]) -> int:
                    help="rounds of every measurement; the best of them is shown (default 1)")
     p.add_argument("--llama-bench", type=Path, help="a llama-bench binary to compare with")
     p.add_argument("--no-llama", action="store_true", help="do not run llama.cpp")
+    p.add_argument("--compare-image", action="store_true",
+                   help="time the engine's image (ENGINE.elf, unpacked) too, alternately with the "
+                        "packed engine, with each round's figures and the packed/image ratios")
     p.add_argument("--startup-only", action="store_true",
                    help="time only the packed engine's start-up against its image (-h and a "
                         "one-token run of the tiny model; a few seconds; every run does it too)")
@@ -513,14 +541,15 @@ def main(argv: list[str]) -> int:
             raise BenchError("--real and --model exclude each other")
         if a.prompt_tokens < 2 or a.n < 2 or a.repeat < 1:
             raise BenchError("--prompt-tokens and -n must be at least 2, --repeat at least 1")
-        if a.startup_only and (a.model or a.gguf or a.real or a.type or a.plot):
+        if a.startup_only and (a.model or a.gguf or a.real or a.type or a.plot or a.compare_image):
             raise BenchError("--startup-only times the engine alone (on the tiny model): "
-                             "no --model, --gguf, --real, --type or --plot")
+                             "no --model, --gguf, --real, --type, --plot or --compare-image")
         if a.plot and importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install matplotlib")
         cfg = Config(a.preset, a.seed, a.cache, a.engine, _threads(a.threads) if a.threads else [],
                      a.prompt_tokens, a.n, bw_size(a), a.repeat, not a.no_llama, a.llama_bench,
-                     shlex.split(a.engine_args), a.model, a.gguf, _types(a.type or ["f16"]), a.real)
+                     shlex.split(a.engine_args), a.model, a.gguf, _types(a.type or ["f16"]), a.real,
+                     a.compare_image)
         if a.startup_only:
             load, machine, engine = load_average(), Machine.here(), engine_path(cfg)
             start = startup(cfg, engine)

@@ -58,10 +58,14 @@ class Engine:
     bytes_per_token: int  # every tensor of the model file once
     flops_per_prompt_token: float
     huge_pages: float  # fraction of the model file the kernel maps in 2 MB pages
-    figures: list[Figures]  # one per thread count
+    figures: list[Figures]  # one per thread count: the best of its rounds
     wtype: str = "f16"  # its matrices' weight type
     kernel: dict[int, float] = field(default_factory=dict)  # GB/s of its decode kernel with
     #                         the weights in cache, per thread count (bench_machine.kernel_speeds)
+    rounds: list[list[Figures]] = field(default_factory=list)  # per thread count, each round's
+    image: list[Figures] = field(default_factory=list)  # --compare-image: the image's best per
+    #                      thread count (the engine's own figures are the packed program's)
+    image_rounds: list[list[Figures]] = field(default_factory=list)  # and each round's
 
 
 @dataclass
@@ -110,6 +114,7 @@ class Result:
     load: list[float]  # 1-minute load average before and after: other work on the machine
     repeat: int  # rounds; each figure is the best of them
     startup: Startup  # the packed program's start-up cost against its image
+    image: str = ""  # --compare-image: the image timed beside the engine, else ""
 
     def efficiency(self, f: Figures, bytes_per_token: int) -> float:
         """Decode bytes/s over the bandwidth: at most 1 when the bandwidth is a ceiling."""
@@ -204,6 +209,8 @@ def table(res: Result) -> str:
     m = res.machine
     several = len(res.engines) > 1
     lines = [_machine(m), f"engine: {res.engine}"]
+    if res.image:
+        lines.append(f"image: {res.image} (--compare-image: timed too, alternately with the engine)")
     for e in res.engines:
         by = f" by {e.label}" if several else ""
         lines += [f"model: {e.model} ({res.preset})",
@@ -236,6 +243,15 @@ def table(res: Result) -> str:
         rows += [
             (f"{name} prompt tokens/s", [_num(f.prompt_tps) for f in g]),
             (f"{name} decode tokens/s", [_num(f.decode_tps) for f in g]),
+        ]
+        if e.image:  # --compare-image: the image beside the packed program, round by round
+            rows += [(f"{name} {what} tokens/s, each round", _each(e.rounds, what)) for what in ("prompt", "decode")]
+            rows += [(f"{name} image {what} tokens/s", [_num(getattr(f, f"{what}_tps")) for f in e.image])
+                     for what in ("prompt", "decode")]
+            rows += [(f"{name} image {what} tokens/s, each round", _each(e.image_rounds, what))
+                     for what in ("prompt", "decode")]
+            rows += _ratios(name, g, f"{name} image", e.image)
+        rows += [
             (f"{name} decode efficiency", [_eff(res.efficiency(f, e.bytes_per_token)) for f in g]),
             (f"{name} decode kernel in cache GB/s",
              [_num(e.kernel[f.threads]) if f.threads in e.kernel else "n/a" for f in g]),
@@ -250,26 +266,31 @@ def table(res: Result) -> str:
         ]
     base = res.engines[0]
     for e in res.engines[1:]:
-        rows += [(f"prompt ratio {e.label}/{base.label}", [_num(a.prompt_tps / b.prompt_tps, 3)
-                                                           for a, b in zip(e.figures, base.figures)]),
-                 (f"decode ratio {e.label}/{base.label}", [_num(a.decode_tps / b.decode_tps, 3)
-                                                           for a, b in zip(e.figures, base.figures)])]
+        rows += _ratios(e.label, e.figures, base.label, base.figures)
     for p in res.peers:
         if not p.figures:
             continue
         ll, name = {f.threads: f for f in p.figures}, peer_label(res, p)
-        g = {f.threads: f for f in res.engines[p.engine].figures}
-        mine = res.engines[p.engine].label
+        mine = res.engines[p.engine]
         rows += [
-            (f"{name} prompt tokens/s", [_num(ll[t].prompt_tps) for t in g]),
-            (f"{name} decode tokens/s", [_num(ll[t].decode_tps) for t in g]),
-            (f"{name} decode efficiency", [_eff(res.efficiency(ll[t], p.bytes_per_token)) for t in g]),
-            (f"{name} peak RSS MB", [_mb(ll[t].peak_rss) for t in g]),
-            (f"{name} major page faults", [f"{ll[t].major_faults:,}" for t in g]),
-            (f"prompt ratio {mine}/{name}", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
-            (f"decode ratio {mine}/{name}", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
-        ]
+            (f"{name} prompt tokens/s", [_num(ll[t].prompt_tps) for t in threads]),
+            (f"{name} decode tokens/s", [_num(ll[t].decode_tps) for t in threads]),
+            (f"{name} decode efficiency", [_eff(res.efficiency(ll[t], p.bytes_per_token)) for t in threads]),
+            (f"{name} peak RSS MB", [_mb(ll[t].peak_rss) for t in threads]),
+            (f"{name} major page faults", [f"{ll[t].major_faults:,}" for t in threads]),
+        ] + _ratios(mine.label, mine.figures, name, [ll[t] for t in threads])
     return "\n".join(lines + _aligned(rows) + startup_lines(res.startup))
+
+
+def _each(rounds: list[list[Figures]], what: str) -> list[str]:
+    """Per thread count, each round's prompt or decode tokens/s: "a / b / c"."""
+    return [" / ".join(_num(getattr(f, f"{what}_tps"), 1) for f in runs) for runs in rounds]
+
+
+def _ratios(a: str, a_figs: list[Figures], b: str, b_figs: list[Figures]) -> list[tuple[str, list[str]]]:
+    """The rows "prompt ratio A/B" and "decode ratio A/B", per thread count."""
+    return [(f"{what} ratio {a}/{b}", [_num(getattr(x, f"{what}_tps") / getattr(y, f"{what}_tps"), 3)
+                                       for x, y in zip(a_figs, b_figs)]) for what in ("prompt", "decode")]
 
 
 def peer_label(res: Result, p: Peer) -> str:

@@ -231,6 +231,36 @@ def test_startup_without_an_image_is_na(gemma, tmp_path):
     assert not list(tmp_path.glob("*.bin")), "the tiny model was made for nothing"
 
 
+def test_compare_image(gemma, tmp_path):
+    """--compare-image: the image beside the packed engine is timed too, alternately; each one's
+    rounds and best figures, and the packed/image ratios, as in the JSON. The engine's own
+    figures stay the packed program's."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--compare-image", "--no-llama", "--bw-size", "16M", "-t", "1", "-r", "2",
+                         "-p", str(PROMPT), "-n", str(N), "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert res["image"] == str(gemma.elf) and res["engine"] == str(gemma.binary)
+    assert f"image: {gemma.elf} (--compare-image: timed too, alternately with the engine)" in text
+    engine, = res["engines"]
+    rows = parse_table(text)
+    for key, label in (("rounds", "gemma"), ("image_rounds", "gemma image")):
+        rounds, = engine[key]  # one thread count
+        assert len(rounds) == 2 and all(f["threads"] == 1 and f["n_prompt"] <= PROMPT for f in rounds)
+        best = engine["figures" if key == "rounds" else "image"][0]
+        for what in ("prompt", "decode"):
+            assert best[f"{what}_tps"] == max(f[f"{what}_tps"] for f in rounds)
+            assert rows[f"{label} {what} tokens/s, each round"] == \
+                [" / ".join(f"{f[f'{what}_tps']:,.1f}" for f in rounds)]
+            assert math.isclose(number(rows[f"{label} {what} tokens/s"][0]), best[f"{what}_tps"], abs_tol=6e-3)
+    for what in ("prompt", "decode"):
+        assert math.isclose(number(rows[f"{what} ratio gemma/gemma image"][0]),
+                            engine["figures"][0][f"{what}_tps"] / engine["image"][0][f"{what}_tps"], abs_tol=6e-4)
+
+
 def test_model_pair_is_cached(report):
     tmp, *_ = report
     cache = tmp / "cache"
@@ -420,6 +450,7 @@ def test_llama_bench_output_is_parsed():
     (["--model", "/nonexistent/m.bin", "--engine", "/bin/true"], "no such file: /nonexistent/m.bin"),
     (["--preset", "tiny", "--engine", "/bin/false"], "the engine's --tokens failed: exit status 1"),
     (["--startup-only", "--type", "q8_0"], "--startup-only times the engine alone (on the tiny model): no"),
+    (["--preset", "tiny", "--engine", "/bin/true", "--compare-image"], "--compare-image: no image "),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--cache", str(tmp_path)]) == 1

@@ -25,7 +25,13 @@ measurement fault instead of printing it. Each figure is the best over the round
 slows a run down), and the table shows the 1-minute load average before and after.
 
 How the engine is timed from outside (it prints no timings). The prompt is fixed text cut to P
-tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--temp 0).
+tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--temp 0). With
+several lengths (--prompt-tokens 64,1024) each model file is an engine per length (labels
+gemma@64, gemma@1024) and each GGUF a llama.cpp peer per length, each length with its own
+prompt, so decode runs after a prompt of that length too; the ratios compare each length
+with the first on the same model file, and each model file with the first at the same length
+(lineup). A GGUF listed for several model files (--real's Q4_K_M file) is one peer compared
+with each.
 - start-up: the wall time of a `--tokens` run with the same flags (map the model, set up,
   tokenize, print the ids, exit);
 - prompt tokens/s = P / (wall time of a `-n 0` run - start-up): the prompt alone, exactly as
@@ -93,7 +99,7 @@ class Config:
     cache: Path = DEFAULT_CACHE
     engine: Path | None = None  # None: ./gemma of the repository, built when missing
     threads: list[int] = field(default_factory=list)  # empty: the CPUs this process may use
-    prompt_tokens: int = 64
+    prompt_tokens: list[int] = field(default_factory=lambda: [64])  # one or several: rows per length
     n: int = 16
     bw_size: int = BW_SIZE
     repeat: int = 1
@@ -113,8 +119,8 @@ class Config:
 def real_model_paths(wtype: str = "f16") -> tuple[Path, list[Path]]:
     """--real: Gemma 3 270M as `python -m builder demo` keeps it (assembled and converted once
     into its cache; wtype q8_0: converted with --type q8_0), with llama.cpp's peers: the twin
-    of the GGUF in wtype (the engine's very weights; made once beside it) and, for f16, the
-    Q4_K_M file itself (what its users run)."""
+    of the GGUF in wtype (the engine's very weights; made once beside it) and the Q4_K_M file
+    itself (what its users run; one peer however many types, compared with each: lineup)."""
     from builder import demo
     from builder.bench.gguf_twin import f16_twin
     cache = demo.cache_dir()
@@ -127,7 +133,7 @@ def real_model_paths(wtype: str = "f16") -> tuple[Path, list[Path]]:
         print(f"bench: writing the {wtype} twin {twin} (once)", file=sys.stderr)
         f16_twin(q4, twin.with_suffix(".part"), wtype=wtype)
         twin.with_suffix(".part").replace(twin)
-    return model, [twin, q4] if wtype == "f16" else [twin]
+    return model, [twin, q4]
 
 
 def model_paths(cfg: Config, wtype: str = "f16") -> tuple[Path, list[Path]]:
@@ -371,6 +377,45 @@ def startup(cfg: Config, engine: Path) -> Startup:
     return bench_startup.measure(engine, lambda: model_paths(tiny)[0], cfg.engine_args)
 
 
+@dataclass
+class Job:
+    """What one Engine or Peer runs: its model file or GGUF, and the prompt of its length."""
+    path: Path
+    text: str
+    ids: list[int]
+
+
+def lineup(cfg: Config, engine: Path, pairs: list[tuple[Path, list[Path]]],
+           llama: bool) -> tuple[list[Engine], list[Job], list[Peer], list[Job]]:
+    """The engines, one per model file and prompt length (type by type, each at every length),
+    and, with llama, the peers: one per distinct GGUF and prompt length, compared with every
+    engine at that length whose model it is a GGUF of (a file shared by several model files,
+    such as --real's Q4_K_M, runs once); what each of them runs. Reads the files into the page
+    cache (warm)."""
+    huge = {m: warm(m) for m, _ in pairs}
+    ggufs = list(dict.fromkeys(g for _, gs in pairs for g in gs)) if llama else []
+    for g in ggufs:
+        warm(g)
+    prompts = {n: make_prompt(engine, pairs[0][0], n) for n in cfg.prompt_tokens}
+    at = {n: f"@{n}" if len(prompts) > 1 else "" for n in prompts}  # the label's length
+    engines, jobs = [], []
+    for m, _ in pairs:
+        wtype = "q8_0" if read_header(m).flags & Q8_0 else "f16"
+        for n, (text, ids) in prompts.items():
+            engines.append(Engine(("gemma" if len(pairs) == 1 else f"gemma[{wtype}]") + at[n], str(m),
+                                  bytes_per_token(m), flops_per_prompt_token(m, len(ids)), huge[m], [],
+                                  wtype, prompt_tokens=n))
+            jobs.append(Job(m, text, ids))
+    peers, peer_jobs = [], []
+    for g in ggufs:
+        for n, (text, ids) in prompts.items():
+            mine = [i for i, (e, job) in enumerate(zip(engines, jobs))
+                    if e.prompt_tokens == n and g in dict(pairs)[job.path]]
+            peers.append(Peer(g.name, gguf_bytes(g), [], mine, n))
+            peer_jobs.append(Job(g, text, ids))
+    return engines, jobs, peers, peer_jobs
+
+
 def bench(cfg: Config) -> Result:
     machine = Machine.here()
     load = load_average()
@@ -382,24 +427,16 @@ def bench(cfg: Config) -> Result:
     programs = [engine, image] if cfg.compare_image else [engine]
     start = startup(cfg, engine)
     pairs = [model_paths(cfg)] if cfg.model else [model_paths(cfg, w) for w in cfg.types]
-    models = [m for m, _ in pairs]
-    if cfg.prompt_tokens + cfg.n > min(read_header(m).max_ctx for m in models):
-        raise BenchError(f"prompt + -n is more than the model's context "
-                         f"({read_header(models[0]).max_ctx} tokens)")
-    source = llama_source(cfg, [g for _, gs in pairs for g in gs])
-    labels = ["gemma"] if len(models) == 1 else [f"gemma[{w}]" for w in cfg.types]
-    engines = [Engine(label, str(m), bytes_per_token(m), 0.0, warm(m), [],
-                      "q8_0" if read_header(m).flags & Q8_0 else "f16") for label, m in zip(labels, models)]
-    ggufs = [(i, g) for i, (_, gs) in enumerate(pairs) for g in gs] if source else []
-    peers = [Peer(g.name, gguf_bytes(g), [], engine=i) for i, g in ggufs]
-    for _, g in ggufs:
-        warm(g)
-    text, ids = make_prompt(engine, models[0], cfg.prompt_tokens)
-    for e, m in zip(engines, models):
-        e.flops_per_prompt_token = flops_per_prompt_token(m, len(ids))
+    context = min(read_header(m).max_ctx for m, _ in pairs)
+    if max(cfg.prompt_tokens) + cfg.n > context:
+        raise BenchError(f"prompt + -n is more than the model's context ({context} tokens)")
+    all_ggufs = [g for _, gs in pairs for g in gs]
+    source = llama_source(cfg, all_ggufs)
+    engines, jobs, peers, peer_jobs = lineup(cfg, engine, pairs, source is not None)
     peaks = bench_machine.fma_peaks(threads)
     # the model files themselves are read too where they are big enough not to sit in a cache
-    big = [m for m in models + [g for _, g in ggufs] if m.stat().st_size >= cfg.bw_size // 2]
+    big = [f for f in dict.fromkeys([m for m, _ in pairs] + [job.path for job in peer_jobs])
+           if f.stat().st_size >= cfg.bw_size // 2]
     bw_runs: dict[int, list[float]] = {t: [] for t in threads}
     bw_loop: dict[int, tuple[float, str]] = {}
     gemma: dict[tuple[int, int, int], list[Figures]] = {(k, i, t): [] for k in range(len(programs))
@@ -412,7 +449,7 @@ def bench(cfg: Config) -> Result:
             bw_loop[t] = max(bw_loop.get(t, (0.0, "")), (gbs, loop))
         # the fast path's kernels: with --baseline the engine runs others (n/a)
         speeds = {} if "--baseline" in cfg.engine_args else \
-            bench_machine.kernel_speeds(engine, [e.wtype for e in engines], threads)
+            bench_machine.kernel_speeds(engine, list(dict.fromkeys(e.wtype for e in engines)), threads)
         for e in engines:
             for t, gbs in speeds.get(e.wtype, {}).items():
                 e.kernel[t] = max(e.kernel.get(t, 0.0), gbs)
@@ -422,14 +459,14 @@ def bench(cfg: Config) -> Result:
     for r in tqdm(range(cfg.repeat), desc="rounds", leave=False, disable=cfg.repeat < 2):
         bandwidth()
         for t in threads:
-            for i, m in enumerate(models):
+            for i, job in enumerate(jobs):
                 for k in (range(len(programs)) if r % 2 == 0 else reversed(range(len(programs)))):
-                    gemma[k, i, t].append(time_engine(programs[k], m, text, len(ids), cfg.n, t,
-                                                      cfg.engine_args))
-            for i, ((_, g), p) in enumerate(zip(ggufs, peers)):
+                    gemma[k, i, t].append(time_engine(programs[k], job.path, job.text, len(job.ids), cfg.n,
+                                                      t, cfg.engine_args))
+            for i, (job, p) in enumerate(zip(peer_jobs, peers)):
                 if not p.error:  # a peer that crashed once is not run again
                     try:
-                        llama[i, t].append(time_llama(cfg, g, ids, t))
+                        llama[i, t].append(time_llama(cfg, job.path, job.ids, t))
                     except BenchError as e:
                         p.error = str(e)
     bandwidth()
@@ -444,7 +481,7 @@ def bench(cfg: Config) -> Result:
     return Result(machine, "real" if cfg.real else cfg.preset if not cfg.model else "given",
                   shlex.join([str(engine), *cfg.engine_args]), engines, peers,
                   {t: max(bw_runs[t]) for t in threads}, bw_runs, {t: bw_loop[t][1] for t in threads},
-                  peaks, source or llama_missing(cfg, [g for _, gs in pairs for g in gs]),
+                  peaks, source or llama_missing(cfg, all_ggufs),
                   [load, load_average()], cfg.repeat, start, str(image) if cfg.compare_image else "")
 
 
@@ -457,13 +494,15 @@ def _types(values: list[str]) -> list[str]:
     return out
 
 
-def _threads(text: str) -> list[int]:
+def _ints(text: str, option: str, least: int = 1) -> list[int]:
+    """A comma-separated list of integers of at least `least`, each once, in order."""
     try:
-        out = [int(t) for t in text.split(",")]
+        out = list(dict.fromkeys(int(t) for t in text.split(",")))
     except ValueError:
         out = []
-    if not out or min(out) < 1:
-        raise ValueError(f"--threads wants positive integers separated by commas, not {text!r}")
+    if not out or min(out) < least:
+        kind = "positive integers" if least == 1 else f"integers of at least {least}"
+        raise ValueError(f"{option} wants {kind} separated by commas, not {text!r}")
     return out
 
 
@@ -507,14 +546,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--real", action="store_true",
                    help="benchmark the real Gemma 3 270M (pip install -e '.[demo]'; as python -m "
                         "builder demo keeps it) against llama.cpp on its twin (F16, or Q8_0 with "
-                        "--type q8_0) and, for F16, on its Q4_K_M file")
+                        "--type q8_0) and on its Q4_K_M file")
     p.add_argument("--engine", type=Path, help="engine binary (default: ./gemma, built from the current sources)")
     p.add_argument("--engine-args", default="", metavar="ARGS",
                    help="more engine flags for the timed runs, e.g. --engine-args=--baseline")
     p.add_argument("-t", "--threads", type=str, default="",
                    help="thread counts, comma-separated (default: the CPUs available)")
-    p.add_argument("-p", "--prompt-tokens", type=int, default=64,
-                   help="prompt length in tokens, BOS included (default 64)")
+    p.add_argument("-p", "--prompt-tokens", default="64", metavar="P[,P...]",
+                   help="prompt length in tokens, BOS included (default 64); several, comma-"
+                        "separated (e.g. 64,1024): each engine's rows and llama.cpp's per length, "
+                        "with the ratios of each length to the first")
     p.add_argument("-n", type=int, default=16, help="tokens to generate (default 16)")
     p.add_argument("--bw-size", help="bandwidth test buffer (default 2G; 256M with a tiny preset: "
                                       "bench --preset tiny then takes ~6 s and 350 MB on 2 CPUs, "
@@ -539,17 +580,17 @@ def main(argv: list[str]) -> int:
             raise BenchError("--type goes with a preset or --real (a given model file has its own type)")
         if a.real and a.model:
             raise BenchError("--real and --model exclude each other")
-        if a.prompt_tokens < 2 or a.n < 2 or a.repeat < 1:
-            raise BenchError("--prompt-tokens and -n must be at least 2, --repeat at least 1")
+        if a.n < 2 or a.repeat < 1:
+            raise BenchError("-n must be at least 2, --repeat at least 1")
         if a.startup_only and (a.model or a.gguf or a.real or a.type or a.plot or a.compare_image):
             raise BenchError("--startup-only times the engine alone (on the tiny model): "
                              "no --model, --gguf, --real, --type, --plot or --compare-image")
         if a.plot and importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install matplotlib")
-        cfg = Config(a.preset, a.seed, a.cache, a.engine, _threads(a.threads) if a.threads else [],
-                     a.prompt_tokens, a.n, bw_size(a), a.repeat, not a.no_llama, a.llama_bench,
-                     shlex.split(a.engine_args), a.model, a.gguf, _types(a.type or ["f16"]), a.real,
-                     a.compare_image)
+        cfg = Config(a.preset, a.seed, a.cache, a.engine, _ints(a.threads, "--threads") if a.threads else [],
+                     _ints(a.prompt_tokens, "--prompt-tokens", 2), a.n, bw_size(a), a.repeat,
+                     not a.no_llama, a.llama_bench, shlex.split(a.engine_args), a.model, a.gguf,
+                     _types(a.type or ["f16"]), a.real, a.compare_image)
         if a.startup_only:
             load, machine, engine = load_average(), Machine.here(), engine_path(cfg)
             start = startup(cfg, engine)

@@ -1,8 +1,11 @@
 """The figures of `python -m builder bench` and how they are shown: the machine, one engine
-at one thread count (`Figures`), ./gemma on one model file (`Engine`: one per weight type),
-llama.cpp on one GGUF (`Peer`), a whole run (`Result`, with the derived decode efficiency and
-fraction of the FMA peak), the text table (one row per figure, one column per thread count;
-the rows of each engine one block after another, so FP16 and Q8_0 sit side by side) and the
+at one thread count (`Figures`), ./gemma on one model file at one prompt length (`Engine`:
+one per weight type and length; with --compare-image its image's figures too), llama.cpp on
+one GGUF at one length (`Peer`, compared with one or more engines), the packed program's
+start-up against its image (`Startup`), a whole run (`Result`, with the derived decode
+efficiency and fraction of the FMA peak), the text table (one row per figure, one column per
+thread count; the rows of each engine one block after another, so FP16 and Q8_0 sit side by
+side, then the ratios, llama.cpp's rows, and the start-up block with its own columns) and the
 optional plot (matplotlib, imported only when asked for). A decode efficiency above 1 is
 shown as FAULT, with a line saying so: the bandwidth measured was then not the ceiling. Beside
 it, each engine's decode kernel with its weights in cache (the arithmetic ceiling of decode)
@@ -52,8 +55,9 @@ class Figures:
 
 @dataclass
 class Engine:
-    """./gemma on one model file (one weight type)."""
-    label: str  # "gemma", or with several model files "gemma[TYPE]"
+    """./gemma on one model file (one weight type) at one prompt length."""
+    label: str  # "gemma", or with several model files "gemma[TYPE]"; with several prompt
+    #             lengths followed by "@LENGTH"
     model: str
     bytes_per_token: int  # every tensor of the model file once
     flops_per_prompt_token: float
@@ -66,6 +70,7 @@ class Engine:
     image: list[Figures] = field(default_factory=list)  # --compare-image: the image's best per
     #                      thread count (the engine's own figures are the packed program's)
     image_rounds: list[list[Figures]] = field(default_factory=list)  # and each round's
+    prompt_tokens: int = 64  # the prompt length asked for (its figures give the one it got)
 
 
 @dataclass
@@ -74,8 +79,9 @@ class Peer:
     name: str  # the GGUF's file name
     bytes_per_token: int  # every tensor of the GGUF once
     figures: list[Figures]  # one per thread count; empty when it failed
+    engines: list[int]  # the Result.engines entries it is compared with (at its prompt length)
+    prompt_tokens: int  # the prompt length asked for
     error: str = ""  # why it has no figures: a crash is reported, not fatal to the run
-    engine: int = 0  # the Result.engines entry it is compared with (its model's twin)
 
 
 @dataclass
@@ -211,15 +217,19 @@ def table(res: Result) -> str:
     lines = [_machine(m), f"engine: {res.engine}"]
     if res.image:
         lines.append(f"image: {res.image} (--compare-image: timed too, alternately with the engine)")
-    for e in res.engines:
-        by = f" by {e.label}" if several else ""
+    files = [e for e in res.engines if e is next(b for b in res.engines if b.model == e.model)]  # one per file
+    for e in files:
+        by = f" by gemma[{e.wtype}]" if len(files) > 1 else ""
         lines += [f"model: {e.model} ({res.preset})",
                   f"bytes read per generated token{by}: {e.bytes_per_token:,} (every tensor once)"]
-    lines += [f"llama.cpp on {p.name}: {p.bytes_per_token:,} bytes per token"
-              + (f"; {p.error}" if p.error else "") for p in res.peers]
+    lengths = len({e.prompt_tokens for e in res.engines}) > 1
+    for name, per_token in dict.fromkeys((p.name, p.bytes_per_token) for p in res.peers):
+        lines.append(f"llama.cpp on {name}: {per_token:,} bytes per token" + "".join(
+            f"; {p.error}" + (f" (at {p.prompt_tokens} tokens)" if lengths else "")
+            for p in res.peers if p.name == name and p.error))
     lines += [
-             f"page cache: {e.huge_pages:.1%} of the model file{f' of {e.label}' if several else ''} in 2 MB "
-             "pages (./gemma maps the rest 4 KB at a time, in the prompt's time)" for e in res.engines]
+             f"page cache: {e.huge_pages:.1%} of the model file{f' of gemma[{e.wtype}]' if len(files) > 1 else ''}"
+             " in 2 MB pages (./gemma maps the rest 4 KB at a time, in the prompt's time)" for e in files]
     lines += [
              "prompt FLOPs per token: " + ", ".join(f"{e.flops_per_prompt_token / 1e9:.4g} G"
                                                    + (f" ({e.label})" if several else "") for e in res.engines)
@@ -264,22 +274,31 @@ def table(res: Result) -> str:
              [f"{f.n_prompt}, {f.n_decode}" for f in g]),
             (f"{name} major page faults", [f"{f.major_faults:,}" for f in g]),
         ]
-    base = res.engines[0]
-    for e in res.engines[1:]:
-        rows += _ratios(e.label, e.figures, base.label, base.figures)
+    for e in res.engines:  # each length against the first on its model; each model against the first
+        for base in _bases(res, e):
+            rows += _ratios(e.label, e.figures, base.label, base.figures)
     for p in res.peers:
         if not p.figures:
             continue
         ll, name = {f.threads: f for f in p.figures}, peer_label(res, p)
-        mine = res.engines[p.engine]
         rows += [
             (f"{name} prompt tokens/s", [_num(ll[t].prompt_tps) for t in threads]),
             (f"{name} decode tokens/s", [_num(ll[t].decode_tps) for t in threads]),
             (f"{name} decode efficiency", [_eff(res.efficiency(ll[t], p.bytes_per_token)) for t in threads]),
             (f"{name} peak RSS MB", [_mb(ll[t].peak_rss) for t in threads]),
             (f"{name} major page faults", [f"{ll[t].major_faults:,}" for t in threads]),
-        ] + _ratios(mine.label, mine.figures, name, [ll[t] for t in threads])
+        ]
+        for mine in (res.engines[i] for i in p.engines):
+            rows += _ratios(mine.label, mine.figures, name, [ll[t] for t in threads])
     return "\n".join(lines + _aligned(rows) + startup_lines(res.startup))
+
+
+def _bases(res: Result, e: Engine) -> list[Engine]:
+    """The engines e is compared with: the first on its model file (so at the first prompt
+    length) and the first at its prompt length (on the first model file), each unless e."""
+    same_model = next(b for b in res.engines if b.model == e.model)
+    same_length = next(b for b in res.engines if b.prompt_tokens == e.prompt_tokens)
+    return [b for b in (same_model, same_length) if b is not e]
 
 
 def _each(rounds: list[list[Figures]], what: str) -> list[str]:
@@ -294,8 +313,11 @@ def _ratios(a: str, a_figs: list[Figures], b: str, b_figs: list[Figures]) -> lis
 
 
 def peer_label(res: Result, p: Peer) -> str:
-    """"llama.cpp", or with several GGUFs "llama.cpp[NAME]"."""
-    return "llama.cpp" if len(res.peers) == 1 else f"llama.cpp[{p.name}]"
+    """"llama.cpp", with several GGUFs "llama.cpp[NAME]", with several prompt lengths followed
+    by "@LENGTH" (as the engines' labels)."""
+    files = len({q.name for q in res.peers}) > 1
+    lengths = len({e.prompt_tokens for e in res.engines}) > 1
+    return "llama.cpp" + (f"[{p.name}]" if files else "") + (f"@{p.prompt_tokens}" if lengths else "")
 
 
 def plot(res: Result, path: Path) -> None:

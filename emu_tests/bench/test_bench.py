@@ -261,6 +261,72 @@ def test_compare_image(gemma, tmp_path):
                             engine["figures"][0][f"{what}_tps"] / engine["image"][0][f"{what}_tps"], abs_tol=6e-4)
 
 
+def test_prompt_lengths_sweep(gemma, tmp_path):
+    """-p 16,48: each engine's rows at each length (labels gemma@16, gemma@48), the ratios of
+    the second length to the first, and llama.cpp (when installed) at each length compared
+    with the engine at the same length; every figure as in the JSON."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--bw-size", "16M", "-t", "1", "-p", f"16,{PROMPT}", "-n", str(N),
+                         "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out.json").read_text())
+    rows = parse_table(text)
+    short, long = res["engines"]
+    assert [(e["label"], e["prompt_tokens"]) for e in (short, long)] == [("gemma@16", 16), (f"gemma@{PROMPT}", PROMPT)]
+    assert short["model"] == long["model"] and text.count("model: ") == 1  # one model file, once
+    for e in (short, long):
+        f, = e["figures"]
+        assert 2 <= f["n_prompt"] <= e["prompt_tokens"] and rows[f"tokens: prompt, decoded ({e['label']})"] == \
+            [f"{f['n_prompt']}, {f['n_decode']}"]
+        assert math.isclose(number(rows[f"{e['label']} prompt tokens/s"][0]), f["prompt_tps"], abs_tol=6e-3)
+    assert short["figures"][0]["n_prompt"] < long["figures"][0]["n_prompt"]
+    for what in ("prompt", "decode"):
+        assert math.isclose(number(rows[f"{what} ratio gemma@{PROMPT}/gemma@16"][0]),
+                            long["figures"][0][f"{what}_tps"] / short["figures"][0][f"{what}_tps"], abs_tol=6e-4)
+    ratios = [r for r in rows if " ratio " in r]
+    if res["peers"]:
+        assert [(p["prompt_tokens"], p["engines"]) for p in res["peers"]] == [(16, [0]), (PROMPT, [1])]
+        for p, e in zip(res["peers"], (short, long)):
+            assert p["figures"][0]["n_prompt"] == e["figures"][0]["n_prompt"]  # the same prompt ids
+            label = f"llama.cpp@{p['prompt_tokens']}"
+            assert math.isclose(number(rows[f"decode ratio {e['label']}/{label}"][0]),
+                                e["figures"][0]["decode_tps"] / p["figures"][0]["decode_tps"], abs_tol=6e-4)
+        assert len(ratios) == 6
+    else:
+        assert len(ratios) == 2
+
+
+def test_a_gguf_shared_by_two_model_files_is_one_peer(gemma, tmp_path):
+    """lineup: a GGUF listed for two model files (as --real lists its Q4_K_M file for FP16 and
+    Q8_0) is one peer per prompt length, compared with the engine on each file."""
+    cfg = bench.Config(preset="tiny", cache=tmp_path, prompt_tokens=[16, PROMPT])
+    m16, (g16,) = bench.model_paths(cfg)
+    m8, (g8,) = bench.model_paths(cfg, "q8_0")
+    engines, jobs, peers, peer_jobs = bench.lineup(cfg, gemma.binary, [(m16, [g16]), (m8, [g8, g16])], True)
+    assert [e.label for e in engines] == ["gemma[f16]@16", f"gemma[f16]@{PROMPT}", "gemma[q8_0]@16",
+                                          f"gemma[q8_0]@{PROMPT}"]
+    assert [j.path for j in jobs] == [m16, m16, m8, m8] and jobs[0].ids == jobs[2].ids != jobs[1].ids
+    assert [(p.name, p.prompt_tokens, p.engines) for p in peers] == [
+        (g16.name, 16, [0, 2]), (g16.name, PROMPT, [1, 3]), (g8.name, 16, [2]), (g8.name, PROMPT, [3])]
+    assert [j.ids for j in peer_jobs] == [jobs[0].ids, jobs[1].ids] * 2
+    assert bench.lineup(cfg, gemma.binary, [(m16, [g16])], False)[2:] == ([], [])  # no llama.cpp: no peers
+
+
+def test_real_gives_the_q4_k_m_file_to_every_type(monkeypatch, tmp_path):
+    """--real: llama.cpp runs the Q4_K_M file beside the twin for Q8_0 too, not only FP16."""
+    from builder import demo
+    monkeypatch.setattr(demo, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(demo, "real_model", lambda cache, wtype: cache / f"model-{wtype}.bin")
+    for wtype in ("f16", "q8_0"):
+        (tmp_path / f"{demo.REAL_NAME}-{wtype}.gguf").write_bytes(b"")  # the twin, made already
+        assert bench.real_model_paths(wtype) == (tmp_path / f"model-{wtype}.bin",
+                                                 [tmp_path / f"{demo.REAL_NAME}-{wtype}.gguf",
+                                                  tmp_path / demo.GGUF_NAME])
+
+
 def test_model_pair_is_cached(report):
     tmp, *_ = report
     cache = tmp / "cache"
@@ -443,6 +509,8 @@ def test_llama_bench_output_is_parsed():
 @pytest.mark.parametrize("argv, message", [
     (["--engine", "/nonexistent/gemma", "--preset", "tiny"], "no engine binary at /nonexistent/gemma"),
     (["-t", "0"], "--threads wants positive integers"),
+    (["-p", "64,1"], "--prompt-tokens wants integers of at least 2 separated by commas, not '64,1'"),
+    (["--preset", "tiny", "--engine", "/bin/true", "-p", "16,600"], "prompt + -n is more than the model's context (512 tokens)"),
     (["--bw-size", "12"], "--bw-size wants at least 1M"),
     (["--gguf", "x.gguf"], "--gguf goes with --model"),
     (["--model", "m.bin", "--type", "q8_0"], "--type goes with a preset"),
@@ -462,7 +530,8 @@ def test_errors_are_one_line(argv, message, capsys, tmp_path):
 
 def test_a_crashing_peer_is_reported_not_fatal(gemma, tmp_path):
     """llama.cpp runs in a child process: one that dies by a signal (as its AMX build does on
-    quantized models) is named as a crash in the report, and the engine's figures still come."""
+    quantized models) is named as a crash in the report, at each prompt length, and the
+    engine's figures still come."""
     crasher = tmp_path / "llama-bench"
     crasher.write_text("#!/bin/sh\necho loading >&2\nkill -SEGV $$\n")
     crasher.chmod(0o755)
@@ -470,15 +539,16 @@ def test_a_crashing_peer_is_reported_not_fatal(gemma, tmp_path):
     model, (gguf,) = bench.model_paths(bench.Config(preset="tiny", cache=cache))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = bench.main(["--model", str(model), "--gguf", str(gguf), "--gguf", str(gguf),
-                         "--engine", str(gemma.binary), "--llama-bench", str(crasher),
-                         "--bw-size", "16M", "-t", "1", "-p", str(PROMPT), "-n", str(N)])
+        rc = bench.main(["--model", str(model), "--gguf", str(gguf), "--engine", str(gemma.binary),
+                         "--llama-bench", str(crasher), "--bw-size", "16M", "-t", "1",
+                         "-p", f"16,{PROMPT}", "-n", str(N)])
     text = out.getvalue()
     assert rc == 0, text
     crash = "crashed: killed by signal 11 (SIGSEGV); its last words: loading"
-    assert text.count(f"llama.cpp on {gguf.name}: ") == 2 and text.count(crash) == 2, text
+    assert f"llama.cpp on {gguf.name}: 353,536 bytes per token; llama-bench failed: {crash} (at 16 tokens); " \
+           f"llama-bench failed: {crash} (at {PROMPT} tokens)\n" in text, text
     rows = parse_table(text)
-    assert "gemma decode tokens/s" in rows and not any("llama.cpp" in r for r in rows), rows
+    assert "gemma@16 decode tokens/s" in rows and not any("llama.cpp" in r for r in rows), rows
 
 
 def test_f16_twin_holds_the_engines_weights(tmp_path):
@@ -521,7 +591,7 @@ def fake_result(decode: dict[str, float]) -> bench_report.Result:
     engines = [bench_report.Engine(f"gemma[{w}]", f"/m-{w}.bin", n, 1e9, 0.5, figs(decode[w]), w,
                                    {1: 8.0, 2: 16.0} if w == "q8_0" else {})
                for w, n in (("f16", 1_000_000_000), ("q8_0", 531_250_000))]
-    peers = [bench_report.Peer(f"m-{w}.gguf", n, figs(decode["llama"]), engine=i)
+    peers = [bench_report.Peer(f"m-{w}.gguf", n, figs(decode["llama"]), [i], 64)
              for i, (w, n) in enumerate((("f16", 999_000_000), ("q8_0", 530_000_000)))]
     machine = bench_report.Machine("cpu", 2, 1000.0, 1.0, "avx2")
     return bench_report.Result(machine, "2b", "gemma", engines, peers, {1: 10.0, 2: 20.0},
@@ -550,6 +620,18 @@ def test_two_weight_types_side_by_side():
     assert rows["(fastest read loop)"] == ["256-bit x2 file", "128-bit x4 buffer"]
     assert "bytes read per generated token by gemma[q8_0]: 531,250,000" in text
     assert "MEASUREMENT FAULT" not in text and res.faults() == []
+
+
+def test_a_peer_is_compared_with_each_of_its_engines():
+    """A peer shared by two engines (--real's Q4_K_M file with --type f16,q8_0): its rows once,
+    and the ratios of each engine to it."""
+    res = fake_result({"f16": 5.0, "q8_0": 8.0, "llama": 4.0})
+    res.peers.append(bench_report.Peer("m-q4_k_m.gguf", 300_000_000,
+                                       res.peers[0].figures, [0, 1], 64))
+    rows = parse_table(bench_report.table(res))
+    assert rows["decode ratio gemma[f16]/llama.cpp[m-q4_k_m.gguf]"] == ["1.250", "1.250"]
+    assert rows["decode ratio gemma[q8_0]/llama.cpp[m-q4_k_m.gguf]"] == ["2.000", "2.000"]
+    assert rows["llama.cpp[m-q4_k_m.gguf] decode efficiency"] == ["0.120", "0.120"]  # 4 x 0.3e9 / 10e9
 
 
 def test_efficiency_above_one_is_a_fault_not_a_figure():
@@ -610,5 +692,5 @@ def test_both_types_in_one_run(gemma, tmp_path):
     rows = parse_table(text)
     assert "decode ratio gemma[q8_0]/gemma[f16]" in rows
     if res["peers"]:
-        assert [p["engine"] for p in res["peers"]] == [0, 1]
+        assert [p["engines"] for p in res["peers"]] == [[0], [1]]
         assert "decode ratio gemma[q8_0]/llama.cpp[tiny-seed0-q8_0.gguf]" in rows

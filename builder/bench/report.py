@@ -217,7 +217,7 @@ def table(res: Result) -> str:
     lines = [_machine(m), f"engine: {res.engine}"]
     if res.image:
         lines.append(f"image: {res.image} (--compare-image: timed too, alternately with the engine)")
-    files = [e for e in res.engines if e is next(b for b in res.engines if b.model == e.model)]  # one per file
+    files = _files(res)
     for e in files:
         by = f" by gemma[{e.wtype}]" if len(files) > 1 else ""
         lines += [f"model: {e.model} ({res.preset})",
@@ -293,6 +293,11 @@ def table(res: Result) -> str:
     return "\n".join(lines + _aligned(rows) + startup_lines(res.startup))
 
 
+def _files(res: Result) -> list[Engine]:
+    """The first engine on each model file (the others run it at other prompt lengths)."""
+    return [e for e in res.engines if e is next(b for b in res.engines if b.model == e.model)]
+
+
 def _bases(res: Result, e: Engine) -> list[Engine]:
     """The engines e is compared with: the first on its model file (so at the first prompt
     length) and the first at its prompt length (on the first model file), each unless e."""
@@ -335,7 +340,7 @@ def plot(res: Result, path: Path) -> None:
                         label=name)
         if key == "decode_tps":
             ts = sorted(res.bandwidth)
-            for e in res.engines:
+            for e in _files(res):
                 ax.plot(ts, [res.bandwidth[t] * 1e9 / e.bytes_per_token for t in ts], "--",
                         label=f"bandwidth / {e.label} bytes per token (limit)")
         ax.set(title=f"{title} ({res.preset})", xlabel="threads", ylabel="tokens/s")

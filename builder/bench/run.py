@@ -12,6 +12,7 @@ for (non-zero when the model file was not in the page cache). When
 arrival time of every complete `row_bytes` record written to it (the engine's `--logits`: one
 float32 row per evaluated position). The pipe is sized to one row, so a stamp is never late by
 more than the time the writer takes for one row plus this reader's wake-up (tens of µs). All times are seconds since the child was started.
+`checked(run, what)` turns a failed run into a BenchError, the bench's one-line error.
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ from pathlib import Path
 
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), absent from older Pythons' fcntl
 POLL_SECONDS = 0.01
+
+
+class BenchError(Exception):
+    """A failure worth one line: missing binary, failed model synthesis, engine error..."""
 
 
 @dataclass
@@ -155,3 +160,10 @@ def run(argv: list[str], row_bytes: int | None = None, capture: bool = False) ->
         out.seek(0)
         return Run(argv, proc.returncode, seconds, err.read().decode(errors="replace"),
                    peak[0], peak[1], usage.ru_majflt, reader.rows if reader else [], out.read())
+
+
+def checked(r: Run, what: str) -> Run:
+    """r, or BenchError("WHAT failed: its error line") when it did not exit with status 0."""
+    if r.returncode != 0:
+        raise BenchError(f"{what} failed: {r.error_line()}")
+    return r

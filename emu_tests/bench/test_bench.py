@@ -6,6 +6,7 @@ the verified bandwidth loop, llama-bench parsing, one-line errors) are checked o
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import importlib.util
@@ -21,7 +22,8 @@ import capstone
 import numpy as np
 import pytest
 
-from builder.bench import llama as bench_llama, machine as bench_machine, main as bench, report as bench_report
+from builder.bench import (llama as bench_llama, machine as bench_machine, main as bench, report as bench_report,
+                           startup as bench_startup)
 from builder.bench.run import run
 from builder.models.gguf_meta import read_gguf_meta
 from builder.models.modelfile import Q8_0, ModelFile, dequantize_q8_0
@@ -33,6 +35,8 @@ ROWS = ["threads", "memory read bandwidth GB/s", "(before each round / after)", 
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
         "gemma decode kernel in cache GB/s", "gemma decode / kernel in cache", "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
         "gemma peak anonymous MB", "tokens: prompt, decoded", "gemma major page faults"]
+STARTUP_ROWS = ["start-up ms", "start-up -h", "start-up one token (tiny)"]
+STARTUP_RUNS = {bench_startup.HELP: 6, bench_startup.ONE_TOKEN: 4}  # the tests' counts (speed is not tested)
 LLAMA_ROWS = ["llama.cpp prompt tokens/s", "llama.cpp decode tokens/s",
               "llama.cpp decode efficiency", "llama.cpp peak RSS MB", "llama.cpp major page faults",
               "prompt ratio gemma/llama.cpp", "decode ratio gemma/llama.cpp"]
@@ -60,10 +64,17 @@ def report(gemma, tmp_path_factory):
     if HAVE_MATPLOTLIB:
         argv += ["--plot", str(tmp / "plot.png")]
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_startup, "RUNS", STARTUP_RUNS)
         rc = bench.main(argv)
     assert rc == 0, f"bench failed (rc {rc}); stdout: {out.getvalue()}"
     return tmp, threads, out.getvalue(), json.loads((tmp / "out.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def few_startup_runs(monkeypatch):
+    """Every bench run times start-up; the tests' runs take few of them."""
+    monkeypatch.setattr(bench_startup, "RUNS", STARTUP_RUNS)
 
 
 def parse_table(text: str) -> dict[str, list[str]]:
@@ -85,10 +96,11 @@ def test_table_has_every_row_and_a_column_per_thread_count(report, gemma):
     _, threads, text, res = report
     rows = parse_table(text)
     llama = bool(res["peers"])
-    want = ROWS + (LLAMA_ROWS if llama else [])
+    want = ROWS + (LLAMA_ROWS if llama else []) + STARTUP_ROWS
     assert list(rows) == want, f"rows differ: expected {want}, got {list(rows)}"
     for label, cells in rows.items():
-        assert len(cells) == len(threads), f"row {label!r}: {len(cells)} cells for {threads}"
+        if not label.startswith("start-up"):
+            assert len(cells) == len(threads), f"row {label!r}: {len(cells)} cells for {threads}"
     assert [int(c) for c in rows["threads"]] == threads
     assert f"bytes read per generated token: {tiny_bytes():,}" in text
     engine, = res["engines"]
@@ -149,6 +161,170 @@ def test_figures_are_positive_and_consistent(report):
     for i, (g, ll) in enumerate(zip(engine["figures"], llama)):
         assert math.isclose(number(rows["decode ratio gemma/llama.cpp"][i]),
                             g["decode_tps"] / ll["decode_tps"], abs_tol=6e-4)
+
+
+def check_startup(text: str, startup: dict, engine) -> None:
+    """The start-up block: the packed program against its image beside it, a row per command
+    line whose cells are the JSON's figures (packed, image, their difference ± its error,
+    runs), each median one of the runs' wall times."""
+    assert (startup["packed"], startup["image"], startup["missing"]) == (str(engine), f"{engine}.elf", "")
+    assert f"start-up: {engine} against its image {engine}.elf, run alternately; median wall times" in text
+    rows = parse_table(text)
+    assert rows["start-up ms"] == ["packed", "image", "packed - image", "runs"]
+    assert [r["what"] for r in startup["rows"]] == list(STARTUP_RUNS)
+    for r in startup["rows"]:
+        cells = rows[f"start-up {r['what']}"]
+        assert r["runs"] == STARTUP_RUNS[r["what"]] and cells[3] == str(r["runs"])
+        assert r["packed_ms"] > 0 and r["image_ms"] > 0 and r["error_ms"] >= 0
+        assert math.isclose(r["cost_ms"], r["packed_ms"] - r["image_ms"])
+        assert [number(c) for c in cells[:2]] == [round(r["packed_ms"], 2), round(r["image_ms"], 2)]
+        cost, error = cells[2].split(" ± ")
+        assert (number(cost), number(error)) == (round(r["cost_ms"], 2), round(r["error_ms"], 2))
+    help_run, token_run = startup["rows"]
+    assert help_run["argv"] == "-h"
+    assert token_run["argv"].endswith("tiny-seed0.bin -p Hello -n 1 --temp 0 -s 7") \
+        and "-t" not in token_run["argv"].split()  # the engine's default threads, as users run it
+
+
+def test_startup_block_is_in_every_run(report, gemma):
+    _, _, text, res = report
+    check_startup(text, res["startup"], gemma.binary)
+
+
+def test_startup_only(gemma, tmp_path):
+    """--startup-only: the machine, engine and load lines and the start-up block, nothing else;
+    its JSON holds those."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--startup-only", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--engine-args", "-s 7", "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert sorted(res) == ["engine", "load", "machine", "startup"] and res["engine"] == f"{gemma.binary} -s 7"
+    lines = text.splitlines()
+    assert lines[0].startswith("machine: ")
+    assert lines[1] == f"engine: {gemma.binary} -s 7" and lines[2].startswith("load average (1 min)")
+    assert list(parse_table(text)) == STARTUP_ROWS and len(lines) == 7
+    check_startup(text, res["startup"], gemma.binary)
+
+
+def test_startup_without_an_image_is_na(gemma, tmp_path):
+    """An engine with no image beside it: the start-up rows say n/a, with the reason."""
+    alone = tmp_path / "bin" / "gemma"
+    alone.parent.mkdir()
+    alone.write_bytes(gemma.binary.read_bytes())
+    alone.chmod(0o755)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--startup-only", "--cache", str(tmp_path), "--engine", str(alone),
+                         "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    why = f"no image {alone}.elf beside the engine (a build writes one)"
+    assert f"\nstart-up: n/a: {why}\n" in text
+    rows = parse_table(text)
+    assert rows["start-up -h"] == rows["start-up one token (tiny)"] == ["n/a"] * 4
+    startup = json.loads((tmp_path / "out.json").read_text())["startup"]
+    assert (startup["image"], startup["missing"]) == ("", why)
+    assert all(r["packed_ms"] is None and r["cost_ms"] is None and r["runs"] == 0 for r in startup["rows"])
+    assert not list(tmp_path.glob("*.bin")), "the tiny model was made for nothing"
+
+
+def test_compare_image(gemma, tmp_path):
+    """--compare-image: the image beside the packed engine is timed too, alternately; each one's
+    rounds and best figures, and the packed/image ratios, as in the JSON. The engine's own
+    figures stay the packed program's."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--compare-image", "--no-llama", "--bw-size", "16M", "-t", "1", "-r", "2",
+                         "-p", str(PROMPT), "-n", str(N), "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert res["image"] == str(gemma.elf) and res["engine"] == str(gemma.binary)
+    assert f"image: {gemma.elf} (--compare-image: timed too, alternately with the engine)" in text
+    engine, = res["engines"]
+    rows = parse_table(text)
+    for key, label in (("rounds", "gemma"), ("image_rounds", "gemma image")):
+        rounds, = engine[key]  # one thread count
+        assert len(rounds) == 2 and all(f["threads"] == 1 and f["n_prompt"] <= PROMPT for f in rounds)
+        best = engine["figures" if key == "rounds" else "image"][0]
+        for what in ("prompt", "decode"):
+            assert best[f"{what}_tps"] == max(f[f"{what}_tps"] for f in rounds)
+            assert rows[f"{label} {what} tokens/s, each round"] == \
+                [" / ".join(f"{f[f'{what}_tps']:,.1f}" for f in rounds)]
+            assert math.isclose(number(rows[f"{label} {what} tokens/s"][0]), best[f"{what}_tps"], abs_tol=6e-3)
+    for what in ("prompt", "decode"):
+        assert math.isclose(number(rows[f"{what} ratio gemma/gemma image"][0]),
+                            engine["figures"][0][f"{what}_tps"] / engine["image"][0][f"{what}_tps"], abs_tol=6e-4)
+
+
+def test_prompt_lengths_sweep(gemma, tmp_path):
+    """-p 16,48: each engine's rows at each length (labels gemma@16, gemma@48), the ratios of
+    the second length to the first, and llama.cpp (when installed) at each length compared
+    with the engine at the same length; every figure as in the JSON."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--bw-size", "16M", "-t", "1", "-p", f"16,{PROMPT}", "-n", str(N),
+                         "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out.json").read_text())
+    rows = parse_table(text)
+    short, long = res["engines"]
+    assert [(e["label"], e["prompt_tokens"]) for e in (short, long)] == [("gemma@16", 16), (f"gemma@{PROMPT}", PROMPT)]
+    assert short["model"] == long["model"] and text.count("model: ") == 1  # one model file, once
+    for e in (short, long):
+        f, = e["figures"]
+        assert 2 <= f["n_prompt"] <= e["prompt_tokens"] and rows[f"tokens: prompt, decoded ({e['label']})"] == \
+            [f"{f['n_prompt']}, {f['n_decode']}"]
+        assert math.isclose(number(rows[f"{e['label']} prompt tokens/s"][0]), f["prompt_tps"], abs_tol=6e-3)
+    assert short["figures"][0]["n_prompt"] < long["figures"][0]["n_prompt"]
+    for what in ("prompt", "decode"):
+        assert math.isclose(number(rows[f"{what} ratio gemma@{PROMPT}/gemma@16"][0]),
+                            long["figures"][0][f"{what}_tps"] / short["figures"][0][f"{what}_tps"], abs_tol=6e-4)
+    ratios = [r for r in rows if " ratio " in r]
+    if res["peers"]:
+        assert [(p["prompt_tokens"], p["engines"]) for p in res["peers"]] == [(16, [0]), (PROMPT, [1])]
+        for p, e in zip(res["peers"], (short, long)):
+            assert p["figures"][0]["n_prompt"] == e["figures"][0]["n_prompt"]  # the same prompt ids
+            label = f"llama.cpp@{p['prompt_tokens']}"
+            assert math.isclose(number(rows[f"decode ratio {e['label']}/{label}"][0]),
+                                e["figures"][0]["decode_tps"] / p["figures"][0]["decode_tps"], abs_tol=6e-4)
+        assert len(ratios) == 6
+    else:
+        assert len(ratios) == 2
+
+
+def test_a_gguf_shared_by_two_model_files_is_one_peer(gemma, tmp_path):
+    """lineup: a GGUF listed for two model files (as --real lists its Q4_K_M file for FP16 and
+    Q8_0) is one peer per prompt length, compared with the engine on each file."""
+    cfg = bench.Config(preset="tiny", cache=tmp_path, prompt_tokens=[16, PROMPT])
+    m16, (g16,) = bench.model_paths(cfg)
+    m8, (g8,) = bench.model_paths(cfg, "q8_0")
+    engines, jobs, peers, peer_jobs = bench.lineup(cfg, gemma.binary, [(m16, [g16]), (m8, [g8, g16])], True)
+    assert [e.label for e in engines] == ["gemma[f16]@16", f"gemma[f16]@{PROMPT}", "gemma[q8_0]@16",
+                                          f"gemma[q8_0]@{PROMPT}"]
+    assert [j.path for j in jobs] == [m16, m16, m8, m8] and jobs[0].ids == jobs[2].ids != jobs[1].ids
+    assert [(p.name, p.prompt_tokens, p.engines) for p in peers] == [
+        (g16.name, 16, [0, 2]), (g16.name, PROMPT, [1, 3]), (g8.name, 16, [2]), (g8.name, PROMPT, [3])]
+    assert [j.ids for j in peer_jobs] == [jobs[0].ids, jobs[1].ids] * 2
+    assert bench.lineup(cfg, gemma.binary, [(m16, [g16])], False)[2:] == ([], [])  # no llama.cpp: no peers
+
+
+def test_real_gives_the_q4_k_m_file_to_every_type(monkeypatch, tmp_path):
+    """--real: llama.cpp runs the Q4_K_M file beside the twin for Q8_0 too, not only FP16."""
+    from builder import demo
+    monkeypatch.setattr(demo, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(demo, "real_model", lambda cache, wtype: cache / f"model-{wtype}.bin")
+    for wtype in ("f16", "q8_0"):
+        (tmp_path / f"{demo.REAL_NAME}-{wtype}.gguf").write_bytes(b"")  # the twin, made already
+        assert bench.real_model_paths(wtype) == (tmp_path / f"model-{wtype}.bin",
+                                                 [tmp_path / f"{demo.REAL_NAME}-{wtype}.gguf",
+                                                  tmp_path / demo.GGUF_NAME])
 
 
 def test_model_pair_is_cached(report):
@@ -317,6 +493,7 @@ def test_baseline_runs_have_no_kernel_figures(gemma, tmp_path):
     assert rc == 0, out.getvalue()
     rows = parse_table(out.getvalue())
     assert rows["gemma decode kernel in cache GB/s"] == rows["gemma decode / kernel in cache"] == ["n/a"]
+    assert "\nllama.cpp: not run (--no-llama)\n" in out.getvalue()  # the prefix once
     assert json.loads((tmp_path / "out.json").read_text())["engines"][0]["kernel"] == {}
 
 
@@ -332,12 +509,16 @@ def test_llama_bench_output_is_parsed():
 @pytest.mark.parametrize("argv, message", [
     (["--engine", "/nonexistent/gemma", "--preset", "tiny"], "no engine binary at /nonexistent/gemma"),
     (["-t", "0"], "--threads wants positive integers"),
+    (["-p", "64,1"], "--prompt-tokens wants integers of at least 2 separated by commas, not '64,1'"),
+    (["--preset", "tiny", "--engine", "/bin/true", "-p", "16,600"], "prompt + -n is more than the model's context (512 tokens)"),
     (["--bw-size", "12"], "--bw-size wants at least 1M"),
     (["--gguf", "x.gguf"], "--gguf goes with --model"),
     (["--model", "m.bin", "--type", "q8_0"], "--type goes with a preset"),
     (["--type", "f16,q4_0"], "--type wants f16 or q8_0 (comma-separated or repeated), not 'q4_0'"),
     (["--model", "/nonexistent/m.bin", "--engine", "/bin/true"], "no such file: /nonexistent/m.bin"),
     (["--preset", "tiny", "--engine", "/bin/false"], "the engine's --tokens failed: exit status 1"),
+    (["--startup-only", "--type", "q8_0"], "--startup-only times the engine alone (on the tiny model): no"),
+    (["--preset", "tiny", "--engine", "/bin/true", "--compare-image"], "--compare-image: no image "),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--cache", str(tmp_path)]) == 1
@@ -349,7 +530,8 @@ def test_errors_are_one_line(argv, message, capsys, tmp_path):
 
 def test_a_crashing_peer_is_reported_not_fatal(gemma, tmp_path):
     """llama.cpp runs in a child process: one that dies by a signal (as its AMX build does on
-    quantized models) is named as a crash in the report, and the engine's figures still come."""
+    quantized models) is named as a crash in the report, at each prompt length, and the
+    engine's figures still come."""
     crasher = tmp_path / "llama-bench"
     crasher.write_text("#!/bin/sh\necho loading >&2\nkill -SEGV $$\n")
     crasher.chmod(0o755)
@@ -357,15 +539,16 @@ def test_a_crashing_peer_is_reported_not_fatal(gemma, tmp_path):
     model, (gguf,) = bench.model_paths(bench.Config(preset="tiny", cache=cache))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = bench.main(["--model", str(model), "--gguf", str(gguf), "--gguf", str(gguf),
-                         "--engine", str(gemma.binary), "--llama-bench", str(crasher),
-                         "--bw-size", "16M", "-t", "1", "-p", str(PROMPT), "-n", str(N)])
+        rc = bench.main(["--model", str(model), "--gguf", str(gguf), "--engine", str(gemma.binary),
+                         "--llama-bench", str(crasher), "--bw-size", "16M", "-t", "1",
+                         "-p", f"16,{PROMPT}", "-n", str(N)])
     text = out.getvalue()
     assert rc == 0, text
     crash = "crashed: killed by signal 11 (SIGSEGV); its last words: loading"
-    assert text.count(f"llama.cpp on {gguf.name}: ") == 2 and text.count(crash) == 2, text
+    assert f"llama.cpp on {gguf.name}: 353,536 bytes per token; llama-bench failed: {crash} (at 16 tokens); " \
+           f"llama-bench failed: {crash} (at {PROMPT} tokens)\n" in text, text
     rows = parse_table(text)
-    assert "gemma decode tokens/s" in rows and not any("llama.cpp" in r for r in rows), rows
+    assert "gemma@16 decode tokens/s" in rows and not any("llama.cpp" in r for r in rows), rows
 
 
 def test_f16_twin_holds_the_engines_weights(tmp_path):
@@ -408,12 +591,13 @@ def fake_result(decode: dict[str, float]) -> bench_report.Result:
     engines = [bench_report.Engine(f"gemma[{w}]", f"/m-{w}.bin", n, 1e9, 0.5, figs(decode[w]), w,
                                    {1: 8.0, 2: 16.0} if w == "q8_0" else {})
                for w, n in (("f16", 1_000_000_000), ("q8_0", 531_250_000))]
-    peers = [bench_report.Peer(f"m-{w}.gguf", n, figs(decode["llama"]), engine=i)
+    peers = [bench_report.Peer(f"m-{w}.gguf", n, figs(decode["llama"]), [i], 64)
              for i, (w, n) in enumerate((("f16", 999_000_000), ("q8_0", 530_000_000)))]
     machine = bench_report.Machine("cpu", 2, 1000.0, 1.0, "avx2")
     return bench_report.Result(machine, "2b", "gemma", engines, peers, {1: 10.0, 2: 20.0},
                                {1: [9.0, 10.0], 2: [20.0, 19.0]}, {1: "256-bit x2 file", 2: "128-bit x4 buffer"},
-                               {1: 100.0, 2: 200.0}, "llama-cpp-python", [0.1, 0.2], 1)
+                               {1: 100.0, 2: 200.0}, "llama-cpp-python", [0.1, 0.2], 1,
+                               bench_report.Startup("gemma", "", "no image", []))
 
 
 def test_two_weight_types_side_by_side():
@@ -438,6 +622,18 @@ def test_two_weight_types_side_by_side():
     assert "MEASUREMENT FAULT" not in text and res.faults() == []
 
 
+def test_a_peer_is_compared_with_each_of_its_engines():
+    """A peer shared by two engines (--real's Q4_K_M file with --type f16,q8_0): its rows once,
+    and the ratios of each engine to it."""
+    res = fake_result({"f16": 5.0, "q8_0": 8.0, "llama": 4.0})
+    res.peers.append(bench_report.Peer("m-q4_k_m.gguf", 300_000_000,
+                                       res.peers[0].figures, [0, 1], 64))
+    rows = parse_table(bench_report.table(res))
+    assert rows["decode ratio gemma[f16]/llama.cpp[m-q4_k_m.gguf]"] == ["1.250", "1.250"]
+    assert rows["decode ratio gemma[q8_0]/llama.cpp[m-q4_k_m.gguf]"] == ["2.000", "2.000"]
+    assert rows["llama.cpp[m-q4_k_m.gguf] decode efficiency"] == ["0.120", "0.120"]  # 4 x 0.3e9 / 10e9
+
+
 def test_efficiency_above_one_is_a_fault_not_a_figure():
     res = fake_result({"f16": 5.0, "q8_0": 8.0, "llama": 25.0})  # 25 x 0.999e9 > 10e9 and 20e9
     text = bench_report.table(res)
@@ -450,6 +646,19 @@ def test_efficiency_above_one_is_a_fault_not_a_figure():
         [f"llama.cpp[m-q8_0.gguf] on {t} thread(s) read {25 * 0.53 * t / (10 * t):.3f}x the bandwidth"
          for t in (1, 2)]
     assert text.count("MEASUREMENT FAULT: ") == 4
+
+
+def test_bw_size_default_is_proportionate():
+    """--bw-size: 2G, 256M with a tiny preset (not with a given or the real model), or as given."""
+    def size(argv: list[str]) -> int:
+        a = argparse.Namespace(bw_size=None, preset="2b", model=None, real=False)
+        for k, v in zip(argv[::2], argv[1::2]):
+            setattr(a, k, v)
+        return bench.bw_size(a)
+    assert size([]) == 2 << 30 and size(["preset", "g3-270m"]) == 2 << 30
+    assert size(["preset", "tiny"]) == size(["preset", "tiny-g3"]) == 256 << 20
+    assert size(["preset", "tiny", "model", "m.bin"]) == size(["preset", "tiny", "real", True]) == 2 << 30
+    assert size(["preset", "tiny", "bw_size", "16M"]) == 16 << 20
 
 
 def test_type_option():
@@ -483,5 +692,5 @@ def test_both_types_in_one_run(gemma, tmp_path):
     rows = parse_table(text)
     assert "decode ratio gemma[q8_0]/gemma[f16]" in rows
     if res["peers"]:
-        assert [p["engine"] for p in res["peers"]] == [0, 1]
+        assert [p["engines"] for p in res["peers"]] == [[0], [1]]
         assert "decode ratio gemma[q8_0]/llama.cpp[tiny-seed0-q8_0.gguf]" in rows

@@ -609,9 +609,9 @@ def main(argv: list[str]) -> int:
         if a.json:
             a.json.write_text(json.dumps(out, indent=1) + "\n")
     except (BenchError, ValueError, OSError) as e:
-        print(f"bench: error: {e}", file=sys.stderr)
+        print(f"python -m builder bench: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("bench: interrupted", file=sys.stderr)
+        print("python -m builder bench: interrupted", file=sys.stderr)
         return 130
     return 0

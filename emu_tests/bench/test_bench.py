@@ -353,7 +353,8 @@ def test_plot_is_drawn_or_refused_in_one_line(report, capsys, tmp_path):
         assert (tmp / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert bench.main(["--plot", str(tmp_path / "p.png")]) == 1
-        assert capsys.readouterr().err == "bench: error: --plot needs matplotlib: pip install matplotlib\n"
+        assert capsys.readouterr().err == ("python -m builder bench: error: --plot needs "
+                                           "matplotlib: pip install matplotlib\n")
 
 
 def test_fifo_rows_are_stamped_in_order(tmp_path):
@@ -524,7 +525,8 @@ def test_errors_are_one_line(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--cache", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     # the error is one line, the last (a progress note may come before it), no traceback
-    assert err.endswith("\n") and err.splitlines()[-1].startswith(f"bench: error: {message}"), err
+    assert err.endswith("\n") and \
+        err.splitlines()[-1].startswith(f"python -m builder bench: error: {message}"), err
     assert "Traceback" not in err and err.count("bench: error") == 1, err
 
 

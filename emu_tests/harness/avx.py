@@ -126,8 +126,8 @@ def _operand(insn, op) -> Operand:
     name = insn.reg_name(op.reg)
     if name[:3] in ("xmm", "ymm", "zmm"):
         return Operand("vec", op.size, reg=int(name[3:]))
-    if name[0] == "k" and name[1:].isdigit():
-        return Operand("k", op.size, reg=int(name[1:]))
+    if name[0] == "k" and name[1:].isdigit():      # 64 bits (capstone says 2 bytes for all)
+        return Operand("k", 8, reg=int(name[1:]))
     if name in GPR32 or name in GPR64:
         return Operand("gpr", op.size, reg=name)
     raise Unsupported(f"register operand {name}")

@@ -4,12 +4,12 @@ Contract: `SEMANTICS[mnemonic]` (capstone's mnemonic) is a `Sem`:
 - `fn(n, *sources) -> result`: the sources are numpy arrays in the order of capstone's
   operands after the destination (the destination's old value first when `reads_dest`),
   viewed as `src` elements (a register or memory operand whole, an EVEX {1toN} broadcast
-  already repeated to the vector length; a general register or opmask as its bytes); an
-  immediate is an int. It returns the destination's new value: `n` elements of `dst`, n =
-  destination bytes / dst itemsize. Write masks act on these elements; the bits above the
-  destination are zeroed (VEX and EVEX) by the executor, never here.
+  already repeated to the vector length; a general register as its bytes, an opmask as its
+  8 bytes); an immediate is an int. It returns the destination's new value: `n` elements of
+  `dst`, n = destination bytes / dst itemsize. Write masks act on these elements; the bits
+  above the destination are zeroed (VEX and EVEX) by the executor, never here.
 - `vex`, `evex`, `legacy`: the /proc/cpuinfo feature each encoding needs (a (128-bit, 256-bit)
-  pair where they differ; None: no such form). EVEX below 512 bits adds avx512vl unless
+  pair where they differ; "": none; None: no such form). EVEX below 512 bits adds avx512vl unless
   `scalar`. `vex_reg_source` is the VEX feature when the source is a register (vbroadcastss).
 - `permute`: a memory source is read whole under a write mask (no per-element fault
   suppression); otherwise element i of a memory source belongs to destination element i and
@@ -108,6 +108,11 @@ def extract(vex: str | None, evex: str | None) -> Sem:
                permute=True)
 
 
+def kmov(dtype, feature: str) -> Sem:
+    """kmov{w,d,q}: the low element, zero-extended to the destination (k, r32/r64, memory)."""
+    return Sem(lambda n, a: pad(a[:1], n), vex=feature, src=dtype, dst=dtype)
+
+
 def movss(n: int, *s: np.ndarray) -> np.ndarray:
     """vmovss: load (zero-extended), store (element 0) or merge (element 0 of the second
     source over the first)."""
@@ -117,10 +122,10 @@ def movss(n: int, *s: np.ndarray) -> np.ndarray:
 
 
 def haddps(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per 128-bit lane: a0+a1, a2+a3, b0+b1, b2+b3 (the odd element is the first source of
-    each addition, as the CPU picks NaNs)."""
+    """Per 128-bit lane: a0+a1, a2+a3, b0+b1, b2+b3; of two NaNs the CPU returns the even
+    element's (the SDM writes the sum odd + even)."""
     x = np.concatenate([lanes128(a), lanes128(b)], axis=1)
-    return fp.arith(np.add, x[:, 1::2], x[:, 0::2]).reshape(-1)
+    return fp.arith(np.add, x[:, 0::2], x[:, 1::2]).reshape(-1)
 
 
 def permilps(n: int, a: np.ndarray, control) -> np.ndarray:
@@ -236,8 +241,9 @@ SEMANTICS: dict[str, Sem] = {
     "vextractf32x4": extract(None, "avx512f"),
     "vextractf32x8": extract(None, "avx512dq"),
     # opmasks
-    "kmovw": Sem(lambda n, a: pad(a[:1], n), vex="avx512f", src=U16, dst=U16),
-    "kxnorw": Sem(lambda n, a, b: ~(a ^ b), vex="avx512f", src=U16, dst=U16),
+    "kmovw": kmov(U16, "avx512f"), "kmovd": kmov(U32, "avx512bw"),
+    "kmovq": kmov(U64, "avx512bw"),
+    "kxnorw": Sem(lambda n, a, b: pad(~(a[:1] ^ b[:1]), n), vex="avx512f", src=U16, dst=U16),
     # no operands
     "vzeroupper": Sem(vzeroupper, vex="avx", state=True),
     "vzeroall": Sem(vzeroall, vex="avx", state=True),

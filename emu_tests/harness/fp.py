@@ -39,8 +39,10 @@ def floats(u: np.ndarray) -> np.ndarray:
 def _nan_rules(result: np.ndarray, operands: tuple[np.ndarray, ...]) -> np.ndarray:
     """`result` with x86's NaN choices: the first NaN operand quieted, else the default NaN
     where the operation was invalid."""
-    out = bits(result).copy()
     undecided = np.isnan(result)
+    if not undecided.any():
+        return result
+    out = bits(result).copy()
     for x in operands:
         nan = undecided & np.isnan(x)
         out[nan] = bits(x)[nan] | QUIET32

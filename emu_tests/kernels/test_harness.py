@@ -84,6 +84,15 @@ ROUTINES = {
     "vex_by_indirect_jump": "mov rax, {has_vex}\njmp rax",
     "vex_after_endless_loop": "xor eax, eax\njz spin\nvsqrtps xmm0, xmm1\nspin: jmp spin",
     "leaves_upper_set": "vbroadcastss ymm1, xmm0\nret",
+    "misaligned_movaps": "vmovaps xmm0, xmmword ptr [rsi + 4]\nret",
+    "rounds_up": """
+        sub rsp, 8
+        stmxcsr dword ptr [rsp]
+        or dword ptr [rsp], 0x4000
+        ldmxcsr dword ptr [rsp]
+        vaddps xmm0, xmm0, xmm0
+        add rsp, 8
+        ret""",
     # masked_copy(xout, x, n): xout[i] = x[i] for i < n <= 16, one masked zmm load and store
     "masked_copy": """
         mov ecx, edx
@@ -274,10 +283,16 @@ def test_unmodelled_vex_is_refused_before_running(emu512):
         emu512.call("vex_after_endless_loop")
 
 
-def test_dirty_upper_halves_at_return_are_caught(image):
-    with pytest.raises(KernelFault, match=r"leaves_upper_set: returns with bits above 127 set "
-                       r"in ymm1 \(no vzeroupper\)"):
-        Emulator(image, cpu=AVX2).call("leaves_upper_set", 0.5)
+@pytest.mark.parametrize("name,message", [
+    ("leaves_upper_set", r"leaves_upper_set: returns with bits above 127 set in ymm1 \(no "
+     r"vzeroupper\)"),
+    ("misaligned_movaps", r"#GP: vmovaps xmm0, xmmword ptr \[rsi \+ 4\] needs a 16-byte "
+     r"aligned address"),
+    ("rounds_up", r"MXCSR is 0x5f80: the model computes with the default 0x1f80 only"),
+])
+def test_model_faults_are_caught(image, name, message):
+    with pytest.raises(KernelFault, match=message):
+        Emulator(image, cpu=AVX2).call(name, *add_args()[1])
 
 
 def test_i64_passes_all_bits(emu):

@@ -38,9 +38,9 @@ from capstone import x86_const as X
 from .avx_table import SEMANTICS, Sem, Unsupported
 from .call import JUNK_LANE
 from .code import LEGACY_PREFIXES, cpu_features, vex_kind
-from .cpus import Cpu
+from .cpus import MXCSR_DEFAULT, Cpu
 
-MXCSR_CONTROL, MXCSR_DEFAULT = 0xFFC0, 0x1F80
+MXCSR_CONTROL = 0xFFC0
 JUNK_MASK = 0x5A5A_5A5A_DEAD_BEEF
 SYSTEM = frozenset({"cpuid", "xgetbv"})
 GPR32 = {"eax": "rax", "ebx": "rbx", "ecx": "rcx", "edx": "rdx", "esi": "rsi", "edi": "rdi",
@@ -205,8 +205,6 @@ def _plan(insn, text: str) -> Plan:
         dest, sources = ops[0], tuple(ops[0 if sem.reads_dest else 1:])
         if dest.kind == "mem" and zeroing:
             raise Unsupported("zeroing into memory")
-        if dest.kind == "gpr" and dest.reg not in GPR32 and dest.reg not in GPR64:
-            raise Unsupported(f"a write to {dest.reg}")
         if dest.size % np.dtype(sem.dst).itemsize:
             raise Unsupported(f"a {dest.size}-byte destination of {np.dtype(sem.dst)} elements")
     reg_source = len(sources) > 0 and sources[-1].kind != "mem"

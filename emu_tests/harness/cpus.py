@@ -12,6 +12,7 @@ Contract:
   leaf 1 (ecx/edx feature bits), leaf 7 subleaf 0 (ebx/ecx feature bits); every other leaf
   reads as zeros. Only the bits of CPUID_BITS are modelled.
 - `cpu.has(features)`: True when every named feature is in `flags`.
+- `MXCSR_DEFAULT`: MXCSR as Linux starts a process (the state the model computes in).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ CPUID_BITS = {
 MAX_LEAF = 7
 VENDOR = b"GenuineIntel"                      # ebx, edx, ecx in that order
 XCR0_X87_SSE, XCR0_AVX, XCR0_AVX512 = 0x3, 0x4, 0xE0
+MXCSR_DEFAULT = 0x1F80             # Linux start-up state: all exceptions masked, round-nearest
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,11 @@ from unicorn import x86_const as R
 
 from . import avx, code
 from .call import INT_REGS, JUNK_XMM, CallResult, plan, place
-from .cpus import BASELINE, Cpu
+from .cpus import BASELINE, MXCSR_DEFAULT, Cpu
 from .image import PAGE, Image, page_down, page_up
 
 CPU_MODEL = R.UC_CPU_X86_PENRYN
 CR4_OSFXSR_OSXMMEXCPT = 0x600      # without them every SSE instruction is #UD
-MXCSR_DEFAULT = 0x1F80             # Linux start-up state: all exceptions masked, round-nearest
 FPCW_DEFAULT = 0x037F              # x87: 64-bit mantissa, all exceptions masked
 EFLAGS_DF = 0x400
 RFLAGS_START = 0x202

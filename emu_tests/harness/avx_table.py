@@ -102,10 +102,11 @@ def broadcast(dtype, vex: str | tuple[str, str] | None, evex: str,
                vex_reg_source=vex_reg_source)
 
 
-def extract(vex: str | None, evex: str | None) -> Sem:
-    """Destination-sized block `imm` of the source (vextractf128, vextractf32x4/x8)."""
+def extract(vex: str | None, evex: str | None, dtype=U32) -> Sem:
+    """Destination-sized block `imm` of the source (vextractf128, vextractf32x4/x8 ...);
+    `dtype`: the elements a write mask selects."""
     return Sem(lambda n, a, imm: a.reshape(-1, n)[imm % (len(a) // n)], vex=vex, evex=evex,
-               permute=True)
+               src=dtype, dst=dtype, permute=True)
 
 
 def kmov(dtype, feature: str) -> Sem:
@@ -240,6 +241,7 @@ SEMANTICS: dict[str, Sem] = {
     "vextracti128": extract("avx2", None),
     "vextractf32x4": extract(None, "avx512f"),
     "vextractf32x8": extract(None, "avx512dq"),
+    "vextractf64x4": extract(None, "avx512f", U64),
     # opmasks
     "kmovw": kmov(U16, "avx512f"), "kmovd": kmov(U32, "avx512bw"),
     "kmovq": kmov(U64, "avx512bw"),

@@ -125,6 +125,7 @@ FORMS = [
     _form("vpbroadcastw xmm1, [rdx]", "avx2", kind="bytes"),
     _form("vpbroadcastw ymm1, xmm2", "avx2", kind="bytes"),
     _form("vpbroadcastd ymm1, [rdx]", "avx2", kind="bytes"),
+    _form("vpbroadcastb ymm1, [rdx]", "avx2", kind="bytes"),
     _form("vbroadcastss ymm1, [rdx]", "avx"),
     _form("vbroadcastss ymm1, xmm2", "avx2"),
     _form("vpmovsxbd ymm1, [rdx]", "avx2", kind="bytes"),
@@ -162,6 +163,7 @@ FORMS = [
     _form("vmovups [rdx], ymm2", "avx"),
     _form("vmovaps xmm1, [rdx]", "avx"),
     _form("vmovdqu ymm1, [rdx]", "avx", kind="bytes"),
+    _form("vmovdqa [rdx], ymm2", "avx", kind="bytes"),
     _form("vzeroupper", "avx"),
     _form("vzeroall", "avx"),
     # --- EVEX: what AVX-512 versions of the kernels need ---
@@ -180,6 +182,8 @@ FORMS = [
     _form("vmovdqu32 [rdx]{k1}, zmm2", F, kind="bytes"),
     _form("vmovdqu64 zmm1{k1}, zmm2", F, kind="bytes"),
     _form("vmovdqa32 zmm1, [rdx]", F, kind="bytes"),
+    _form("vmovdqa64 zmm1{k1}{z}, [rdx]", F, kind="bytes"),
+    _form("vfmadd132ps zmm1{k1}, zmm2, zmm3", F),
     _form("vcvtph2ps zmm1, [rdx]", F, kind="f16"),
     _form("vcvtph2ps zmm1{k1}, [rdx]", F, kind="f16"),
     _form("vcvtph2ps zmm1{k1}{z}, ymm2", F, kind="f16"),
@@ -232,6 +236,8 @@ FORMS = [
     _form("kmovw k1, [rdx]", F, kind="bytes"),
     _form("kmovw [rdx], k1", F, kind="bytes"),
     _form("kxnorw k1, k2, k1", F, kind="bytes"),
+    _form("kmovq k1, rax", BW, kind="bytes"),
+    _form("kmovd eax, k2", BW, kind="bytes"),
     _form("kxnorw k1, k1, k1", F, kind="bytes"),
     _form("vzeroupper", "avx", zmm=True),
 ]

@@ -17,6 +17,7 @@ import pytest
 
 from builder.bench.machine import cpu_flags
 from emu_tests.harness import AVX2, AVX512, Emulator, NativeRunner, avx, code
+from emu_tests.harness.avx_table import SEMANTICS
 from emu_tests.model.forms import FORMS, MEM, Form, build, digest, inputs, load_record, run
 
 
@@ -104,6 +105,14 @@ def test_features_are_the_sdm_ones(form, image):
     insn = insns[6 if form.wide else 4]                     # after the loads
     assert f"{insn.mnemonic} {insn.op_str}".startswith(form.text.split()[0])
     assert avx.plan(insn).features == form.features, label(form)
+
+
+def test_every_modelled_instruction_has_a_form():
+    """Each entry of the model's table is checked against the CPU here (CPUID and XGETBV,
+    which answer for the emulated CPU, in test_model_dispatch.py)."""
+    covered = {f.text.split()[0] for f in FORMS}
+    missing = set(SEMANTICS) - covered - avx.SYSTEM
+    assert not missing, f"instructions without a form in forms.FORMS: {sorted(missing)}"
 
 
 def test_instructions_beyond_the_cpu_are_invalid(image):

@@ -10,8 +10,8 @@ Contract:
     of the 64-bit register is set to junk, as the ABI allows; `I64(v)` passes all 64 bits;
   * a float / np.float32: a float32 in the low lane of the next xmm register (other lanes are
     junk NaNs); `np.float64` / `F64(v)` passes a double.
-  Pointers and ints take rdi rsi rdx rcx r8 r9 in order, then (native runner only) two more
-  8-byte stack slots, [rsp+8] and [rsp+16] at entry; floats xmm0..xmm7.
+  Pointers and ints take rdi rsi rdx rcx r8 r9 in order, then two more 8-byte stack slots,
+  [rsp+8] and [rsp+16] at entry; floats xmm0..xmm7.
 - `place(nbytes, align)` lays out one buffer: it starts `align`-aligned and ends less than
   `align` bytes before the end of its last page, so the guard page that follows is as close as
   alignment allows. Both runners use it, so a buffer has the same page offset in both.
@@ -25,7 +25,7 @@ import numpy as np
 from .image import PAGE
 
 INT_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
-N_STACK_ARGS = 2                             # integer-class arguments 7 and 8 (native runner)
+N_STACK_ARGS = 2                             # integer-class arguments 7 and 8, on the stack
 N_XMM_ARGS = 8
 JUNK_HIGH = 0xDEADBEEF << 32                 # upper half of a register holding a 32-bit scalar
 JUNK_LANE = 0x7FC0BAD1                       # a quiet NaN: lanes nobody should use

@@ -6,7 +6,8 @@ Contract:
   at ret/jmp/hlt/ud2 and at bytes that do not decode, and returns the instructions in address
   order. This sees only real code, never the strings and constants between routines.
 - `vex_kind(insn)` is "VEX", "EVEX" or None: Unicorn runs no AVX and silently miscomputes some
-  128-bit VEX forms, so the emulators refuse such code.
+  128-bit VEX forms, so the routine emulator runs them in its model (avx.py) and the
+  whole-program emulator refuses them.
 - `sweep(image, start, size)` is a linear disassembly (stops at the first undecodable byte).
 - `cpu_features(insns)` names the /proc/cpuinfo flags the instructions need beyond SSE3.
 - `describe(image, insn)` is "0xADDR (symbol+0xOFF): mnemonic operands".

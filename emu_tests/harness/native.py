@@ -14,7 +14,7 @@ kernels are tested.
   others, sentinels in rbx rbp r12-r15, and records after the return: rax, xmm0, the
   callee-saved registers, rsp, RFLAGS (DF), MXCSR, the x87 control and status words.
   Breaches raise `KernelFault`.
-- Before the call, the CPU features the reachable code needs (capstone groups) are compared
+- Before the call, the CPU features the reachable code needs (avx.features) are compared
   with /proc/cpuinfo; a missing one makes the test skip and says which.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 
 from builder.bench.machine import cpu_flags
 
-from . import code
+from . import avx, code
 from .call import INT_REGS, JUNK_XMM, N_STACK_ARGS, CallResult, plan, place
 from .image import PAGE, Image, page_down, page_up
 from .unicorn_run import CALLEE_SAVED, EFLAGS_DF, FPCW_DEFAULT, JUNK_GPR, MXCSR_DEFAULT, KernelFault
@@ -156,7 +156,7 @@ class NativeRunner:
     def needs(self, name: str) -> set[str]:
         """CPU flags the code reachable from `name` needs that this CPU lacks."""
         insns = code.reachable(self.image, self.image.symbol(name).address)
-        return code.cpu_features(insns) - cpu_flags()
+        return avx.features(insns) - cpu_flags()
 
     def call(self, name: str, *args) -> CallResult:
         missing = self.needs(name)

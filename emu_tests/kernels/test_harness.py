@@ -1,6 +1,7 @@
 """The harness's own tests: well-behaved routines pass and give numpy's answers; deliberately
 faulty ones are each caught, in Unicorn and natively, with a message that names the fault.
-The routines are assembled with keystone into a small synthetic image (harness.assemble)."""
+The routines are assembled with keystone into a small synthetic image (harness.assemble);
+keystone encodes EVEX displacements wrongly, so the EVEX routines here use none."""
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +12,8 @@ import pytest
 
 from emu_tests.harness import (I64, Emulator, In, KernelFault, Out, RefusedCode, assemble,
                                load_elf)
-from emu_tests.harness import code, native
+from emu_tests.harness import avx, code, native
+from emu_tests.harness.cpus import AVX2, AVX512
 from emu_tests.harness.native import NativeRunner
 from emu_tests.harness.program import MMAP_BASE, ProgramFault, run_program
 
@@ -77,8 +79,39 @@ ROUTINES = {
     "misaligned_call": "call {seven}\nret",
     "clobbers_rbx": "mov ebx, 1\nret",
     "leaves_df_set": "std\nret",
-    "has_vex": "vaddps xmm0, xmm0, xmm1\nret",
+    "has_vex": "vsqrtps xmm0, xmm1\nret",
     "vex_in_callee": "sub rsp, 8\ncall {has_vex}\nadd rsp, 8\nret",
+    "vex_by_indirect_jump": "mov rax, {has_vex}\njmp rax",
+    "vex_after_endless_loop": "xor eax, eax\njz spin\nvsqrtps xmm0, xmm1\nspin: jmp spin",
+    "leaves_upper_set": "vbroadcastss ymm1, xmm0\nret",
+    "misaligned_movaps": "vmovaps xmm0, xmmword ptr [rsi + 4]\nret",
+    "rounds_up": """
+        sub rsp, 8
+        stmxcsr dword ptr [rsp]
+        or dword ptr [rsp], 0x4000
+        ldmxcsr dword ptr [rsp]
+        vaddps xmm0, xmm0, xmm0
+        add rsp, 8
+        ret""",
+    # masked_copy(xout, x, n): xout[i] = x[i] for i < n <= 16, one masked zmm load and store
+    "masked_copy": """
+        mov ecx, edx
+        mov eax, 1
+        shl eax, cl
+        dec eax
+        kmovw k1, eax
+        vmovups zmm0 {{k1}} {{z}}, zmmword ptr [rsi]
+        vmovups zmmword ptr [rdi] {{k1}}, zmm0
+        vzeroupper
+        ret""",
+    "unmasked_copy": """
+        vmovups zmm0, zmmword ptr [rsi]
+        vmovups zmmword ptr [rdi], zmm0
+        vzeroupper
+        ret""",
+    # seventh(a1, ..., a6, a7, a8): the stack arguments, a7 + 2 a8; writes_seventh writes a7
+    "seventh": "mov rax, qword ptr [rsp + 16]\nadd rax, rax\nadd rax, qword ptr [rsp + 8]\nret",
+    "writes_seventh": "mov qword ptr [rsp + 8], 0\nret",
     "loops_forever": "spin: jmp spin",
     "writes_past_output": "mov eax, edx\nmov dword ptr [rdi + rax*4], 0\nret",
     "writes_input": "mov dword ptr [rsi], 0\nret",
@@ -110,6 +143,11 @@ def image():
 @pytest.fixture(scope="module")
 def emu(image):
     return Emulator(image, budget=20_000)
+
+
+@pytest.fixture(scope="module")
+def emu512(image):
+    return Emulator(image, budget=20_000, cpu=AVX512)
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +190,15 @@ def test_avx2_routine_runs_natively(cpu):
     np.testing.assert_array_equal(cpu.call("add_scalar_avx2", *args).out, x + np.float32(0.5))
 
 
+@pytest.mark.parametrize("n", [0, 8, 24])
+def test_avx2_routine_runs_in_the_model(image, n):
+    x, args = add_args(n)
+    got = Emulator(image, cpu=AVX2).call("add_scalar_avx2", *args)
+    # exact: one float32 addition per element
+    np.testing.assert_array_equal(got.out, x + np.float32(0.5))
+    assert got.instructions == 6 + 6 * n // 8   # broadcast, xor, loop of 6 per 8, exit 4
+
+
 def test_native_runner_skips_naming_the_missing_feature(cpu, monkeypatch):
     monkeypatch.setattr(native, "cpu_flags", lambda: frozenset({"sse4_1"}))
     with pytest.raises(pytest.skip.Exception, match="lacks avx, avx2"):
@@ -159,9 +206,34 @@ def test_native_runner_skips_naming_the_missing_feature(cpu, monkeypatch):
 
 
 def test_cpu_features_of_reachable_code(image):
-    insns = code.reachable(image, image.symbol("add_scalar_avx2").address)
-    assert code.cpu_features(insns) == {"avx", "avx2"}
-    assert code.cpu_features(code.reachable(image, image.symbol("add_scalar").address)) == set()
+    def features(name):
+        return avx.features(code.reachable(image, image.symbol(name).address))
+    assert features("add_scalar_avx2") == {"avx", "avx2"}
+    assert features("masked_copy") == {"avx", "avx512f"}            # vzeroupper: avx
+    assert features("add_scalar") == set()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 16])
+def test_masked_access_touches_only_active_elements(emu512, n):
+    """x has n elements: the 64-byte loads and stores of masked_copy reach past it (into the
+    guard page when n < 16), but only the n active elements count."""
+    x = np.arange(n, dtype=np.float32) + np.float32(0.5)
+    got = emu512.call("masked_copy", Out(np.full(n, np.nan, np.float32), "xout"), In(x, "x"), n)
+    np.testing.assert_array_equal(got.out, x)
+
+
+def test_unmasked_zmm_access_past_a_buffer_is_caught(emu512):
+    x = np.ones(15, np.float32)
+    with pytest.raises(KernelFault, match=r"unmasked_copy: read of 64 bytes at 0x[0-9a-f]+ "
+                       r"outside .* runs 4 bytes past the end of input buffer x .* vmovups zmm0"):
+        emu512.call("unmasked_copy", Out(np.zeros(16, np.float32), "xout"), In(x, "x"))
+
+
+def test_stack_arguments_are_read_only(emu):
+    assert emu.call("seventh", 0, 0, 0, 0, 0, 0, I64(5), I64(100)).rax == 205
+    with pytest.raises(KernelFault, match=r"write of 8 bytes .* inside the stack arguments .* "
+                       r"read-only"):
+        emu.call("writes_seventh", 0, 0, 0, 0, 0, 0, I64(5), I64(100))
 
 
 # --- faulty routines, in Unicorn -------------------------------------------------------------
@@ -182,9 +254,13 @@ FAULTS = [
     ("clobbers_rbx", r"clobbers callee-saved rbx \(0xb0b0b0b1badf00d -> 0x1\)"),
     ("leaves_df_set", r"direction flag set"),
     ("has_vex", r"refusing to emulate the VEX instruction at 0x[0-9a-f]+ \(has_vex\): "
-     r"vaddps xmm0, xmm0, xmm1"),
+     r"vsqrtps xmm0, xmm1: the model has no semantics for this mnemonic"),
     ("vex_in_callee", r"vex_in_callee: refusing to emulate the VEX instruction at "
      r"0x[0-9a-f]+ \(has_vex\)"),
+    ("vex_by_indirect_jump", r"vex_by_indirect_jump: refusing to emulate the VEX instruction "
+     r"at 0x[0-9a-f]+ \(has_vex\): vsqrtps"),
+    ("add_scalar_avx2", r"add_scalar_avx2: an invalid instruction \(the emulated CPU, baseline "
+     r"\(SSE..SSE4.1\), lacks avx2\) at 0x[0-9a-f]+ \(add_scalar_avx2\): vbroadcastss ymm0"),
     ("loops_forever", r"did not return within 20000 instructions .*loops_forever"),
     ("misaligned_call", r"rsp is not 16-byte aligned \(rsp % 16 = 8\) at the call at "
      r"0x[0-9a-f]+ \(misaligned_call\)"),
@@ -201,9 +277,22 @@ def test_faulty_routine_is_caught_in_unicorn(emu, name, message):
         emu.call(name, *add_args()[1])
 
 
-def test_vex_is_refused_before_running(emu):
-    with pytest.raises(RefusedCode, match="Unicorn has no AVX"):
-        emu.call("add_scalar_avx2", *add_args(8)[1])
+def test_unmodelled_vex_is_refused_before_running(emu512):
+    """Reachable by a branch never taken: refused before the endless loop runs."""
+    with pytest.raises(RefusedCode, match=r"vex_after_endless_loop: refusing .* vsqrtps"):
+        emu512.call("vex_after_endless_loop")
+
+
+@pytest.mark.parametrize("name,message", [
+    ("leaves_upper_set", r"leaves_upper_set: returns with bits above 127 set in ymm1 \(no "
+     r"vzeroupper\)"),
+    ("misaligned_movaps", r"#GP: vmovaps xmm0, xmmword ptr \[rsi \+ 4\] needs a 16-byte "
+     r"aligned address"),
+    ("rounds_up", r"MXCSR is 0x5f80: the model computes with the default 0x1f80 only"),
+])
+def test_model_faults_are_caught(image, name, message):
+    with pytest.raises(KernelFault, match=message):
+        Emulator(image, cpu=AVX2).call(name, *add_args()[1])
 
 
 def test_i64_passes_all_bits(emu):

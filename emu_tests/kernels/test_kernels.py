@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from builder.models.modelfile import LayerAttn, rope_freqs
-from emu_tests.harness import I64, Emulator, In, Out, load_elf
 from conftest import KERNEL_COUNTS
+from emu_tests.harness import BASELINE, I64, Cpu, Emulator, In, Out, load_elf
 from emu_tests.harness.header import read_header
 from emu_tests.harness.image import with_routines
 from emu_tests.harness.native import NativeRunner
@@ -68,8 +68,8 @@ class HeaderCheckedEmulator(Emulator):
     """An Emulator that also holds each routine to its header: registers the header does not
     list as clobbered (or as outputs) must come back unchanged (see harness.header)."""
 
-    def __init__(self, image, symbols: dict):
-        super().__init__(image)
+    def __init__(self, image, symbols: dict, cpu: Cpu = BASELINE):
+        super().__init__(image, cpu=cpu)
         self.sources = symbols
         self.counts: dict[str, list[int]] = {}
 

@@ -1,0 +1,80 @@
+"""asm/cpu.asm's dispatch (cpu_setup) on emulated CPUs: CPUID and XGETBV answer as a baseline
+CPU, an AVX2 CPU, an AVX-512 CPU, or one of them missing a feature or OS support, and the
+kernels and tokens per call it stores must be the ones its header promises: the AVX2 kernels
+and FAST_TOKENS only with AVX, FMA, F16C, OSXSAVE, XCR0 bits 1-2 and every product's n a
+multiple of 16, and not with --baseline; the baseline kernels and 1 token otherwise.
+
+cpu_setup takes rbx (the model header) and rbp (fwd_vars) and writes the image's job
+variables, so a SysV wrapper (test-side, assembled above the image) sets them and copies the
+three results out.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from emu_tests.asm_facts import constant
+from emu_tests.harness import AVX2, AVX512, BASELINE, Emulator, Out, load_elf, with_routines
+from emu_tests.harness.cpus import XCR0_X87_SSE
+
+WRAPPER = {
+    # cpu_setup_sysv(out u64[3], header, q_dim, baseline): out = kernel, Q8_0 kernel, tokens
+    "cpu_setup_sysv": """
+        push rbx
+        push rbp
+        push rdi
+        mov rbx, rsi
+        mov rbp, {fwd_vars}
+        mov dword ptr [{fv_q_dim}], edx
+        mov byte ptr [{opt_tokens} + 1], cl
+        call {cpu_setup}
+        pop rdi
+        mov rax, qword ptr [{job_kernel}]
+        mov qword ptr [rdi], rax
+        mov rax, qword ptr [{job_kernel_q8}]
+        mov qword ptr [rdi + 8], rax
+        mov eax, dword ptr [{job_tokens}]
+        mov qword ptr [rdi + 16], rax
+        pop rbp
+        pop rbx
+        ret""",
+}
+GEMMA_2B = (2048, 16384, 2048)                      # dim, ffn, heads x head_dim
+SLOW = ("matmul_f16", "matmul_q8", 1)
+FAST = ("matmul_f16_avx2", "matmul_q8_avx2", constant("FAST_TOKENS"))
+
+CASES = [
+    (BASELINE, GEMMA_2B, False, SLOW),
+    (AVX2, GEMMA_2B, False, FAST),
+    (AVX512, GEMMA_2B, False, FAST),
+    (AVX2.without("fma"), GEMMA_2B, False, SLOW),
+    (AVX2.without("f16c"), GEMMA_2B, False, SLOW),
+    (AVX2.without("avx"), GEMMA_2B, False, SLOW),
+    (AVX2.without("osxsave"), GEMMA_2B, False, SLOW),     # XGETBV would fault: not reached
+    (AVX2.with_xcr0(XCR0_X87_SSE), GEMMA_2B, False, SLOW),  # the OS saves no ymm state
+    (AVX512, GEMMA_2B, True, SLOW),                          # --baseline
+    (AVX2, (2056, 16384, 2048), False, SLOW),                # dim 8 mod 16
+    (AVX2, (2048, 16392, 2048), False, SLOW),                # ffn
+    (AVX2, (2048, 16384, 2056), False, SLOW),                # heads x head_dim
+    (AVX2, (64, 256, 64), False, FAST),
+]
+
+
+@pytest.fixture(scope="module")
+def image(gemma):
+    return with_routines(load_elf(gemma.elf, gemma.symbols), WRAPPER)
+
+
+@pytest.mark.parametrize("cpu,dims,baseline,want", CASES,
+                         ids=[f"{c[0].name}-{c[1]}-{'baseline' if c[2] else 'default'}"
+                              for c in CASES])
+def test_cpu_setup_picks_the_kernels(image, cpu, dims, baseline, want):
+    dim, ffn, q_dim = dims
+    header = np.zeros(16, np.uint32)
+    header[constant("HDR_DIM") // 4], header[constant("HDR_FFN") // 4] = dim, ffn
+    out = Emulator(image, cpu=cpu).call("cpu_setup_sysv", Out(np.zeros(3, np.uint64), "out"),
+                                        header, q_dim, int(baseline)).out
+    names = {image.symbol(s).address: s for s in SLOW[:2] + FAST[:2]}
+    got = (names.get(int(out[0]), hex(int(out[0]))), names.get(int(out[1]), hex(int(out[1]))),
+           int(out[2]))
+    assert got == want, f"{cpu.name}, dims {dims}, --baseline {baseline}: chose {got}"

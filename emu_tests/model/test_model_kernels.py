@@ -1,0 +1,60 @@
+"""The shipped fast kernels (asm/fast.asm: matmul_f16_avx2, matmul_q8_avx2) in Unicorn, their
+VEX instructions run by the instruction model on an emulated AVX2 CPU (a Haswell: nothing
+beyond AVX2, FMA and F16C may run), with every memory access bounds-checked and their
+header's register contract held (HeaderCheckedEmulator), against the native run on the same
+inputs: bit for bit, no tolerance.
+
+Shapes are small (Unicorn with the model runs ~20k instructions/s) and cover what the code
+branches on: k = 1..4 tokens (the computed jump into the unrolled tokens), accumulate or not,
+an output row stride with gaps, FP16 edge values (65504, denormals, signed zeros); for Q8_0
+the decode pairs (k = 1, d even: rows i and i + d/2 together), d odd (one row at a time),
+edge blocks (zero, denormal and largest scales, q = -128); one Gemma-sized n each.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from emu_tests.harness import AVX2, NativeRunner, load_elf
+from emu_tests.kernels.test_kernels import HeaderCheckedEmulator, rng_for
+from emu_tests.kernels.test_q8_kernels import Q8_FAST, call_q8_fast, q8_blocks
+from emu_tests.speed.test_speed_paths import FAST, call_fast, kernel_case, same_bits
+
+
+@pytest.fixture(scope="module")
+def image(gemma):
+    return load_elf(gemma.elf, gemma.symbols)
+
+
+@pytest.fixture(scope="module")
+def model(image, gemma):
+    return HeaderCheckedEmulator(image, gemma.symbols, cpu=AVX2)
+
+
+@pytest.fixture(scope="module")
+def native(image):
+    return NativeRunner(image)
+
+
+@pytest.mark.parametrize("d,n,k,accumulate", [
+    (1, 16, 1, 0), (2, 32, 4, 1), (3, 48, 3, 0), (5, 16, 2, 1), (4, 64, 1, 1), (3, 2048, 2, 0),
+    (16, 2048, 4, 1),
+])
+def test_matmul_f16_avx2_in_the_model(model, native, d, n, k, accumulate):
+    w, x, old = kernel_case(d, n, k, d * 101 + n + k)
+    same_bits(f"{FAST} d={d} n={n} k={k} acc={accumulate}: model vs CPU",
+              call_fast(model, w, x, old, accumulate), call_fast(native, w, x, old, accumulate))
+
+
+@pytest.mark.parametrize("d,n,k,accumulate", [
+    (1, 32, 1, 0), (4, 64, 1, 1), (6, 32, 1, 0), (3, 64, 1, 1), (2, 64, 4, 1), (5, 96, 3, 0),
+    (2, 2048, 1, 1), (4, 2048, 4, 0), (9, 2048, 1, 0),
+])
+def test_matmul_q8_avx2_in_the_model(model, native, d, n, k, accumulate):
+    rng = rng_for("q8 in the model", d, n, k)
+    blocks = q8_blocks(rng, d, n, edge=True)
+    x = rng.standard_normal((k, n)).astype(np.float32)
+    old = rng.standard_normal((k, d)).astype(np.float32)
+    same_bits(f"{Q8_FAST} d={d} n={n} k={k} acc={accumulate}: model vs CPU",
+              call_q8_fast(model, blocks, n, x, old, accumulate),
+              call_q8_fast(native, blocks, n, x, old, accumulate))

@@ -2,6 +2,8 @@
 
 CPUID1_NEED = (1 shl 12) or (1 shl 27) or (1 shl 28) or (1 shl 29) ; ecx: FMA OSXSAVE AVX F16C
 XCR0_SSE_AVX = 6                                        ; the OS saves XMM and YMM state
+CPUID7_AVX512F = 1 shl 16                               ; leaf 7 ebx
+XCR0_AVX512 = 0xE0                                      ; ... and opmask, ZMM0-15 high, ZMM16-31
 
 ; cpu_setup: the matrix-product kernel every thread calls and the tokens it takes per call:
 ; matmul_f16_avx2 and 4 when CPUID leaf 1 reports AVX, FMA, F16C and OSXSAVE, XGETBV shows
@@ -40,6 +42,16 @@ cpu_setup:
         mov     esi, matmul_f16_avx2
         mov     r8d, matmul_q8_avx2
         mov     dil, FAST_TOKENS
+        test    al, XCR0_AVX512         ; (eax = not XCR0)
+        jnz     .chosen
+        push    7
+        pop     rax
+        xor     ecx, ecx
+        cpuid
+        test    ebx, CPUID7_AVX512F
+        jz      .chosen
+        mov     esi, matmul_f16_avx512
+        mov     r8d, matmul_q8_avx512
 .chosen:
         mov     [job_kernel], rsi
         mov     [job_kernel_q8], r8

@@ -52,6 +52,8 @@ matmul_q8_avx2:
         add     rsp, 24
         ret
 matmul_f16_avx2:
+        cmp     dword [rsp+8], 1        ; k
+        je      .decode
         lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
 .go:
         push    r9                      ; [rsp]: accumulate; k at [rsp+16], ostride [rsp+24]
@@ -166,4 +168,35 @@ matmul_f16_avx2:
         jnz     .row
         vzeroupper
         pop     r9
+        ret
+.decode:                                ; k = 1: each row by a straight loop, no computed
+.drow:                                  ; jumps, the same chains and order (ymm0, ymm4)
+        vxorps  xmm0, xmm0, xmm0
+        vxorps  xmm4, xmm4, xmm4
+        mov     eax, ecx                ; halves to go
+        mov     r10, rsi
+.dcol:
+        vcvtph2ps ymm8, [rdx]
+        vcvtph2ps ymm9, [rdx+16]
+        vfmadd231ps ymm0, ymm8, [r10]
+        vfmadd231ps ymm4, ymm9, [r10+32]
+        add     rdx, 32
+        add     r10, 64
+        sub     eax, 16
+        jnz     .dcol
+        vaddps  ymm0, ymm0, ymm4        ; l
+        vextractf128 xmm1, ymm0, 1
+        vhaddps xmm0, xmm0, xmm1        ; l0 + l1, l2 + l3, l4 + l5, l6 + l7
+        vhaddps xmm0, xmm0, xmm0
+        vpermilps xmm1, xmm0, 1
+        vaddss  xmm0, xmm0, xmm1        ; ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+        test    r9d, r9d
+        jz      .dstore
+        vaddss  xmm0, xmm0, [rdi]
+.dstore:
+        vmovss  [rdi], xmm0
+        add     rdi, 4
+        dec     r8d
+        jnz     .drow
+        vzeroupper
         ret

@@ -18,6 +18,7 @@ include 'forward.asm'           ; model_setup, forward: the Gemma graph
 include 'kernels.asm'           ; the neural-net operations
 include 'math.asm'              ; exp, and the rest of the float math
 include 'fast.asm'              ; the AVX + FMA + F16C matrix product (W-fast)
+include 'fast512.asm'           ; the same with AVX-512F (W-fast)
 include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
 include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
 include 'text.asm'              ; read-only strings

@@ -2,7 +2,8 @@
 CPU, an AVX2 CPU, an AVX-512 CPU, or one of them missing a feature or OS support, and the
 kernels and tokens per call it stores must be the ones its header promises: the AVX2 kernels
 and FAST_TOKENS only with AVX, FMA, F16C, OSXSAVE, XCR0 bits 1-2 and every product's n a
-multiple of 16, and not with --baseline; the baseline kernels and 1 token otherwise.
+multiple of 16, and not with --baseline; the AVX-512 kernels where AVX-512F and XCR0 bits 5-7
+come on top; the baseline kernels and 1 token otherwise.
 
 cpu_setup takes rbx (the model header) and rbp (fwd_vars) and writes the image's job
 variables, so a SysV wrapper (test-side, assembled above the image) sets them and copies the
@@ -15,7 +16,7 @@ import pytest
 
 from emu_tests.asm_facts import constant
 from emu_tests.harness import AVX2, AVX512, BASELINE, Emulator, Out, load_elf, with_routines
-from emu_tests.harness.cpus import XCR0_X87_SSE
+from emu_tests.harness.cpus import XCR0_AVX, XCR0_X87_SSE
 
 WRAPPER = {
     # cpu_setup_sysv(out u64[3], header, q_dim, baseline): out = kernel, Q8_0 kernel, tokens
@@ -42,11 +43,14 @@ WRAPPER = {
 GEMMA_2B = (2048, 16384, 2048)                      # dim, ffn, heads x head_dim
 SLOW = ("matmul_f16", "matmul_q8", 1)
 FAST = ("matmul_f16_avx2", "matmul_q8_avx2", constant("FAST_TOKENS"))
+FAST512 = ("matmul_f16_avx512", "matmul_q8_avx512", constant("FAST_TOKENS"))
 
 CASES = [
     (BASELINE, GEMMA_2B, False, SLOW),
     (AVX2, GEMMA_2B, False, FAST),
-    (AVX512, GEMMA_2B, False, FAST),
+    (AVX512, GEMMA_2B, False, FAST512),
+    (AVX512.without("avx512f"), GEMMA_2B, False, FAST),
+    (AVX512.with_xcr0(XCR0_X87_SSE | XCR0_AVX), GEMMA_2B, False, FAST),  # no zmm state saved
     (AVX2.without("fma"), GEMMA_2B, False, SLOW),
     (AVX2.without("f16c"), GEMMA_2B, False, SLOW),
     (AVX2.without("avx"), GEMMA_2B, False, SLOW),
@@ -57,6 +61,8 @@ CASES = [
     (AVX2, (2048, 16392, 2048), False, SLOW),                # ffn
     (AVX2, (2048, 16384, 2056), False, SLOW),                # heads x head_dim
     (AVX2, (64, 256, 64), False, FAST),
+    (AVX512, (64, 256, 64), False, FAST512),
+    (AVX512, (2056, 16384, 2048), False, SLOW),
 ]
 
 
@@ -74,7 +80,7 @@ def test_cpu_setup_picks_the_kernels(image, cpu, dims, baseline, want):
     header[constant("HDR_DIM") // 4], header[constant("HDR_FFN") // 4] = dim, ffn
     out = Emulator(image, cpu=cpu).call("cpu_setup_sysv", Out(np.zeros(3, np.uint64), "out"),
                                         header, q_dim, int(baseline)).out
-    names = {image.symbol(s).address: s for s in SLOW[:2] + FAST[:2]}
+    names = {image.symbol(s).address: s for s in SLOW[:2] + FAST[:2] + FAST512[:2]}
     got = (names.get(int(out[0]), hex(int(out[0]))), names.get(int(out[1]), hex(int(out[1]))),
            int(out[2]))
     assert got == want, f"{cpu.name}, dims {dims}, --baseline {baseline}: chose {got}"

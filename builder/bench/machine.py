@@ -1,5 +1,5 @@
-"""This machine's memory read bandwidth and AVX2 FMA peak, measured natively, for
-`python -m builder bench`.
+"""This machine's memory read bandwidth, FMA peak and the engine's decode kernels' speed in
+cache, measured natively, for `python -m builder bench`.
 
 `bandwidths(thread_counts, size, files)` measures the read ceiling: the best GB/s (10^9 bytes
 per second), per thread count, of several read-only vector loops over a buffer of `size`
@@ -12,19 +12,25 @@ memory is cut into N contiguous slices and each thread reads its own slice, all 
 together (see below); bandwidth = total bytes read / the time from that start to the last
 thread's end.
 
-`fma_peaks(thread_counts)` runs, on N threads at once, a loop of ten independent
-vfmadd231ps ymm chains (more than FMA latency x FMA pipes on any x86 CPU, so the pipes never
-wait) and returns the best GFLOP/s over a few trials (one FMA on 8 floats = 16 FLOPs): the
-arithmetic ceiling of an AVX2 kernel at the clock the cores actually run, which on a shared
-or turbo-boosting machine is not the clock /proc/cpuinfo reports. Empty without AVX2 and FMA.
+`fma_peaks(thread_counts, level)` runs, on N threads at once, a loop of ten independent
+vfmadd231ps chains in the vectors of a kernel level (builder.bench.level): ymm for "avx2", zmm
+for "avx512" (register operands only: keystone encodes register-only EVEX correctly, its EVEX
+memory displacements wrongly). Ten chains are more than FMA latency x FMA pipes on any x86
+CPU, so the pipes never wait. It returns the best GFLOP/s over a few trials (one FMA on 8
+floats = 16 FLOPs, on 16 = 32): the arithmetic ceiling of that level's kernels at the clock
+the cores actually run, which on a shared or turbo-boosting machine is not the clock
+/proc/cpuinfo reports. (A CPU that splits a zmm FMA in two 256-bit halves, as AMD Zen 4 does,
+gives about the AVX2 peak: the loop measures, it assumes nothing.) Empty when the CPU lacks
+the level's flags (level.NEEDS).
 
-`kernel_speeds(binary, wtypes, thread_counts)` runs the engine's own decode kernel for each
-weight type (matmul_f16_avx2, matmul_q8_avx2: the very bytes of the built ./gemma, one token,
-as decode calls it) on N threads at once, each over its own 128 KB matrix of 2,048 columns
-(Gemma-2B's width), which stays in the core's own cache, and returns the best GB/s of weights
-consumed: the kernel's arithmetic ceiling. Decode cannot read weights from memory faster than
-its kernel consumes them from the cache, so where that speed is below the read ceiling, the
-arithmetic, not the memory, bounds decode.
+`kernel_speeds(binary, level, wtypes, thread_counts)` runs the engine's own decode kernel of
+that level for each weight type (level.KERNELS: matmul_f16_avx2 and matmul_q8_avx2, or the
+_avx512 ones; the very bytes of the built ./gemma, one token, as decode calls it) on N threads
+at once, each over its own 128 KB matrix of 2,048 columns (Gemma-2B's width), which stays in
+the core's own cache, and returns the best GB/s of weights consumed: the kernel's arithmetic
+ceiling. Decode cannot read weights from memory faster than its kernel consumes them from the
+cache, so where that speed is below the read ceiling, the arithmetic, not the memory, bounds
+decode.
 
 The loops are machine code (eight aligned loads per iteration), assembled with keystone,
 checked instruction by instruction with capstone (keystone is untrusted, see docs/build.md),
@@ -51,6 +57,7 @@ import numpy as np
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from builder.bench.level import KERNELS, NEEDS
 from builder.models.modelfile import Q8_0_BLOCK, QK8_0, quantize_q8_0
 
 UNROLL = 8  # loads per loop iteration
@@ -58,7 +65,9 @@ READ_WIDTHS = (16, 32)  # bytes per load: SSE2, AVX2 (no 512-bit loop: keystone 
 #                         EVEX displacements, docs/build.md)
 STREAMS = (1, 2, 4)  # concurrent sequential streams per thread
 FMA_CHAINS = 10  # independent FMAs per loop iteration
-KERNELS = {"f16": "matmul_f16_avx2", "q8_0": "matmul_q8_avx2"}  # decode's kernel per weight type
+# per level: the FMA loop's register, the instruction that zeroes one (EVEX vxorps is
+# AVX-512DQ, vpxord AVX-512F), its float32 lanes
+FMA_VECTOR = {"avx2": ("ymm", "vxorps", 8), "avx512": ("zmm", "vpxord", 16)}
 KERNEL_COLS = 2048  # columns of kernel_speeds' matrix
 KERNEL_BYTES = 128 << 10  # its weights' bytes at most: inside any x86 core's own L2 cache
 
@@ -106,11 +115,13 @@ def _source(width: int, streams: int = 1) -> list[str]:
         (["vzeroupper"] if width == 32 else []) + ["ret"]
 
 
-def _fma_source() -> list[str]:
-    """FMA_CHAINS chains of vfmadd231ps on zeros (no denormals, no NaNs); rdi = iterations."""
+def _fma_source(level: str) -> list[str]:
+    """FMA_CHAINS chains of vfmadd231ps on zeros (no denormals, no NaNs) in the level's
+    registers (FMA_VECTOR; registers only); rdi = iterations."""
+    reg, zero, _ = FMA_VECTOR[level]
     chains = range(FMA_CHAINS)
-    return ([f"vxorps ymm{i}, ymm{i}, ymm{i}" for i in (*chains, 14, 15)] + ["top:"]
-            + [f"vfmadd231ps ymm{i}, ymm14, ymm15" for i in chains]
+    return ([f"{zero} {reg}{i}, {reg}{i}, {reg}{i}" for i in (*chains, 14, 15)] + ["top:"]
+            + [f"vfmadd231ps {reg}{i}, {reg}14, {reg}15" for i in chains]
             + ["dec rdi", "jne top", "vzeroupper", "ret"])
 
 
@@ -223,14 +234,15 @@ def _together(threads: int, job) -> float:
     return (end - start) / 1e9
 
 
-def fma_peaks(thread_counts: list[int], iterations: int = 50_000_000,
+def fma_peaks(thread_counts: list[int], level: str, iterations: int = 50_000_000,
               trials: int = 3) -> dict[int, float]:
-    """Best GFLOP/s of the FMA loop on each thread count ({} without AVX2 and FMA)."""
-    if not {"avx2", "fma"} <= cpu_flags():
+    """Best GFLOP/s of the FMA loop in the vectors of `level` ("avx2" or "avx512") on each
+    thread count ({} when this CPU lacks the level's flags)."""
+    if not NEEDS[level] <= cpu_flags():
         return {}
-    mem, address = _executable(assemble(_fma_source(), "FMA loop"))
+    mem, address = _executable(assemble(_fma_source(level), "FMA loop"))
     try:
-        flops = iterations * FMA_CHAINS * 16
+        flops = iterations * FMA_CHAINS * 2 * FMA_VECTOR[level][2]
         return {t: max(t * flops / _together(t, lambda k: (address, iterations, 0, 0)) / 1e9
                        for _ in range(trials)) for t in thread_counts}
     finally:
@@ -258,13 +270,14 @@ class KernelJob:
 
 
 class Kernels:
-    """The decode kernels of a built ./gemma, callable here: the executable segment of its
-    image (BINARY.elf, which build.py writes beside the packed program) copied into an
-    executable mapping (kernels hold no absolute address, so they run anywhere), the kernels
-    found through the image's symbol map (BINARY.map.json). Raises OSError, ValueError or
-    ELFError when the image or its map cannot be read."""
+    """The decode kernels of one level (KERNELS[level]) of a built ./gemma, callable here:
+    the executable segment of its image (BINARY.elf, which build.py writes beside the packed
+    program) copied into an executable mapping (kernels hold no absolute address, so they run
+    anywhere), the kernels found through the image's symbol map (BINARY.map.json); `address`
+    holds those the map has, by weight type. Raises OSError, ValueError or ELFError when the
+    image or its map cannot be read."""
 
-    def __init__(self, binary: Path):
+    def __init__(self, binary: Path, level: str):
         symbols = json.loads(binary.with_name(binary.name + ".map.json").read_text())
         with open(binary.with_name(binary.name + ".elf"), "rb") as f:
             text = next((s for s in ELFFile(f).iter_segments()
@@ -273,7 +286,7 @@ class Kernels:
                 raise ValueError(f"{binary}: no executable segment")
             code, base = text.data(), text["p_vaddr"]
         self.image, here = _executable(code)
-        self.address = {w: here + symbols[k]["address"] - base for w, k in KERNELS.items()
+        self.address = {w: here + symbols[k]["address"] - base for w, k in KERNELS[level].items()
                         if k in symbols and 0 <= symbols[k]["address"] - base < len(code)}
         self.call, self.mem = _callable(assemble(_kernel_caller_source(), "kernel caller"),
                                         ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t))
@@ -300,16 +313,17 @@ class Kernels:
         self.image.close()
 
 
-def kernel_speeds(binary: Path, wtypes: list[str], thread_counts: list[int], calls: int = 2000,
-                  trials: int = 5) -> dict[str, dict[int, float]]:
-    """Best GB/s of weights that the engine's decode kernel of each weight type consumes from
-    the cache, per thread count (see the module docstring). {} without AVX2, FMA and F16C (the
-    engine then runs its baseline kernels) or when the binary or its symbol map cannot be
-    read (Kernels); a type whose kernel is not in the map is left out."""
-    if not {"avx2", "fma", "f16c"} <= cpu_flags():
+def kernel_speeds(binary: Path, level: str, wtypes: list[str], thread_counts: list[int],
+                  calls: int = 2000, trials: int = 5) -> dict[str, dict[int, float]]:
+    """Best GB/s of weights that the engine's decode kernel of `level` (builder.bench.level)
+    for each weight type consumes from the cache, per thread count (see the module
+    docstring). {} at the baseline (its kernels are not measured), where this CPU lacks the
+    level's flags, or when the binary or its symbol map cannot be read (Kernels); a type whose
+    kernel is not in the map is left out."""
+    if level == "baseline" or not NEEDS[level] <= cpu_flags():
         return {}
     try:
-        kernels = Kernels(binary)
+        kernels = Kernels(binary, level)
     except (OSError, ValueError, KeyError, ELFError):
         return {}
     rng = np.random.default_rng(0)

@@ -13,16 +13,24 @@ pages where the kernel does that (the report gives the model's share, see warm);
 native SSE2 and AVX2 read loops in 1, 2 and 4 streams per thread over --bw-size bytes (2 GiB;
 256 MiB with a tiny preset, whose models fit any L2 cache: see bw_size), and over the model
 files at least half that size) and the speed of the engine's decode kernel for each
-weight type with the weights in cache (its arithmetic ceiling; its AVX2 kernels, so not with
---engine-args=--baseline), then for each thread count each model file in the
-engine and each twin in llama.cpp, one after the other; the ceiling once more at the
-end. The engine is the packed program users run (./gemma built from the current sources, or
---engine); --compare-image times its image (BINARY.elf) too, right after or before it (the
+weight type with the weights in cache (its arithmetic ceiling; see "The kernel level"), then
+for each thread count each model file in the engine and each twin in llama.cpp, one after the
+other; the ceiling once more at the end. The engine is the packed program users run (./gemma
+built from the current sources, or --engine); --compare-image times its image (BINARY.elf) too, right after or before it (the
 two take turns at going first, round by round), and shows each one's rounds and the
 packed/image ratios: the two run the same code, so the ratios should sit within the rounds'
 spread. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
 measurement fault instead of printing it. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
+
+The kernel level. The engine picks its kernels at start-up (asm/cpu.asm); the bench works out
+the same choice (builder.bench.level) from the engine's arguments and /proc/cpuinfo: the SSE
+baseline with --engine-args=--baseline or without AVX2, FMA and F16C; AVX2 with --avx2 or
+without AVX-512F; AVX-512F otherwise. The header names it and its decode kernels ("kernels:
+AVX-512F (matmul_f16_avx512, matmul_q8_avx512)"), the kernel-in-cache figures run that level's
+kernels (n/a at the baseline), and the FMA peak uses its vectors (zmm at AVX-512F, ymm
+otherwise: the baseline's prompt is set against the AVX2 peak); the JSON keeps both (level,
+fma_level).
 
 How the engine is timed from outside (it prints no timings). The prompt is fixed text cut to P
 tokens (counted with `./gemma --tokens`, BOS included); generation is greedy (--temp 0). With
@@ -53,9 +61,10 @@ is read once per token; the KV cache adds ~P x 37 KB on 2b, not counted); decode
 decode tokens/s x bytes per token / bandwidth at that thread count; decode / kernel in cache =
 the same bytes/s over the kernel's speed with its weights in cache; prompt FLOPs per token =
 2 x every matrix weight of the layers + the attention over the prompt (average position) + the
-logits of the last position shared over P; its fraction of the AVX2 FMA peak, measured at
-the start on each thread count (builder.bench.machine: ten independent vfmadd231ps chains per
-thread, so at the clock the cores really run). llama.cpp is timed by builder.bench.llama on the
+logits of the last position shared over P; its fraction of the FMA peak in the level's
+vectors ("FMA peak (AVX-512)" or "(AVX2)"), measured at the start on each thread count
+(builder.bench.machine: ten independent vfmadd231ps chains per thread, so at the clock the
+cores really run). llama.cpp is timed by builder.bench.llama on the
 same prompt token ids, with the same thread count.
 """
 from __future__ import annotations
@@ -75,7 +84,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from builder.bench import llama as bench_llama, machine as bench_machine, startup as bench_startup
+from builder.bench import (level as bench_level, llama as bench_llama, machine as bench_machine,
+                           startup as bench_startup)
 from builder.bench.report import (Engine, Figures, Machine, Peer, Result, Startup, best, plot,
                                   startup_report, table)
 from builder.bench.run import BenchError, Run, checked, run
@@ -433,7 +443,9 @@ def bench(cfg: Config) -> Result:
     all_ggufs = [g for _, gs in pairs for g in gs]
     source = llama_source(cfg, all_ggufs)
     engines, jobs, peers, peer_jobs = lineup(cfg, engine, pairs, source is not None)
-    peaks = bench_machine.fma_peaks(threads)
+    level = bench_level.kernel_level(cfg.engine_args, bench_machine.cpu_flags())
+    fma_level = bench_level.fma_level(level)
+    peaks = bench_machine.fma_peaks(threads, fma_level)
     # the model files themselves are read too where they are big enough not to sit in a cache
     big = [f for f in dict.fromkeys([m for m, _ in pairs] + [job.path for job in peer_jobs])
            if f.stat().st_size >= cfg.bw_size // 2]
@@ -447,9 +459,9 @@ def bench(cfg: Config) -> Result:
         for t, (gbs, loop) in bench_machine.bandwidths(threads, cfg.bw_size, big).items():
             bw_runs[t].append(gbs)
             bw_loop[t] = max(bw_loop.get(t, (0.0, "")), (gbs, loop))
-        # the fast path's kernels: with --baseline the engine runs others (n/a)
-        speeds = {} if "--baseline" in cfg.engine_args else \
-            bench_machine.kernel_speeds(engine, list(dict.fromkeys(e.wtype for e in engines)), threads)
+        # the level's kernels ({}: n/a at the baseline)
+        speeds = bench_machine.kernel_speeds(engine, level, list(dict.fromkeys(e.wtype for e in engines)),
+                                             threads)
         for e in engines:
             for t, gbs in speeds.get(e.wtype, {}).items():
                 e.kernel[t] = max(e.kernel.get(t, 0.0), gbs)
@@ -479,9 +491,9 @@ def bench(cfg: Config) -> Result:
     for i, p in enumerate(peers):
         p.figures = [] if p.error else [best(llama[i, t]) for t in threads]
     return Result(machine, "real" if cfg.real else cfg.preset if not cfg.model else "given",
-                  shlex.join([str(engine), *cfg.engine_args]), engines, peers,
+                  shlex.join([str(engine), *cfg.engine_args]), level, engines, peers,
                   {t: max(bw_runs[t]) for t in threads}, bw_runs, {t: bw_loop[t][1] for t in threads},
-                  peaks, source or llama_missing(cfg, all_ggufs),
+                  peaks, fma_level if peaks else "", source or llama_missing(cfg, all_ggufs),
                   [load, load_average()], cfg.repeat, start, str(image) if cfg.compare_image else "")
 
 

@@ -9,13 +9,17 @@ side, then the ratios, llama.cpp's rows, and the start-up block with its own col
 optional plot (matplotlib, imported only when asked for). A decode efficiency above 1 is
 shown as FAULT, with a line saying so: the bandwidth measured was then not the ceiling. Beside
 it, each engine's decode kernel with its weights in cache (the arithmetic ceiling of decode)
-and the decode's fraction of that.
+and the decode's fraction of that. The table's header names the engine's kernel level and its
+decode kernels ("kernels: AVX-512F (matmul_f16_avx512, matmul_q8_avx512)"), and the header and
+the prompt's row name the vectors of the FMA peak: "FMA peak (AVX-512)" or "FMA peak (AVX2)".
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from builder.bench.level import FMA_VECTORS, KERNELS, TITLE
 
 
 @dataclass
@@ -110,12 +114,14 @@ class Result:
     machine: Machine
     preset: str
     engine: str  # the binary and any --engine-args
+    level: str  # the kernel level the engine runs (builder.bench.level: baseline, avx2, avx512)
     engines: list[Engine]  # one per model file (weight type), side by side
     peers: list[Peer]
     bandwidth: dict[int, float]  # GB/s per thread count (the highest of bandwidth_runs)
     bandwidth_runs: dict[int, list[float]]  # GB/s per thread count, before each round and after
     bandwidth_loop: dict[int, str]  # the read loop that reached bandwidth (bench_machine)
-    fma_peak: dict[int, float]  # GFLOP/s of the AVX2 FMA loop per thread count ({}: no AVX2/FMA)
+    fma_peak: dict[int, float]  # GFLOP/s of the FMA loop per thread count ({}: not measured)
+    fma_level: str  # the level whose vectors the FMA loop used (avx2: ymm, avx512: zmm; "": none)
     llama_source: str  # "llama-cpp-python 0.3.x", "llama-bench PATH", or why it is missing
     load: list[float]  # 1-minute load average before and after: other work on the machine
     repeat: int  # rounds; each figure is the best of them
@@ -131,6 +137,10 @@ class Result:
         """Decode bytes/s over the decode kernel's speed with the weights in cache."""
         speed = e.kernel.get(f.threads)
         return f.decode_tps * e.bytes_per_token / (speed * 1e9) if speed else None
+
+    def fma_name(self) -> str:
+        """"FMA peak (AVX-512)" or "FMA peak (AVX2)": the vectors it was measured with."""
+        return f"FMA peak ({FMA_VECTORS[self.fma_level]})" if self.fma_level else "FMA peak"
 
     def fma_fraction(self, f: Figures, e: Engine) -> float | None:
         peak = self.fma_peak.get(f.threads)
@@ -214,7 +224,8 @@ def table(res: Result) -> str:
     then the start-up block."""
     m = res.machine
     several = len(res.engines) > 1
-    lines = [_machine(m), f"engine: {res.engine}"]
+    lines = [_machine(m), f"engine: {res.engine}",
+             f"kernels: {TITLE[res.level]} ({', '.join(KERNELS[res.level].values())})"]
     if res.image:
         lines.append(f"image: {res.image} (--compare-image: timed too, alternately with the engine)")
     files = _files(res)
@@ -233,7 +244,7 @@ def table(res: Result) -> str:
     lines += [
              "prompt FLOPs per token: " + ", ".join(f"{e.flops_per_prompt_token / 1e9:.4g} G"
                                                    + (f" ({e.label})" if several else "") for e in res.engines)
-             + "; AVX2 FMA peak (measured, GFLOP/s): " + (", ".join(f"{_num(p, 1)} on {t} thread(s)"
+             + f"; {res.fma_name()}, measured, GFLOP/s: " + (", ".join(f"{_num(p, 1)} on {t} thread(s)"
                                                                    for t, p in res.fma_peak.items()) or "n/a"),
              f"{_load(res.load, m.cpus)}; best of {res.repeat} round(s)"
              + ("; BUSY: every figure is a lower bound" if max(res.load) >= m.cpus else ""),
@@ -267,7 +278,7 @@ def table(res: Result) -> str:
              [_num(e.kernel[f.threads]) if f.threads in e.kernel else "n/a" for f in g]),
             (f"{name} decode / kernel in cache", [_frac(res.kernel_fraction(f, e)) for f in g]),
             (f"{name} prompt / decode", [_num(f.prompt_tps / f.decode_tps, 1) for f in g]),
-            (f"{name} prompt / AVX2 FMA peak", [_frac(res.fma_fraction(f, e)) for f in g]),
+            (f"{name} prompt / {res.fma_name()}", [_frac(res.fma_fraction(f, e)) for f in g]),
             (f"{name} peak RSS MB", [_mb(f.peak_rss) for f in g]),
             (f"{name} peak anonymous MB", [_mb(f.peak_anon) for f in g]),
             ("tokens: prompt, decoded" + (f" ({name})" if several else ""),

@@ -17,13 +17,14 @@ import mmap
 import os
 import re
 import threading
+from dataclasses import asdict
 
 import capstone
 import numpy as np
 import pytest
 
-from builder.bench import (llama as bench_llama, machine as bench_machine, main as bench, report as bench_report,
-                           startup as bench_startup)
+from builder.bench import (level as bench_level, llama as bench_llama, machine as bench_machine, main as bench,
+                           report as bench_report, startup as bench_startup)
 from builder.bench.run import run
 from builder.models.gguf_meta import read_gguf_meta
 from builder.models.modelfile import Q8_0, ModelFile, dequantize_q8_0
@@ -31,9 +32,13 @@ from builder.models.synth import PRESETS
 
 PROMPT, N = 48, 6
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+# the level the engine runs here with neither --baseline nor --avx2, and its FMA peak's vectors
+LEVEL = bench_level.kernel_level([], bench_machine.cpu_flags())
+FMA = bench_level.FMA_VECTORS[bench_level.fma_level(LEVEL)]
 ROWS = ["threads", "memory read bandwidth GB/s", "(before each round / after)", "(fastest read loop)",
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
-        "gemma decode kernel in cache GB/s", "gemma decode / kernel in cache", "gemma prompt / decode", "gemma prompt / AVX2 FMA peak", "gemma peak RSS MB",
+        "gemma decode kernel in cache GB/s", "gemma decode / kernel in cache", "gemma prompt / decode",
+        f"gemma prompt / FMA peak ({FMA})", "gemma peak RSS MB",
         "gemma peak anonymous MB", "tokens: prompt, decoded", "gemma major page faults"]
 STARTUP_ROWS = ["start-up ms", "start-up -h", "start-up one token (tiny)"]
 STARTUP_RUNS = {bench_startup.HELP: 6, bench_startup.ONE_TOKEN: 4}  # the tests' counts (speed is not tested)
@@ -110,6 +115,10 @@ def test_table_has_every_row_and_a_column_per_thread_count(report, gemma):
     assert all(c in loops for c in rows["(fastest read loop)"]), rows["(fastest read loop)"]
     assert text.splitlines()[0].startswith("machine: ")
     assert text.splitlines()[1] == f"engine: {gemma.binary} -s 7"
+    names = bench_level.KERNELS[LEVEL]
+    assert text.splitlines()[2] == f"kernels: {bench_level.TITLE[LEVEL]} ({names['f16']}, {names['q8_0']})"
+    assert (res["level"], res["fma_level"]) == (LEVEL, bench_level.fma_level(LEVEL))
+    assert f"; FMA peak ({FMA}), measured, GFLOP/s: " in text
     if not llama:  # llama.cpp missing: omitted with a note, never an error
         assert "llama.cpp: not run" in text
 
@@ -149,10 +158,10 @@ def test_figures_are_positive_and_consistent(report):
         assert f["peak_anon"] <= f["peak_rss"] or f["peak_rss"] == 0
         # the fraction of the FMA peak measured in the same run on as many threads
         peak = res["fma_peak"][str(f["threads"])] * 1e9
-        assert math.isclose(number(rows["gemma prompt / AVX2 FMA peak"][i]),
+        assert math.isclose(number(rows[f"gemma prompt / FMA peak ({FMA})"][i]),
                             f["prompt_tps"] * engine["flops_per_prompt_token"] / peak, abs_tol=6e-4)
         # the decode kernel's speed with its weights in cache, measured each round (this
-        # machine has AVX2, FMA and F16C, so never "n/a" here: CI runs the AVX2 kernels too)
+        # machine has AVX2, FMA and F16C, so never "n/a" here: CI runs the fast kernels too)
         kernel = engine["kernel"][str(f["threads"])]
         assert engine["wtype"] == "f16" and kernel > 0
         assert math.isclose(number(rows["gemma decode kernel in cache GB/s"][i]), kernel, abs_tol=6e-3)
@@ -400,19 +409,56 @@ def test_bandwidth_is_the_best_loop_over_buffer_and_files(tmp_path):
     assert set(out) == {1, 2} and all(gbs > 0 and loop in loops for gbs, loop in out.values()), out
 
 
-def test_fma_loop_is_verified_and_counts():
-    """The loop assembles to exactly its FMA_CHAINS fused multiply-adds per iteration (each
-    instruction checked against capstone; a line spelled otherwise than capstone is refused),
-    and one thread's peak lies in a sane range: 2 to 64 FLOPs per cycle at 0.5 to 6 GHz."""
-    code = bench_machine.assemble(bench_machine._fma_source(), "FMA loop")
+@pytest.mark.parametrize("level, reg", [("avx2", "ymm"), ("avx512", "zmm")])
+def test_fma_loop_is_verified_and_counts(level, reg):
+    """Each level's loop assembles to exactly its FMA_CHAINS fused multiply-adds per
+    iteration, in that level's registers (ymm: VEX, zmm: EVEX) and on registers only (keystone
+    mis-encodes EVEX memory displacements), each instruction checked against capstone (a line
+    spelled otherwise than capstone is refused). Where this CPU has the level, one thread's
+    peak lies in a sane range (2 to 64 FLOPs per cycle at 0.5 to 6 GHz); where it lacks it,
+    the loop is not run: no peak."""
+    code = bench_machine.assemble(bench_machine._fma_source(level), "FMA loop")
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    fmas = [i for i in md.disasm(code, 0) if i.mnemonic == "vfmadd231ps"]
+    md.detail = True
+    insns = list(md.disasm(code, 0))
+    fmas = [i for i in insns if i.mnemonic == "vfmadd231ps"]
     assert len(fmas) == bench_machine.FMA_CHAINS
+    assert len({i.op_str.split(",")[0] for i in fmas}) == bench_machine.FMA_CHAINS  # independent chains
+    vector = [i for i in insns if i.mnemonic != "vzeroupper" and i.op_str.startswith(("xmm", "ymm", "zmm"))]
+    assert len(vector) == 2 * bench_machine.FMA_CHAINS + 2  # the zeroing, then the chains
+    for i in vector:
+        assert [op.type for op in i.operands] == [capstone.x86.X86_OP_REG] * 3, i.op_str
+        assert all(i.reg_name(op.reg).startswith(reg) for op in i.operands), i.op_str
+        assert (i.bytes[0] == 0x62) == (level == "avx512")  # EVEX prefix for zmm, VEX for ymm
     with pytest.raises(RuntimeError, match="keystone gave"):
-        bench_machine.assemble(["vfmadd231ps ymm0,ymm14,ymm15"], "FMA loop")
-    peak = bench_machine.fma_peaks([1], iterations=5_000_000)[1]
-    assert 1.0 <= peak <= 384.0, peak
+        bench_machine.assemble([f"vfmadd231ps {reg}0,{reg}14,{reg}15"], "FMA loop")
+    peaks = bench_machine.fma_peaks([1], level, iterations=5_000_000)
+    if bench_level.NEEDS[level] <= bench_machine.cpu_flags():
+        assert 1.0 <= peaks[1] <= 384.0, peaks
+    else:
+        assert peaks == {}
 
+
+AVX2 = frozenset({"sse2", "sse4_1", "avx", "avx2", "fma", "f16c"})
+
+
+@pytest.mark.parametrize("args, flags, level", [
+    ([], AVX2 | {"avx512f", "avx512bw"}, "avx512"),
+    (["-s", "7"], AVX2 | {"avx512f"}, "avx512"),
+    (["--avx2"], AVX2 | {"avx512f"}, "avx2"),
+    ([], AVX2, "avx2"),
+    (["--avx2"], AVX2, "avx2"),
+    ([], AVX2 - {"f16c"} | {"avx512f"}, "baseline"),
+    ([], AVX2 - {"fma"}, "baseline"),
+    ([], frozenset({"sse2", "avx512f"}), "baseline"),
+    (["--baseline"], AVX2 | {"avx512f"}, "baseline"),
+    (["--avx2", "--baseline"], AVX2 | {"avx512f"}, "baseline"),
+])
+def test_kernel_level_follows_the_engines_choice(args, flags, level):
+    """kernel_level: cpu.asm's choice from the engine's arguments and the CPU's flags; the
+    FMA peak uses that level's vectors, AVX2's at the baseline."""
+    assert bench_level.kernel_level(args, flags) == level
+    assert bench_level.fma_level(level) == ("avx512" if level == "avx512" else "avx2")
 
 def test_the_start_gate_holds_each_thread_until_all_are_in():
     """_together's native gate: a thread that counted itself in does not call its function
@@ -442,15 +488,34 @@ def test_the_start_gate_holds_each_thread_until_all_are_in():
     mem.close()
 
 
+def image_bytes(elf, address: int, size: int) -> bytes:
+    """`size` bytes of an ELF image's loaded segments at virtual `address`."""
+    from elftools.elf.elffile import ELFFile
+    with open(elf, "rb") as f:
+        seg = next(s for s in ELFFile(f).iter_segments()
+                   if s["p_type"] == "PT_LOAD" and s["p_vaddr"] <= address < s["p_vaddr"] + s["p_filesz"])
+        return seg.data()[address - seg["p_vaddr"]:][:size]
+
+
+@pytest.mark.parametrize("args", [[], ["--avx2"]], ids=["default", "avx2"])
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])
-def test_kernels_run_the_engines_own_decode_kernel(gemma, wtype):
-    """Kernels copies the executable segment of the built ./gemma's image (gemma.elf, beside
-    the packed program) and calls its decode kernel
-    through the verified caller loop: on kernel_speeds' in-cache matrix it gives W x within
-    test_speed_paths' float32 bound of the exact product (n/16 + 5 roundings of the sum of
-    |products|), so the speed measured is that of the real kernel doing the real work."""
-    kernels = bench_machine.Kernels(gemma.binary)
+def test_kernels_run_the_engines_own_decode_kernel(gemma, wtype, args, monkeypatch):
+    """kernel_speeds runs the decode kernel of the level the engine runs with `args` here
+    (the AVX-512 one by default where this CPU has AVX-512F, else the AVX2 one): Kernels
+    copies the executable segment of the built ./gemma's image (gemma.elf, beside the packed
+    program), finds that level's kernel through the symbol map (the bytes it calls are the
+    symbol's in the image) and calls it through the verified caller loop: on kernel_speeds'
+    in-cache matrix it gives W x within test_speed_paths' float32 bound of the exact product
+    (n/16 + 5 roundings of the sum of |products|), so the speed measured is that of the real
+    kernel doing the real work."""
+    level = bench_level.kernel_level(args, bench_machine.cpu_flags())
+    assert level == ("avx512" if not args and "avx512f" in bench_machine.cpu_flags() else "avx2")
+    name = bench_level.KERNELS[level][wtype]
+    kernels = bench_machine.Kernels(gemma.binary, level)
     try:
+        size = gemma.symbols[name]["size"]
+        assert size > 0 and ctypes.string_at(kernels.address[wtype], size) == \
+            image_bytes(gemma.elf, gemma.symbols[name]["address"], size), name
         job = kernels.job(wtype, np.random.default_rng(3))
         kernels.run(job, 1)
         cols = bench_machine.KERNEL_COLS
@@ -463,8 +528,16 @@ def test_kernels_run_the_engines_own_decode_kernel(gemma, wtype):
         assert np.all(np.abs(job.xout - exact) <= bound), np.max(np.abs(job.xout - exact) / bound)
     finally:
         kernels.close()
-    speeds = bench_machine.kernel_speeds(gemma.binary, [wtype, "q4_0"], [1], calls=20, trials=1)
+    built = []  # the levels whose kernels kernel_speeds loads
+
+    class Spy(bench_machine.Kernels):
+        def __init__(self, binary, level):
+            built.append(level)
+            super().__init__(binary, level)
+    monkeypatch.setattr(bench_machine, "Kernels", Spy)
+    speeds = bench_machine.kernel_speeds(gemma.binary, level, [wtype, "q4_0"], [1], calls=20, trials=1)
     assert list(speeds) == [wtype] and speeds[wtype][1] > 0  # a type without a kernel: left out
+    assert built == [level]
 
 
 def test_kernel_speeds_need_the_image_and_its_map(gemma, tmp_path):
@@ -472,15 +545,28 @@ def test_kernel_speeds_need_the_image_and_its_map(gemma, tmp_path):
     or with an image that is not an ELF gives no kernel figures, no error."""
     alone = tmp_path / "gemma"
     alone.write_bytes(gemma.binary.read_bytes())
-    assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
+
+    def speeds() -> dict:
+        return bench_machine.kernel_speeds(alone, "avx2", ["f16"], [1], calls=2, trials=1)
+    assert speeds() == {}
     (tmp_path / "gemma.elf").write_bytes(gemma.elf.read_bytes())
-    assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
+    assert speeds() == {}
     (tmp_path / "gemma.map.json").write_text("{}")
-    assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
+    assert speeds() == {}
     (tmp_path / "gemma.map.json").write_text(json.dumps(gemma.symbols))
-    assert list(bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1)) == ["f16"]
+    assert list(speeds()) == ["f16"]
     (tmp_path / "gemma.elf").write_bytes(b"not an ELF")
-    assert bench_machine.kernel_speeds(alone, ["f16"], [1], calls=2, trials=1) == {}
+    assert speeds() == {}
+
+
+def test_no_kernel_figures_at_the_baseline_or_without_the_levels_flags(gemma, monkeypatch):
+    """kernel_speeds measures no baseline kernel, and neither it nor fma_peaks runs a level's
+    code on a CPU without that level's flags (an AVX2-only CPU asked for AVX-512: {}, no
+    SIGILL)."""
+    assert bench_machine.kernel_speeds(gemma.binary, "baseline", ["f16"], [1], calls=2, trials=1) == {}
+    monkeypatch.setattr(bench_machine, "cpu_flags", lambda: AVX2)
+    assert bench_machine.kernel_speeds(gemma.binary, "avx512", ["f16"], [1], calls=2, trials=1) == {}
+    assert bench_machine.fma_peaks([1], "avx512", iterations=2) == {}
 
 
 def test_baseline_runs_have_no_kernel_figures(gemma, tmp_path):
@@ -495,7 +581,10 @@ def test_baseline_runs_have_no_kernel_figures(gemma, tmp_path):
     rows = parse_table(out.getvalue())
     assert rows["gemma decode kernel in cache GB/s"] == rows["gemma decode / kernel in cache"] == ["n/a"]
     assert "\nllama.cpp: not run (--no-llama)\n" in out.getvalue()  # the prefix once
-    assert json.loads((tmp_path / "out.json").read_text())["engines"][0]["kernel"] == {}
+    assert "\nkernels: SSE baseline (matmul_f16, matmul_q8)\n" in out.getvalue()
+    assert "gemma prompt / FMA peak (AVX2)" in rows  # the CPU's AVX2 peak: the baseline has no FMA
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert res["engines"][0]["kernel"] == {} and (res["level"], res["fma_level"]) == ("baseline", "avx2")
 
 
 def test_llama_bench_output_is_parsed():
@@ -585,9 +674,10 @@ def test_f16_twin_holds_the_engines_weights(tmp_path):
     assert (tmp_path / "qa.bin").read_bytes() == (tmp_path / "qb.bin").read_bytes()
 
 
-def fake_result(decode: dict[str, float]) -> bench_report.Result:
+def fake_result(decode: dict[str, float], level: str = "avx2", fma_level: str = "avx2") -> bench_report.Result:
     """A two-type Result (no engine run): FP16 and Q8_0 at 1 and 2 threads, with each one's
-    llama.cpp twin; `decode` gives each engine's decode tokens/s."""
+    llama.cpp twin, the engine at kernel `level`, the FMA peak in fma_level's vectors;
+    `decode` gives each engine's decode tokens/s."""
     def figs(tps: float) -> list[bench_report.Figures]:
         return [bench_report.Figures(t, 100.0 * t, tps * t, 64, 15, 2 << 20, 1 << 20) for t in (1, 2)]
     engines = [bench_report.Engine(f"gemma[{w}]", f"/m-{w}.bin", n, 1e9, 0.5, figs(decode[w]), w,
@@ -596,9 +686,10 @@ def fake_result(decode: dict[str, float]) -> bench_report.Result:
     peers = [bench_report.Peer(f"m-{w}.gguf", n, figs(decode["llama"]), [i], 64)
              for i, (w, n) in enumerate((("f16", 999_000_000), ("q8_0", 530_000_000)))]
     machine = bench_report.Machine("cpu", 2, 1000.0, 1.0, "avx2")
-    return bench_report.Result(machine, "2b", "gemma", engines, peers, {1: 10.0, 2: 20.0},
+    return bench_report.Result(machine, "2b", "gemma", level, engines, peers, {1: 10.0, 2: 20.0},
                                {1: [9.0, 10.0], 2: [20.0, 19.0]}, {1: "256-bit x2 file", 2: "128-bit x4 buffer"},
-                               {1: 100.0, 2: 200.0}, "llama-cpp-python", [0.1, 0.2], 1,
+                               {1: 100.0, 2: 200.0} if fma_level else {}, fma_level, "llama-cpp-python",
+                               [0.1, 0.2], 1,
                                bench_report.Startup("gemma", "", "no image", []))
 
 
@@ -622,6 +713,27 @@ def test_two_weight_types_side_by_side():
     assert rows["(fastest read loop)"] == ["256-bit x2 file", "128-bit x4 buffer"]
     assert "bytes read per generated token by gemma[q8_0]: 531,250,000" in text
     assert "MEASUREMENT FAULT" not in text and res.faults() == []
+
+
+@pytest.mark.parametrize("level, fma_level, kernels, peak", [
+    ("avx512", "avx512", "AVX-512F (matmul_f16_avx512, matmul_q8_avx512)", "FMA peak (AVX-512)"),
+    ("avx2", "avx2", "AVX2+FMA+F16C (matmul_f16_avx2, matmul_q8_avx2)", "FMA peak (AVX2)"),
+    ("baseline", "avx2", "SSE baseline (matmul_f16, matmul_q8)", "FMA peak (AVX2)"),
+    ("baseline", "", "SSE baseline (matmul_f16, matmul_q8)", "FMA peak"),
+])
+def test_the_report_names_the_kernel_level_and_the_fma_vectors(level, fma_level, kernels, peak):
+    """The header names the engine's kernel level and its decode kernels, and the FMA peak's
+    vectors, as the prompt's rows do; no peak (a CPU without FMA): n/a. The JSON keeps both
+    levels."""
+    res = fake_result({"f16": 5.0, "q8_0": 8.0, "llama": 4.0}, level, fma_level)
+    text = bench_report.table(res)
+    assert text.splitlines()[2] == f"kernels: {kernels}"
+    figures = "100.0 on 1 thread(s), 200.0 on 2 thread(s)" if fma_level else "n/a"
+    assert f"; {peak}, measured, GFLOP/s: {figures}\n" in text
+    rows = parse_table(text)
+    assert rows[f"gemma[f16] prompt / {peak}"] == (["1.000", "1.000"] if fma_level else ["n/a", "n/a"])
+    assert not [r for r in rows if "FMA" in r and not r.endswith(f"/ {peak}")]
+    assert (asdict(res)["level"], asdict(res)["fma_level"]) == (level, fma_level)
 
 
 def test_a_peer_is_compared_with_each_of_its_engines():

@@ -1,21 +1,20 @@
 """The kernel level ./gemma runs, as asm/cpu.asm chooses it at start-up, for `python -m
 builder bench`: which kernels its in-cache figures run and which vectors its FMA peak uses.
 
-`kernel_level(engine_args, flags)` is one of LEVELS for the engine's extra arguments on a CPU
+`kernel_level(engine_args, flags)` is the level for the engine's extra arguments on a CPU
 with these /proc/cpuinfo flags: "baseline" with --baseline or without AVX2, FMA and F16C;
 "avx2" with --avx2 or without AVX-512F; else "avx512". cpu.asm asks CPUID and XGETBV; Linux
 lists avx2, fma and f16c only where the OS saves the ymm state and avx512f only where it saves
 the zmm and opmask state (XCR0 bits 5-7), so the flags say the same. (cpu.asm also takes the
 baseline for a model whose dim, ffn or heads x head_dim is not a multiple of 16: no Gemma.)
-NEEDS gives the flags each level's code needs, TITLE its name in the report, KERNELS its
-decode kernels by weight type (symbols of the engine's image), FMA_VECTORS the name of the
-vectors its FMA peak loop uses (fma_level: the baseline has no FMA, so its prompt is set
-against the AVX2 peak, what the CPU offers the engine's fast path).
+NEEDS gives the flags the code of each fast level (avx2, avx512) needs, TITLE a level's name
+in the report, KERNELS its decode kernels by weight type (symbols of the engine's image),
+FMA_VECTORS the name of the vectors of a fast level's FMA peak loop (fma_level: the baseline
+has no FMA, so its prompt is set against the AVX2 peak, what the CPU offers the fast path).
 """
 from __future__ import annotations
 
-LEVELS = ("baseline", "avx2", "avx512")
-NEEDS = {"baseline": frozenset(), "avx2": frozenset({"avx2", "fma", "f16c"}),
+NEEDS = {"avx2": frozenset({"avx2", "fma", "f16c"}),
          "avx512": frozenset({"avx2", "fma", "f16c", "avx512f"})}
 TITLE = {"baseline": "SSE baseline", "avx2": "AVX2+FMA+F16C", "avx512": "AVX-512F"}
 KERNELS = {"baseline": {"f16": "matmul_f16", "q8_0": "matmul_q8"},

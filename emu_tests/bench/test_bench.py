@@ -30,7 +30,9 @@ from builder.models.gguf_meta import read_gguf_meta
 from builder.models.modelfile import Q8_0, ModelFile, dequantize_q8_0
 from builder.models.synth import PRESETS
 
-PROMPT, N = 48, 6
+# prompts long enough that the tiny model's prompt outlasts the packed program's start-up
+# jitter on a busy machine (the prompt's time is the -n 0 run's minus the --tokens run's)
+SHORT, PROMPT, N = 96, 192, 6
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 # the level the engine runs here with neither --baseline nor --avx2, and its FMA peak's vectors
 LEVEL = bench_level.kernel_level([], bench_machine.cpu_flags())
@@ -271,20 +273,20 @@ def test_compare_image(gemma, tmp_path):
 
 
 def test_prompt_lengths_sweep(gemma, tmp_path):
-    """-p 16,48: each engine's rows at each length (labels gemma@16, gemma@48), the ratios of
+    """-p 96,192: each engine's rows at each length (labels gemma@96, gemma@192), the ratios of
     the second length to the first, and llama.cpp (when installed) at each length compared
     with the engine at the same length; every figure as in the JSON."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
-                         "--bw-size", "16M", "-t", "1", "-p", f"16,{PROMPT}", "-n", str(N),
+                         "--bw-size", "16M", "-t", "1", "-p", f"{SHORT},{PROMPT}", "-n", str(N),
                          "--json", str(tmp_path / "out.json")])
     text = out.getvalue()
     assert rc == 0, text
     res = json.loads((tmp_path / "out.json").read_text())
     rows = parse_table(text)
     short, long = res["engines"]
-    assert [(e["label"], e["prompt_tokens"]) for e in (short, long)] == [("gemma@16", 16), (f"gemma@{PROMPT}", PROMPT)]
+    assert [(e["label"], e["prompt_tokens"]) for e in (short, long)] == [(f"gemma@{SHORT}", SHORT), (f"gemma@{PROMPT}", PROMPT)]
     assert short["model"] == long["model"] and text.count("model: ") == 1  # one model file, once
     for e in (short, long):
         f, = e["figures"]
@@ -293,11 +295,11 @@ def test_prompt_lengths_sweep(gemma, tmp_path):
         assert math.isclose(number(rows[f"{e['label']} prompt tokens/s"][0]), f["prompt_tps"], abs_tol=6e-3)
     assert short["figures"][0]["n_prompt"] < long["figures"][0]["n_prompt"]
     for what in ("prompt", "decode"):
-        assert math.isclose(number(rows[f"{what} ratio gemma@{PROMPT}/gemma@16"][0]),
+        assert math.isclose(number(rows[f"{what} ratio gemma@{PROMPT}/gemma@{SHORT}"][0]),
                             long["figures"][0][f"{what}_tps"] / short["figures"][0][f"{what}_tps"], abs_tol=6e-4)
     ratios = [r for r in rows if " ratio " in r]
     if res["peers"]:
-        assert [(p["prompt_tokens"], p["engines"]) for p in res["peers"]] == [(16, [0]), (PROMPT, [1])]
+        assert [(p["prompt_tokens"], p["engines"]) for p in res["peers"]] == [(SHORT, [0]), (PROMPT, [1])]
         for p, e in zip(res["peers"], (short, long)):
             assert p["figures"][0]["n_prompt"] == e["figures"][0]["n_prompt"]  # the same prompt ids
             label = f"llama.cpp@{p['prompt_tokens']}"
@@ -311,15 +313,15 @@ def test_prompt_lengths_sweep(gemma, tmp_path):
 def test_a_gguf_shared_by_two_model_files_is_one_peer(gemma, tmp_path):
     """lineup: a GGUF listed for two model files (as --real lists its Q4_K_M file for FP16 and
     Q8_0) is one peer per prompt length, compared with the engine on each file."""
-    cfg = bench.Config(preset="tiny", cache=tmp_path, prompt_tokens=[16, PROMPT])
+    cfg = bench.Config(preset="tiny", cache=tmp_path, prompt_tokens=[SHORT, PROMPT])
     m16, (g16,) = bench.model_paths(cfg)
     m8, (g8,) = bench.model_paths(cfg, "q8_0")
     engines, jobs, peers, peer_jobs = bench.lineup(cfg, gemma.binary, [(m16, [g16]), (m8, [g8, g16])], True)
-    assert [e.label for e in engines] == ["gemma[f16]@16", f"gemma[f16]@{PROMPT}", "gemma[q8_0]@16",
+    assert [e.label for e in engines] == [f"gemma[f16]@{SHORT}", f"gemma[f16]@{PROMPT}", f"gemma[q8_0]@{SHORT}",
                                           f"gemma[q8_0]@{PROMPT}"]
     assert [j.path for j in jobs] == [m16, m16, m8, m8] and jobs[0].ids == jobs[2].ids != jobs[1].ids
     assert [(p.name, p.prompt_tokens, p.engines) for p in peers] == [
-        (g16.name, 16, [0, 2]), (g16.name, PROMPT, [1, 3]), (g8.name, 16, [2]), (g8.name, PROMPT, [3])]
+        (g16.name, SHORT, [0, 2]), (g16.name, PROMPT, [1, 3]), (g8.name, SHORT, [2]), (g8.name, PROMPT, [3])]
     assert [j.ids for j in peer_jobs] == [jobs[0].ids, jobs[1].ids] * 2
     assert bench.lineup(cfg, gemma.binary, [(m16, [g16])], False)[2:] == ([], [])  # no llama.cpp: no peers
 
@@ -632,14 +634,14 @@ def test_a_crashing_peer_is_reported_not_fatal(gemma, tmp_path):
     with contextlib.redirect_stdout(out):
         rc = bench.main(["--model", str(model), "--gguf", str(gguf), "--engine", str(gemma.binary),
                          "--llama-bench", str(crasher), "--bw-size", "16M", "-t", "1",
-                         "-p", f"16,{PROMPT}", "-n", str(N)])
+                         "-p", f"{SHORT},{PROMPT}", "-n", str(N)])
     text = out.getvalue()
     assert rc == 0, text
     crash = "crashed: killed by signal 11 (SIGSEGV); its last words: loading"
-    assert f"llama.cpp on {gguf.name}: 353,536 bytes per token; llama-bench failed: {crash} (at 16 tokens); " \
+    assert f"llama.cpp on {gguf.name}: 353,536 bytes per token; llama-bench failed: {crash} (at {SHORT} tokens); " \
            f"llama-bench failed: {crash} (at {PROMPT} tokens)\n" in text, text
     rows = parse_table(text)
-    assert "gemma@16 decode tokens/s" in rows and not any("llama.cpp" in r for r in rows), rows
+    assert f"gemma@{SHORT} decode tokens/s" in rows and not any("llama.cpp" in r for r in rows), rows
 
 
 def test_f16_twin_holds_the_engines_weights(tmp_path):

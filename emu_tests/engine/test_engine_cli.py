@@ -306,13 +306,22 @@ def test_prompt_file_is_the_prompt(engine, mqa, tmp_path, text):
     want = tokens(engine, mqa, "-p", text[:-1] if text.endswith(b"\n") else text)
     assert tokens(engine, mqa, "-f", path) == want
     assert tokens(engine, mqa, "-f", "-", stdin=text) == want
-    assert tokens(engine, mqa, "-p", "ignored", "-f", path) == want  # -f replaces -p
+
+
+def test_prompt_and_file_together_is_a_usage_error(engine, mqa, tmp_path):
+    """-p and -f in either order (and -p "" with -f -) are refused before any file is read:
+    a missing file gives the usage error, not "cannot read"."""
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(b"x")
+    for args in (["-p", "x", "-f", path], ["-f", path, "-p", "x"], ["-p", "", "-f", "-"],
+                 ["-f", tmp_path / "missing", "-p", "x"], ["-p", "a", "-f", path, "-p", "b"]):
+        assert_error(run(engine, "-m", mqa, *args), "use -p or -f, not both", 2)
 
 
 def test_unreadable_prompt_file_is_one_line(engine, mqa, tmp_path):
     assert_error(run(engine, "-m", mqa, "-f", tmp_path / "missing"), f"cannot read {tmp_path / 'missing'}")
     assert_error(run(engine, "-m", mqa, "-f", tmp_path), f"cannot read {tmp_path}")  # a directory
-    assert_error(run(engine, "-m", mqa, "-f"), "no value for -f")
+    assert_error(run(engine, "-m", mqa, "-f"), "no value for -f", 2)
 
 
 @pytest.mark.parametrize("size", [300_000, 1 << 24])
@@ -331,10 +340,32 @@ def test_huge_prompt_file_is_refused_early(engine, tmp_path, size):
     assert_error(r, "prompt too long")
 
 
-@pytest.mark.parametrize("args,message", [
+# Usage errors (a malformed command line) exit with status 2, bad values with 1.
+USAGE_ERRORS = [
     (["-x"], "unknown option -x"),
+    (["-"], "unknown option -"),
+    (["--help=1"], "unknown option --help=1"),
+    (["-m", "m.bin", "-p", "x", "--tokenz"], "unknown option --tokenz"),
     (["--temp"], "no value for --temp"),
     (["-m"], "no value for -m"),
+    (["-m", "m.bin", "-p"], "no value for -p"),
+    (["-p", "x", "-c"], "no value for -c"),
+    (["hello"], "unexpected argument hello"),
+    ([""], "unexpected argument "),
+    (["-m", "m.bin", "Hello world"], "unexpected argument Hello world"),
+    (["-m", "m.bin", "-p", "x", "-n", "4", "more"], "unexpected argument more"),
+    (["-n", "4", "4"], "unexpected argument 4"),
+    (["-p", "x"], "no model (-m)"),
+    (["--tokens"], "no model (-m)"),
+]
+
+
+@pytest.mark.parametrize("args,message", USAGE_ERRORS)
+def test_usage_errors_exit_2(engine, args, message):
+    assert_error(run(engine, *args), message, 2)
+
+
+@pytest.mark.parametrize("args,message", [
     (["-n", "abc"], "bad value for -n"),
     (["-n", "-1"], "bad value for -n"),
     (["-n", "2147483648"], "bad value for -n"),
@@ -364,10 +395,20 @@ def test_huge_prompt_file_is_refused_early(engine, tmp_path, size):
     (["-c", "1.5"], "bad value for -c"),
     (["--top-p", "abc"], "bad value for --top-p"),
     (["--temp", "abc"], "bad value for --temp"),
-    (["-p", "x"], "no model (-m)"),
+    (["-m", "m.bin", "-c", "0", "-x"], "bad value for -c"),     # the first error on the line
 ])
-def test_command_line_errors(engine, args, message):
-    assert_error(run(engine, *args), message)
+def test_bad_values_exit_1(engine, args, message):
+    assert_error(run(engine, *args), message, 1)
+
+
+def test_usage_errors_come_before_files(engine, mqa, tmp_path):
+    """A malformed command line is refused before any file is opened: the missing model file
+    does not matter."""
+    missing = tmp_path / "none.bin"
+    assert_error(run(engine, "-m", missing, "-p", "x", "stray"), "unexpected argument stray", 2)
+    assert_error(run(engine, "-m", missing, "-x"), "unknown option -x", 2)
+    assert_error(run(engine, "-f", missing), "no model (-m)", 2)
+    assert_error(run(engine, "-m", missing, "-p", "x"), f"cannot read {missing}", 1)
 
 
 @pytest.mark.parametrize("args", [
@@ -409,9 +450,10 @@ def test_prompt_longer_than_context(engine, mqa):
 
 def test_error_argument_stays_one_line(engine, tmp_path):
     """The echoed argument ends at its first control byte and after 256 bytes."""
-    assert_error(run(engine, "-m", "x", "-p", "y", "-q\nsecond line"), "unknown option -q")
+    assert_error(run(engine, "-m", "x", "-p", "y", "-q\nsecond line"), "unknown option -q", 2)
     long = "-" + "z" * 1000
-    assert_error(run(engine, long), f"unknown option {long[:256]}")
+    assert_error(run(engine, long), f"unknown option {long[:256]}", 2)
+    assert_error(run(engine, "z" * 1000), f"unexpected argument {'z' * 256}", 2)
 
 
 def test_missing_and_unreadable_model(engine, tmp_path):

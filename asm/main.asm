@@ -244,20 +244,23 @@ generate:                               ; (r15 = 0: tokenize)
         cmp     r15d, r13d
         jb      .prompt
         test    r14d, r14d
-        jz      exit_ok
+        jz      exit_ok                 ; -n 0: no text, not even its newline
         call    sample
         cmp     eax, [rbx+HDR_EOS]
-        je      exit_ok
+        je      .text_end
         cmp     eax, [rbx+HDR_EOT]
-        je      exit_ok
+        je      .text_end
         mov     [r12+r15*4], eax
         call    put_piece
         dec     r14d
-        jz      exit_ok
+        jz      .text_end
         push    1                       ; B: one id at a time from now on
         pop     rdx
         cmp     r15d, [rbp+V_CTX_LEN]
         jb      .block
+.text_end:                              ; the generated text, even none, ends with one newline
+        mov     al, 10
+        call    put_byte
 exit_ok:
         call    flush
         xor     edi, edi

@@ -10,8 +10,8 @@ the cache directory (`$GEMMA_CACHE`, else `$XDG_CACHE_HOME/gemma-asm`, else
 blocks (`convert --type q8_0`); later runs reuse them (a model file of an older format
 version is converted again). It builds ./gemma (about a second: the build is reproducible, so an
 up-to-date binary is rewritten byte for byte), prints the prompt and runs ./gemma on it
-(greedy unless FLAGS say otherwise), its text streaming to stdout after the prompt, and
-returns its exit status.
+(greedy unless FLAGS say otherwise), its text streaming to stdout after the prompt and
+ending with the engine's newline, and returns its exit status.
 """
 from __future__ import annotations
 

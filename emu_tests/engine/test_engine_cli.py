@@ -3,6 +3,7 @@ sentencepiece's recorded ids), sampling, output streaming and every error
 with its message and exit status. Models: the fixtures converted by builder.models.convert."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -131,14 +132,34 @@ def test_greedy_text_is_the_decoded_reference(engine, models, name):
         ids = p["greedy"]
         h = ModelFile(model).header
         stop = next((i for i, t in enumerate(ids) if t in (h.eos, h.eot)), n)
-        assert r.stdout == tok.decode(ids[:stop]), f"{p['text']!r}"
+        assert r.stdout == tok.decode(ids[:stop]) + b"\n", f"{p['text']!r}"
         checked += 1
     assert checked >= 2
 
 
+def test_text_ends_with_one_newline(engine, mqa, tmp_path):
+    """Generated text ends with exactly one newline however generation stops (-n, a full
+    context), so that stdout minus its last byte is the text: the twin's decoding of the
+    greedy ids, read back as the argmax of each --logits row after the prompt's. --tokens
+    ends with its own single newline; -n 0 prints nothing (test_n_zero_and_context_full)."""
+    mf = ModelFile(mqa)
+    tok, stop = Tokenizer(mf), {mf.header.eos, mf.header.eot}
+    n_prompt = len(tok.encode(b"The"))
+    for args in (["-n", 1], ["-n", 5], ["-c", 4], ["-n", 40]):
+        out = tmp_path / "l.f32"
+        r = run(engine, "-m", mqa, "-p", "The", *args, "--logits", out)
+        assert r.returncode == 0 and r.stderr == b"", args
+        rows = np.fromfile(out, "<f4").reshape(-1, mf.dims.vocab)[n_prompt - 1:]
+        ids = list(itertools.takewhile(lambda i: i not in stop, map(int, rows.argmax(1))))
+        assert r.stdout == tok.decode(ids) + b"\n", args
+    for text in ("a", "The cat", "x\n" * 50):
+        r = run(engine, "-m", mqa, "-p", text, "--tokens")
+        assert r.stdout.count(b"\n") == 1 and r.stdout.endswith(b"\n"), text
+
+
 def test_n_zero_and_context_full(engine, mqa):
     r = run(engine, "-m", mqa, "-p", "Hello", "-n", 0)
-    assert r.returncode == 0 and r.stdout == b"" and r.stderr == b""
+    assert r.returncode == 0 and r.stdout == b"" and r.stderr == b""      # not even a newline
     # -c 3 with a 2-id prompt: one position left, so exactly 2 tokens are generated
     # (the second is printed but cannot be fed back). Compare with -n 2 at a large context.
     full = run(engine, "-m", mqa, "-p", "a", "-c", 3)
@@ -153,11 +174,11 @@ def test_stops_at_eos_and_end_of_turn(engine, mqa, tmp_path):
     g = p["greedy"]
     assert len({g[0], g[1], g[2]}) == 3
     r = run(engine, "-m", mutated(mqa, tmp_path, eos=g[0]), "-p", p["text"], "-n", 10)
-    assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"\n", b"")      # no text: its newline
     model = mutated(mqa, tmp_path, eot=g[2])
     out = tmp_path / "l.bin"
     r = run(engine, "-m", model, "-p", p["text"], "-n", 10, "--logits", out)
-    assert r.returncode == 0 and r.stdout == Tokenizer(ModelFile(mqa)).decode(g[:2])
+    assert r.returncode == 0 and r.stdout == Tokenizer(ModelFile(mqa)).decode(g[:2]) + b"\n"
     assert out.stat().st_size == (len(p["ids"]) + 2) * 2048 * 4      # g[0], g[1] fed back
 
 
@@ -234,8 +255,8 @@ def first_tokens(engine, mqa, temp, top_p, n) -> tuple[Counter, dict]:
     for seed in range(n):
         r = run(engine, "-m", mqa, "-p", text, "-n", 1, "--temp", temp, "--top-p", top_p,
                 "-s", seed)
-        assert r.returncode == 0, r.stderr
-        counts[r.stdout] += 1
+        assert r.returncode == 0 and r.stdout.endswith(b"\n"), r.stderr
+        counts[r.stdout[:-1]] += 1                  # the token's text (then the newline)
     return counts, by_text
 
 

@@ -103,10 +103,12 @@ skip_entry:                             ; the rest of the name
         lea     esi, [rsi+rax+1]        ; the next entry
         cmp     [rsi], ah
         jne     find_option
-        call    fatal_arg_here
+        cmp     byte [rbx], '-'         ; no option of the table: a flag, or a stray argument?
+        jne     err_stray_argument
+        call    fatal_usage_arg_here
         db      'unknown option ', 0
 err_missing_value:
-        call    fatal_arg_here
+        call    fatal_usage_arg_here
         db      'no value for ', 0
 err_bad_c:
         mov     ebx, opt_name_c
@@ -115,7 +117,7 @@ err_bad_value:
         db      'bad value for ', 0
 
 err_no_model:
-        call    fatal_here
+        call    fatal_usage_here
         db      'no model (-m)', 0
 
 ; help: -h / --help: print the usage text on stdout and exit with status 0 (sys.asm's usage
@@ -131,10 +133,10 @@ setup:
         and     rsp, -16                ; (argv popped)
         cmp     byte [rbp+V_HELP], 0
         jne     help
+        cmp     qword [rbp+V_MODEL], 0
+        je      err_no_model
         call    read_prompt             ; -f
         mov     rbx, [rbp+V_MODEL]
-        test    rbx, rbx
-        jz      err_no_model
         call    load_model              ; validates everything the file holds; rbx = header
         mov     ecx, [rbx+HDR_MAX_CTX]
         mov     eax, [rbp+V_CTX]
@@ -242,20 +244,23 @@ generate:                               ; (r15 = 0: tokenize)
         cmp     r15d, r13d
         jb      .prompt
         test    r14d, r14d
-        jz      exit_ok
+        jz      exit_ok                 ; -n 0: no text, not even its newline
         call    sample
         cmp     eax, [rbx+HDR_EOS]
-        je      exit_ok
+        je      .text_end
         cmp     eax, [rbx+HDR_EOT]
-        je      exit_ok
+        je      .text_end
         mov     [r12+r15*4], eax
         call    put_piece
         dec     r14d
-        jz      exit_ok
+        jz      .text_end
         push    1                       ; B: one id at a time from now on
         pop     rdx
         cmp     r15d, [rbp+V_CTX_LEN]
         jb      .block
+.text_end:                              ; the generated text, even none, ends with one newline
+        mov     al, 10
+        call    put_byte
 exit_ok:
         call    flush
         xor     edi, edi
@@ -383,18 +388,29 @@ opt_name_c:
         db      '--help', K_FLAG, V_HELP and 0xFF
         db      0
 
+err_stray_argument:                     ; (the command line's, here out of the way of its
+        call    fatal_usage_arg_here    ; short jumps)
+        db      'unexpected argument ', 0
+err_prompt_and_file:                    ; (read_prompt's, in its short-jump reach)
+        call    fatal_usage_here
+        db      'use -p or -f, not both', 0
+
 ; read_prompt: (last in this file: model.asm's err_cannot_read follows, in short-jump reach)
 ; with -f FILE the prompt is the file's bytes ("-": standard input's), one
 ; trailing newline dropped (as llama.cpp does), in fresh zeroed memory (so zero-terminated,
 ; with a zero byte before it too: the newline check needs no bounds test).
 ;   in: rbp front_base   out: opt_prompt -> the text (unchanged without -f)
 ;   clobbers: rax rbx rcx rdx rsi rdi r8-r11; fatal "cannot read FILE", or "prompt too
-;   long" at PROMPT_FILE_MAX bytes (the tokenizer's sizes then stay below 2^31)
+;   long" at PROMPT_FILE_MAX bytes (the tokenizer's sizes then stay below 2^31); a usage
+;   error when -p was given too
 PROMPT_FILE_MAX = 1 shl 24
 read_prompt:
         mov     rbx, [rbp+V_FILE]
         test    rbx, rbx
         jz      .done
+        lea     eax, [rbp+V_HELP]       ; -p given too? (start's default prompt: its address)
+        cmp     [rbp+V_PROMPT], rax
+        jne     err_prompt_and_file
         xor     eax, eax                ; standard input
         cmp     word [rbx], '-'         ; "-" and its zero byte
         je      .opened

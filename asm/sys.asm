@@ -17,20 +17,31 @@ SYS_exit_group  = 231
 STDOUT = 1
 STDERR = 2
 
-EXIT_ERROR = 1                  ; bad input, unreadable model, failed write
-EXIT_USAGE = 2                  ; no arguments (usage relies on EXIT_USAGE = STDERR)
+EXIT_ERROR = 1                  ; a bad value, an unreadable or bad file, a failed write
+EXIT_USAGE = 2                  ; a malformed command line, or none (usage relies on
+                                ; EXIT_USAGE = STDERR)
 
 EPIPE = 32                      ; write to a pipe nobody reads
 
 ; fatal_here: print "gemma: MESSAGE\n" on stderr and exit with status 1 (EXIT_ERROR), the
 ; message the zero-terminated text after `call fatal_here` (without the "gemma: " prefix and
 ; the newline).   in: [rsp] -> the message   out: never returns
-fatal_here:
+; fatal_usage_here: the same with status 2 (EXIT_USAGE): a malformed command line.
+fatal_usage_here:
         mov     ebx, msg_prefix + 7     ; the empty argument: the prefix's zero byte
+; fatal_usage_arg_here: fatal_arg_here with status 2 (EXIT_USAGE).
+fatal_usage_arg_here:
+        push    EXIT_USAGE
+        jmp     fatal_status
+fatal_here:
+        mov     ebx, msg_prefix + 7
 ; fatal_arg_here: the same with an argument appended, "gemma: MESSAGEARGUMENT\n", the
 ; argument cut at its first control byte (so that the message stays one line) and at 256
 ; bytes.   in: [rsp] -> the message, rbx argument (zero-terminated)   out: never returns
 fatal_arg_here:
+        push    EXIT_ERROR
+fatal_status:                           ; [rsp] the status, [rsp+8] -> the message
+        pop     r8                      ; (no syscall below changes r8)
         mov     esi, msg_prefix         ; (addresses are below 2^32)
         call    put_err
         pop     rsi                     ; the message
@@ -44,7 +55,7 @@ fatal_arg_here:
         push    rsp
         pop     rsi
         call    put_err
-        dec     edi                     ; STDERR (2) - 1 = EXIT_ERROR
+        mov     edi, r8d
         jmp     sys_exit
 
 ; put_err: write a zero-terminated string (at most 256 bytes of it) to stderr.

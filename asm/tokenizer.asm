@@ -1,25 +1,59 @@
 ; tokenizer.asm: the prompt's token ids (docs/gemma.md "The tokenizer", the twin of
-; builder/twins/tokenizer.py step for step). A symbol is a run of the normalised text, a record of
-; SYM bytes. Symbols are contiguous: symbol j ends where j+1 starts; a sentinel record holds
-; the text's end. Each record caches its pair with the next symbol, so that a merge pass is
-; a scan and only the two pairs around a merge are looked up again.
+; builder/twins/tokenizer.py step for step). The user pieces cut the text into segments,
+; which BPE never merges across; each segment is split into symbols (UTF-8 characters),
+; merged as sentencepiece's BPE merges them (a binary heap of candidate pairs) and turned into
+; ids before the next one is read, so that a prompt too long for the context is refused as soon
+; as its ids are more than the context holds.
 
-SYM             = 24
-SYM_PAIR        = 0             ; i32 the pair of this and the next symbol: 1 a normal piece
-                                ; (SYM_SCORE valid), -1 none, 0 not looked up yet
-SYM_TAG         = 4             ; u32 id of a matched user-defined piece (< 2^24, never merged),
-                                ; or -1 (free); the sentinel's is 0 (zeroed memory): not free
-SYM_START       = 8             ; u64 address of its first byte in the text
-SYM_SCORE       = 16            ; f32 score of the pair's piece
+; A symbol record, per segment from r14 on (the next segment reuses them). The segment's
+; symbols tile it; a symbol merged into its left neighbour keeps length 0. After the last
+; symbol, the segment's end record: the user piece that ends it, or the text's end.
+SYM             = 32
+SYM_START       = 0             ; u64 address of its first byte; the end record: where the next
+                                ; segment starts
+SYM_NEXT        = 8             ; u64 -> the next symbol's record; the end record: 0
+SYM_PREV        = 16            ; u64 -> the previous symbol's record (0: the first)
+SYM_LEN         = 24            ; u32 its bytes (0: merged); the end record: the user piece's
+                                ; (>= 1), or 1 at the text's end (so no pair is ever valid with it)
+SYM_ID          = 28            ; u32 the end record: the user piece's id, or -1 at the text's end
 
-; tokenize: spaces -> U+2581; user-defined pieces (longest first) or one UTF-8 character per
-; symbol; merge the adjacent free pair whose bytes are the best-scoring normal piece
-; (leftmost on ties) until none is; each symbol -> its id, or one byte piece per byte.
+; A candidate pair: an entry of the heap (from r15 on; the entry that goes first at r15, the
+; children of entry i at 2i + 1 and 2i + 2).
+CAND            = 16
+CAND_SCORE      = 0             ; f32 the score of the normal piece the pair's bytes are
+CAND_LEN        = 4             ; u32 the pair's bytes when it was pushed (it is stale once
+                                ; either symbol has changed)
+CAND_LEFT       = 8             ; u64 -> its left symbol's record
+
+; The memo of lookups (lookup): MEMO_ENTRIES entries, direct-mapped by the top bits of the
+; FNV-1a hash of the bytes looked up (zeroed: length 0, never asked for). A text asks for the
+; same bytes again and again: 83% of the lookups for 40 KB of English repeat an earlier one.
+MEMO            = 16
+MEMO_BYTES      = 0             ; u64 address of the bytes (in the text, which stays)
+MEMO_LEN        = 8             ; u32 their length
+MEMO_ID         = 12            ; u32 the answer: a normal piece's id, or -1
+MEMO_BITS       = 15
+MEMO_ENTRIES    = 1 shl MEMO_BITS
+FNV_BASIS       = 0x811C9DC5
+FNV_PRIME       = 0x01000193
+
+; The first-byte index of the user table: FIRST_BYTES + 2 dwords of offsets (the user pieces
+; starting with byte b are the ids at offsets [X[b], X[b+1]) of the list), then the list: the
+; user ids bucketed by their first byte, in the table's order (longest first) in each bucket.
+FIRST_BYTES     = 256
+FIRST_INDEX     = (FIRST_BYTES + 2) * 4         ; bytes before the list
+
+; tokenize: spaces -> U+2581; at each position the first piece of the user table that
+; matches there (tried through the first-byte index) ends a segment and becomes one id; in a
+; segment, one symbol per UTF-8 character, merged as sentencepiece's BPE does: a heap of the
+; adjacent pairs whose bytes are a normal piece, the highest score first, the leftmost on
+; equal scores, an entry whose symbols have changed since it was pushed skipped; then each
+; symbol -> its id, or one byte piece per byte.
 ;   in: rbx header, rbp front_base, opt_prompt   out: r12 -> ids (BOS first, room for
 ;   ctx_len), r13d = their count, r15 = 0 (main.asm's position)
-;   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0
-;   (fatal "prompt too long" for more ids than ctx_len, or early when the text alone proves
-;   it: more bytes than ctx_len * max_piece_len)
+;   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0 xmm1
+;   (fatal "prompt too long" for more ids than ctx_len: at once when the text alone proves
+;   it, more bytes than ctx_len * max_piece_len, else once the segments so far give more)
 tokenize:
         mov     rsi, [rbp+V_PROMPT]     ; (never 0: main.asm's start sets an empty default)
         push    rsi
@@ -30,12 +64,11 @@ tokenize:
         push    rsi
         imul    r14d, ecx, -3
         add     r14d, [rbp+V_CTX_LEN]   ; n3 = 3 * length + 6 + ctx_len: text, 3 zero bytes
-        imul    edi, r14d, 8 + SYM      ; text [n3 bytes] | ids [4 * n3] | ... | symbols [SYM * n3]
-        call    alloc                   ; (the record before the symbols is unused memory)
+        imul    edi, r14d, 5            ; text [n3 bytes] | ids [4 * n3]
+        call    alloc
         pop     rsi
         xchg    rax, rdi                ; rdi = text
         lea     r12, [rdi+r14]          ; ids
-        lea     r14, [rdi+r14*8]        ; symbols
         push    rdi
 .normalise:
         lodsb
@@ -48,37 +81,106 @@ tokenize:
         stosb
         test    al, al
         jnz     .normalise
-        lea     r10, [rdi-1]            ; text end
-        pop     rsi                     ; rsi = position, r13 -> the next symbol
-        mov     ecx, r10d
-        sub     ecx, esi                ; the text's length
+        lea     r14, [rdi-1]            ; the text's end
+        pop     r15                     ; its start
+        mov     ecx, r14d
+        sub     ecx, r15d               ; its length
         mov     eax, [rbx+HDR_MAX_PIECE_LEN]
         mul     dword [rbp+V_CTX_LEN]
         jc      .fits                   ; the product is 2^32 or more (> length)
         cmp     ecx, eax
-        ja      .err_long_prompt        ; before matching pieces and merging, which take time
+        ja      .err_long_prompt        ; before anything that takes time
 .fits:
-        mov     r13, r14
-        mov     r8, [rbp+V_USER]
+        ; the memo of lookups, symbol records for the length's symbols and an end record, the
+        ; heap (at most twice as many entries: each pop that merges pushes two), the
+        ; first-byte index
+        push    r14                     ; [rsp+16] the text's end
+        inc     ecx
+        shl     ecx, 5                  ; (length + 1) * SYM (< 2^31)
+        mov     r13d, ecx               ; = the heap's bytes: 2 * (length + 1) * CAND
+        mov     eax, [rbx+HDR_N_USER]
+        lea     rdi, [rax*4+FIRST_INDEX+MEMO_ENTRIES*MEMO]
+        lea     rdi, [rdi+rcx*2]
+        call    alloc                   ; the memo, then the rest
+        mov     [rbp+V_MEMO], rax
+        lea     r14, [rax+MEMO_ENTRIES*MEMO]    ; r14 -> the symbol records
+        lea     r8, [r14+r13*2]         ; the first-byte index
+        add     r13, r14                ; the heap
+        push    r8                      ; [rsp+8] the first-byte index
+
+; The first-byte index: count each first byte at X[b + 2], sum up (X[b + 1] = the start of
+; b's bucket), then file each id at X[b + 1] and move it on (to the start of b + 1's).
+        mov     rsi, [rbp+V_USER]
+        mov     edx, [rbx+HDR_N_USER]
+.count:
+        sub     edx, 1
+        jb      .counted
+        lodsd
+        call    piece                   ; rdi -> its bytes (at least one: load_model)
+        movzx   eax, byte [rdi]
+        inc     dword [r8+rax*4+8]
+        jmp     .count
+.counted:
+        xor     eax, eax
+        xor     ecx, ecx
+.sum:
+        add     eax, [r8+rcx*4]
+        mov     [r8+rcx*4], eax
+        inc     ecx
+        cmp     ecx, FIRST_BYTES + 2
+        jb      .sum
+        mov     rsi, [rbp+V_USER]
+        mov     edx, [rbx+HDR_N_USER]
+.file:
+        sub     edx, 1
+        jb      .filed
+        lodsd
+        call    piece
+        movzx   ecx, byte [rdi]
+        mov     edi, [r8+rcx*4+4]       ; its place: the next free one of its bucket
+        inc     dword [r8+rcx*4+4]
+        mov     [r8+rdi*4+FIRST_INDEX], eax
+        jmp     .file
+.filed:
+        mov     rdi, r12
+        mov     eax, [rbx+HDR_BOS]
+        stosd
+        push    rdi                     ; [rsp] -> the next id (rsp 16-aligned for the calls)
+        mov     rsi, r15                ; the text's start
+        mov     r15, r13                ; r15 -> the heap
+
+; A segment: rsi -> its first byte, r8 -> the record to fill. Each record points to its
+; neighbours (the first's previous and the end record's next are cleared at the end).
+.segment:
+        mov     r8, r14
 .symbol:
-        mov     [r13+SYM_START], rsi
-        mov     edx, r10d
+        mov     [r8+SYM_START], rsi
+        lea     rax, [r8-SYM]
+        mov     [r8+SYM_PREV], rax
+        lea     rax, [r8+SYM]
+        mov     [r8+SYM_NEXT], rax
+        mov     rdx, [rsp+16]
         sub     edx, esi                ; bytes left
-        jz      .symbols_done
-        xor     r9d, r9d
+        jz      .text_end
+        mov     rax, [rsp+8]            ; the user pieces that start with this byte:
+        movzx   ecx, byte [rsi]
+        mov     r9d, [rax+rcx*4]
+        mov     r10d, [rax+rcx*4+4]
+        lea     r9, [rax+r9*4+FIRST_INDEX]      ; r9 -> the first id
+        lea     r10, [rax+r10*4+FIRST_INDEX]    ; r10 -> after the last
 .user:
-        cmp     r9d, [rbx+HDR_N_USER]
+        cmp     r9, r10
         jae     .character
-        mov     eax, [r8+r9*4]
-        inc     r9d
+        mov     eax, [r9]
+        add     r9, 4
         call    piece
         cmp     ecx, edx
-        ja      .user
+        ja      .user                   ; longer than the text left
         push    rsi
         repe    cmpsb                   ; ecx >= 1 (load_model)
-        pop     rcx
-        je      .tagged                 ; rsi is past the piece
-        mov     rsi, rcx
+        pop     rdi
+        je      .user_piece             ; rsi is past the piece
+        mov     rsi, rdi
         jmp     .user
 .character:
         ; UTF-8: the lead byte's leading ones give the length; a byte that does not start a
@@ -102,78 +204,92 @@ tokenize:
 .single:
         mov     dl, 1                   ; (edx < 256)
 .whole:
-        or      eax, -1
+        mov     [r8+SYM_LEN], edx
         add     rsi, rdx
-.tagged:
-        mov     [r13+SYM_TAG], eax
-        add     r13, SYM
+        add     r8, SYM
         jmp     .symbol
-.symbols_done:
+.user_piece:                            ; eax = its id, rdi -> its first byte
+        mov     edx, esi
+        sub     edx, edi
+        jmp     .ended
+.text_end:                              ; (edx = 0)
+        or      eax, -1
+        inc     edx
+.ended:                                 ; r8 -> the end record
+        mov     [r8+SYM_ID], eax
+        mov     [r8+SYM_LEN], edx
+        mov     [r8+SYM_START], rsi
+        and     qword [r8+SYM_NEXT], 0
+        and     qword [r14+SYM_PREV], 0
 
-; A merge pass: rdi -> symbol j, r15 -> the best pair's left symbol (0: none). A pair is
-; looked up when a pass first meets it; merging drops symbol best+1 and marks the two pairs
-; the merged symbol is in to be looked up again.
-.pass:
-        xor     r15d, r15d
+; Merging (sentencepiece's bpe_model.cc): every adjacent pair that is a piece onto the heap;
+; then pop the pair that goes first; skip it if stale, else merge it and push the merged
+; symbol's pairs with its neighbours. r13 -> the heap's end.
+        mov     r13, r15
         mov     rdi, r14
-.pair:
-        cmp     rdi, r13
-        jae     .pass_done
-        cmp     dword [rdi+SYM_PAIR], 0
-        jl      .next_pair              ; no pair
-        jg      .candidate
-        dec     dword [rdi+SYM_PAIR]    ; not looked up yet: -1 unless it is a piece
-        mov     eax, [rdi+SYM_TAG]
-        and     eax, [rdi+SYM+SYM_TAG]
-        jns     .next_pair              ; not both free (tags -1; ids < 2^24)
-        mov     rsi, [rdi+SYM_START]
-        mov     rdx, [rdi+2*SYM+SYM_START]
-        call    lookup
-        js      .next_pair
-        neg     dword [rdi+SYM_PAIR]
-        mov     eax, [r11+PIECE_SCORE]
-        mov     [rdi+SYM_SCORE], eax
-.candidate:
-        test    r15, r15
-        jz      .best
-        movss   xmm0, [rdi+SYM_SCORE]
-        ucomiss xmm0, [r15+SYM_SCORE]
-        jbe     .next_pair              ; not higher (or NaN): the leftmost stays
-.best:
-        mov     r15, rdi
-.next_pair:
+.pairs:
+        cmp     qword [rdi+SYM_NEXT], 0
+        je      .merge
+        call    add_pair
         add     rdi, SYM
-        jmp     .pair
-.pass_done:
-        test    r15, r15
-        jz      .merged                 ; (r15 = 0 from here on: the out value)
-        lea     rdi, [r15+SYM]
-        lea     rsi, [rdi+SYM]          ; move best+2 .. the sentinel down one
-        sub     r13, SYM
-        mov     ecx, r13d
-        sub     ecx, r15d
-        rep     movsb
-        mov     [r15+SYM_PAIR-SYM], ecx ; 0 (before the first symbol: the unused record)
-        mov     [r15+SYM_PAIR], ecx
-        jmp     .pass
-
-.err_long_prompt:
-        call    fatal_here
-        db      'prompt too long', 0
-
-; Emit: r14 -> symbol, r13 = the sentinel, rdi -> the next id.
-.merged:
-        mov     rdi, r12
-        mov     eax, [rbx+HDR_BOS]
-        stosd
-.emit:
-        cmp     r14, r13
-        jae     .emitted
-        mov     eax, [r14+SYM_TAG]
+        jmp     .pairs
+.merge:
+        cmp     r13, r15
+        je      .emit
+        mov     rdi, [r15+CAND_LEFT]
+        mov     edx, [r15+CAND_LEN]
+        sub     r13, CAND
+        movups  xmm0, [r13]             ; the last entry to the top, then down
+        movups  [r15], xmm0
+        mov     r10, r15
+.down:                                  ; r10 -> the entry going down, entry i
+        mov     rax, r10
+        sub     rax, r15
+        lea     r9, [r10+rax+CAND]      ; its first child, entry 2i + 1
+        cmp     r9, r13
+        jae     .popped
+        mov     r11, r10
+        lea     rax, [r9+CAND]          ; the second
+        cmp     rax, r13
+        jae     .one_child
+        mov     r10, r9
+        mov     r9, rax
+        call    before                  ; the second goes before the first?
+        cmovnc  r9, r10                 ; r9 -> the child that goes first (the first on a tie)
+.one_child:
+        mov     r10, r11
+        call    order                   ; swapped when the child goes first
+        mov     r10, r9
+        jc      .down
+.popped:                                ; rdi -> the left symbol, edx = the pair's length
+        mov     eax, [rdi+SYM_LEN]
         test    eax, eax
-        jns     .store                  ; a user-defined piece
-        mov     rsi, [r14+SYM_START]
-        mov     rdx, [r14+SYM+SYM_START]
+        jz      .merge                  ; merged into its own left neighbour since: stale
+        mov     rcx, [rdi+SYM_NEXT]
+        add     eax, [rcx+SYM_LEN]
+        cmp     eax, edx
+        jne     .merge                  ; either symbol has grown since: stale
+        mov     [rdi+SYM_LEN], eax      ; the right symbol joins the left one
+        and     dword [rcx+SYM_LEN], 0
+        mov     rax, [rcx+SYM_NEXT]
+        mov     [rdi+SYM_NEXT], rax
+        mov     [rax+SYM_PREV], rdi
+        call    add_pair                ; (merged, next)
+        mov     rdi, [rdi+SYM_PREV]
+        call    add_pair                ; (previous, merged)
+        jmp     .merge
+
+; The segment's ids: each symbol's, or its bytes' byte pieces; then the user piece's. r13 ->
+; a record, rdi -> the next id.
+.emit:
+        mov     rdi, [rsp]
+        mov     r13, r14
+.emit_symbol:
+        mov     rsi, [r13+SYM_START]
+        mov     edx, [r13+SYM_LEN]
+        cmp     qword [r13+SYM_NEXT], 0
+        je      .emitted                ; the end record
+        add     rdx, rsi
         call    lookup
         jns     .store
 .byte:
@@ -186,48 +302,170 @@ tokenize:
         jmp     .byte
 .store:
         stosd
-        add     r14, SYM
-        jmp     .emit
-.emitted:
-        sub     rdi, r12
-        shr     edi, 2
-        mov     r13d, edi
-        cmp     edi, [rbp+V_CTX_LEN]
+        mov     r13, [r13+SYM_NEXT]
+        jmp     .emit_symbol
+.emitted:                               ; rsi -> where the next segment starts
+        mov     eax, [r13+SYM_ID]
+        test    eax, eax
+        js      .check
+        stosd
+.check:                                 ; the ids so far must fit in the context
+        mov     [rsp], rdi
+        mov     r13, rdi
+        sub     r13, r12
+        shr     r13, 2
+        cmp     r13d, [rbp+V_CTX_LEN]
         ja      .err_long_prompt
+        test    eax, eax
+        jns     .segment
+        add     rsp, 24
+        xor     r15d, r15d
         ret
 
-; lookup: the normal piece whose bytes equal [rsi, rdx), by binary search in the index
-; (sorted by unsigned bytes, a proper prefix first).
-;   in: rsi bytes, rdx their end (rdx - rsi < 2^32), rbx header
+.err_long_prompt:
+        call    fatal_here
+        db      'prompt too long', 0
+
+; add_pair: push the pair of symbol rdi and the next one onto the heap when the segment has a
+; next one and their bytes are a normal piece (sentencepiece's MaybeAddNewSymbolPair).
+;   in: rdi -> a symbol's record, or 0 (none), r13 the heap's end, r15 its start, rbx header,
+;   rbp front_base   out: r13 (one entry further when pushed)
+;   clobbers: rax rcx rdx rsi r8-r11 xmm0 xmm1
+add_pair:
+        test    rdi, rdi
+        jz      .done
+        mov     rax, [rdi+SYM_NEXT]
+        cmp     qword [rax+SYM_NEXT], 0
+        je      .done                   ; the end record: no pair
+        mov     rsi, [rdi+SYM_START]
+        mov     edx, [rdi+SYM_LEN]
+        add     edx, [rax+SYM_LEN]
+        add     rdx, rsi
+        call    lookup                  ; edx = the pair's length
+        js      .done
+        mov     r9, r13                 ; the new entry, last
+        add     r13, CAND
+        mov     eax, [r11+PIECE_SCORE]
+        mov     [r9+CAND_SCORE], eax
+        mov     [r9+CAND_LEN], edx
+        mov     [r9+CAND_LEFT], rdi
+.up:                                    ; r9 -> the entry going up, entry i
+        cmp     r9, r15
+        je      .done
+        lea     rax, [r9-CAND]
+        sub     rax, r15
+        shr     rax, 1
+        and     al, -CAND
+        lea     r10, [r15+rax]          ; its parent, entry (i - 1) / 2
+        call    order
+        mov     r9, r10
+        jc      .up
+.done:
+        ret
+
+; order: swap heap entries r9 and r10 when r9's goes first (before).
+;   in: r9, r10 -> entries   out: CF set when swapped   clobbers: rax xmm0 xmm1
+order:
+        call    before
+        jnc     before.done
+        movups  xmm0, [r9]
+        movups  xmm1, [r10]
+        movups  [r9], xmm1
+        movups  [r10], xmm0             ; (CF stays set)
+        ret
+
+; before: whether heap entry r9 goes before entry r10: a higher score, or the same score and
+; a left symbol further left (sentencepiece's SymbolPairComparator); with a NaN score neither
+; goes before the other.
+;   in: r9, r10 -> entries   out: CF set when it does   clobbers: rax xmm0
+before:
+        movss   xmm0, [r10+CAND_SCORE]
+        ucomiss xmm0, [r9+CAND_SCORE]
+        jp      .unordered
+        jne     .done                   ; CF: r10's score is the lower
+        mov     rax, [r9+CAND_LEFT]
+        cmp     rax, [r10+CAND_LEFT]    ; CF: r9's left symbol comes first
+.done:
+        ret
+.unordered:
+        cmc                             ; (CF was set)
+        ret
+
+; lookup: the normal piece whose bytes equal [rsi, rdx): the memo's answer when its entry for
+; the bytes' hash holds the same bytes, else a binary search in the index (sorted by unsigned
+; bytes, a proper prefix first), remembered in that entry.
+;   in: rsi bytes, rdx their end (0 < rdx - rsi < 2^32), rbx header, rbp front_base (memo_ptr)
 ;   out: eax id, r11 -> its record and SF clear, or eax = -1 and SF set; edx = the length
 ;   clobbers: rcx r8-r11
 lookup:
-        sub     edx, esi
         push    rdi
+        push    rsi
+        sub     edx, esi
+        mov     eax, FNV_BASIS          ; FNV-1a over the bytes
+        xor     ecx, ecx
+.hash:
+        xor     al, [rsi+rcx]
+        imul    eax, eax, FNV_PRIME
+        inc     ecx
+        cmp     ecx, edx
+        jb      .hash
+        shr     eax, 32 - MEMO_BITS     ; its top bits: the entry
+        shl     eax, 4                  ; * MEMO
+        add     rax, [rbp+V_MEMO]
+        push    rax                     ; [rsp] the entry, [rsp+8] rsi (rsp 16-aligned)
+        cmp     edx, [rax+MEMO_LEN]
+        jne     .search
+        mov     rdi, [rax+MEMO_BYTES]
+        repe    cmpsb                   ; (ecx = edx)
+        mov     eax, [rax+MEMO_ID]
+        je      .known
+.search:
         or      r8, -1                  ; lo - 1
         mov     r9d, [rbx+HDR_N_INDEX]  ; hi
 .probe:
         lea     r10, [r8+r9+1]
         shr     r10, 1                  ; mid
+        or      eax, -1                 ; (none, when lo = hi)
         cmp     r10, r9
-        jae     .none                   ; lo = hi
+        jae     .found
         mov     rax, [rbp+V_INDEX]
         mov     eax, [rax+r10*4]
         call    piece
-        push    rsi
-        cmp     edx, ecx                ; when the shorter length is 0 these flags decide
-        cmovb   ecx, edx
-        repe    cmpsb
-        pop     rsi
+        mov     rsi, [rsp+8]
+        cmp     ecx, edx
+        cmova   ecx, edx                ; the shorter length
+.compare:                               ; (a loop: faster than repe cmpsb on 1 to 3 bytes)
+        jrcxz   .prefix
+        mov     al, [rsi]
+        cmp     al, [rdi]
         jne     .decided
-        cmp     edx, [r11+PIECE_LEN]    ; equal up to the shorter: the shorter sorts first
-        je      .found                  ; (SF clear)
+        inc     rsi
+        inc     rdi
+        dec     ecx
+        jmp     .compare
+.prefix:                                ; equal up to the shorter: the shorter sorts first
+        cmp     edx, [r11+PIECE_LEN]
+        jne     .decided
+        mov     rax, [rbp+V_INDEX]
+        mov     eax, [rax+r10*4]        ; (al was the loop's)
+        jmp     .found
 .decided:
         cmova   r8, r10                 ; above: lo = mid + 1
         cmovbe  r9, r10                 ; below: hi = mid
         jmp     .probe
-.none:
-        or      eax, -1                 ; (SF set)
-.found:
+.found:                                 ; remembered
+        mov     rcx, [rsp]
+        mov     rsi, [rsp+8]
+        mov     [rcx+MEMO_BYTES], rsi
+        mov     [rcx+MEMO_LEN], edx
+        mov     [rcx+MEMO_ID], eax
+.known:
+        pop     rcx
+        pop     rsi
+        test    eax, eax
+        js      .done
+        call    piece                   ; r11 -> its record
+        test    eax, eax                ; (SF clear)
+.done:
         pop     rdi
         ret

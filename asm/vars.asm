@@ -87,6 +87,7 @@ out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 opt_help:       rq 1            ; -h / --help, low byte (byte 1: the SIGPIPE bit, start)
+memo_ptr:       rq 1            ; the tokenizer's memo of lookups (tokenizer.asm)
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -111,6 +112,7 @@ V_OUT_LEN       = out_len - front_base
 V_WROTE         = wrote - front_base
 V_FILE          = opt_file - front_base
 V_HELP          = opt_help - front_base
+V_MEMO          = memo_ptr - front_base
 V_OUT_BUF       = out_buf - front_base
 
 ; ---- fast (W-fast): the instruction-set level and the threads ----------------------------

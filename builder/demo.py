@@ -11,8 +11,8 @@ blocks (`convert --type q8_0`); later runs reuse them (a model file of an older 
 version is converted again). It builds ./gemma (about two seconds: the build is reproducible,
 so an up-to-date binary is rewritten byte for byte) and runs it on the prompt (greedy unless
 FLAGS say otherwise); once ./gemma starts to answer it prints the prompt, then streams the
-engine's text after it (so a flag the engine refuses shows its one-line error alone), and
-returns the engine's exit status.
+engine's text after it, ending with the engine's newline (so a flag the engine refuses shows
+its one-line error alone), and returns the engine's exit status.
 """
 from __future__ import annotations
 

@@ -1,22 +1,34 @@
 """The engine's tokenizer in Python, from a model file's tables: the twin of asm/tokenizer.asm.
 
-encode(text: bytes) -> ids, BOS first (docs/gemma.md, "Tokenizer"):
+encode(text: bytes) -> ids, BOS first (docs/gemma.md, "The tokenizer"):
 1. every space (0x20) becomes U+2581 (E2 96 81);
 2. scan left to right: at each position the first piece of table `user` (user-defined and
-   control pieces, longest first) that matches is a frozen symbol; otherwise one UTF-8 character is a symbol (its
+   control pieces, longest first) that matches is one id and ends a segment; only the pieces
+   whose first byte is the position's are tried (`first_byte_index`);
+3. a segment (the text between user pieces) starts as one symbol per UTF-8 character (its
    length from the lead byte; a byte that does not start a complete, well-formed sequence is
-   a one-byte symbol);
-3. repeatedly: over every adjacent pair of unfrozen symbols, look the concatenation up in the
-   sorted `index` of NORMAL pieces (binary search); merge the pair with the highest score,
-   the leftmost on ties; stop when no pair is a piece;
+   a one-byte symbol), and is merged as sentencepiece's BPE merges it (bpe_model.cc): every
+   adjacent pair whose bytes are a NORMAL piece (binary search in the sorted `index`) goes
+   onto a binary heap, keyed by the piece's score, the higher first, then by the left
+   symbol's position, the leftmost first; the pair on top is popped, skipped when stale
+   (either symbol changed since it was pushed: its left symbol was merged away, or the two
+   lengths no longer add up to the pair's), otherwise merged, and the merged symbol's pairs
+   with its next and then its previous neighbour are pushed; until the heap is empty;
 4. each symbol becomes its piece id, or, if it is not a normal piece, one byte piece
-   (byte_base + byte) per byte.
+   (byte_base + byte) per byte; then the segment's user piece.
+The heap is the asm's, entry for entry (push: sift up by swaps; pop: the last entry to the
+top, sifted down by swaps with the child that goes first, the first child on a tie), so the
+two agree even where scores are NaN (never before anything, nothing before them). The asm
+also remembers its lookups in a hash-keyed table: a cache, which changes no answer, so the
+twin has none.
+`segments(text)` gives the ids segment by segment, as the asm emits them; the asm refuses a
+prompt as soon as the ids so far exceed its context.
 decode(ids) -> bytes: normal and user-defined pieces with U+2581 as a space, byte pieces as
 their byte, control/unknown/unused pieces as nothing.
-
-Plain loops and O(n^2) merging on purpose: the asm does the same, step for step.
 """
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 from builder.models.modelfile import BYTE, NORMAL, USER_DEFINED, ModelFile
 
@@ -32,12 +44,51 @@ def char_len(s: bytes, i: int) -> int:
     return n
 
 
+Entry = tuple[float, int, int]  # (score, left symbol, the pair's length when pushed)
+
+
+def before(a: Entry, b: Entry) -> bool:
+    """Whether heap entry a goes before b: a higher score, or the same and further left."""
+    return a[0] > b[0] or (a[0] == b[0] and a[1] < b[1])
+
+
+def heap_push(heap: list[Entry], e: Entry) -> None:
+    """Append e and swap it with its parent while it goes before it."""
+    heap.append(e)
+    i = len(heap) - 1
+    while i > 0 and before(heap[i], heap[(i - 1) // 2]):
+        p = (i - 1) // 2
+        heap[i], heap[p] = heap[p], heap[i]
+        i = p
+
+
+def heap_pop(heap: list[Entry]) -> Entry:
+    """Remove and return the top; the last entry goes to the top and is swapped down with
+    the child that goes first (the first child unless the second goes before it)."""
+    top = heap[0]
+    last = heap.pop()
+    if heap:
+        heap[0] = last
+        i = 0
+        while 2 * i + 1 < len(heap):
+            c = 2 * i + 1
+            if c + 1 < len(heap) and before(heap[c + 1], heap[c]):
+                c += 1
+            if not before(heap[c], heap[i]):
+                break
+            heap[i], heap[c] = heap[c], heap[i]
+            i = c
+    return top
+
+
 class Tokenizer:
     def __init__(self, model: ModelFile):
         h = model.header
         self.pieces, self.scores, self.types = model.pieces, model.scores, model.types
         self.index, self.user = model.index.tolist(), model.user.tolist()
         self.bos, self.byte_base, self.max_len = h.bos, h.byte_base, h.max_piece_len
+        self.first_byte_index = [[u for u in self.user if self.pieces[u][0] == b]
+                                 for b in range(256)]
 
     def lookup(self, piece: bytes) -> int:
         """Id of the normal piece equal to `piece` (binary search in the index), or -1."""
@@ -55,38 +106,69 @@ class Tokenizer:
                 hi = mid
         return -1
 
-    def encode(self, text: bytes) -> list[int]:
+    def user_piece(self, s: bytes, i: int) -> int:
+        """The first user piece (in table order) of s[i]'s first-byte bucket at s[i:], or -1."""
+        return next((u for u in self.first_byte_index[s[i]] if s.startswith(self.pieces[u], i)),
+                    -1)
+
+    def merge(self, s: bytes, start: list[int], length: list[int]) -> None:
+        """BPE-merge one segment's symbols (start[k], length[k] in s) in place; a symbol
+        merged into its left neighbour gets length 0."""
+        n = len(start)
+        nxt, prev = list(range(1, n + 1)), list(range(-1, n - 1))
+        heap: list[Entry] = []
+
+        def add_pair(left: int) -> None:
+            right = nxt[left] if left >= 0 else n
+            if right < n:
+                size = length[left] + length[right]
+                pid = self.lookup(s[start[left]:start[left] + size])
+                if pid >= 0:
+                    heap_push(heap, (self.scores[pid], left, size))
+
+        for k in range(n - 1):
+            add_pair(k)
+        while heap:
+            _, left, size = heap_pop(heap)
+            right = nxt[left]
+            if length[left] == 0 or right == n or length[left] + length[right] != size:
+                continue                        # stale
+            length[left], length[right] = size, 0
+            nxt[left] = nxt[right]
+            if nxt[left] < n:
+                prev[nxt[left]] = left
+            add_pair(left)
+            add_pair(prev[left])
+
+    def segments(self, text: bytes) -> Iterator[list[int]]:
+        """The ids of each segment (its symbols', then its user piece's), in order."""
         s = text.replace(b" ", SPACE)
-        # symbols: [start, end, frozen id or -1]
-        syms: list[list[int]] = []
         i = 0
-        while i < len(s):
-            for uid in self.user:
-                p = self.pieces[uid]
-                if s.startswith(p, i):
-                    syms.append([i, i + len(p), uid])
-                    break
-            else:
-                syms.append([i, i + char_len(s, i), -1])
-            i = syms[-1][1]
         while True:
-            best, best_score = -1, 0.0
-            for j in range(len(syms) - 1):
-                a, b = syms[j], syms[j + 1]
-                if a[2] >= 0 or b[2] >= 0:
-                    continue
-                pid = self.lookup(s[a[0]:b[1]])
-                if pid >= 0 and (best < 0 or self.scores[pid] > best_score):
-                    best, best_score = j, self.scores[pid]
-            if best < 0:
-                break
-            syms[best][1] = syms[best + 1][1]
-            del syms[best + 1]
-        ids = [self.bos]
-        for start, end, frozen in syms:
-            pid = frozen if frozen >= 0 else self.lookup(s[start:end])
-            ids += [pid] if pid >= 0 else [self.byte_base + c for c in s[start:end]]
-        return ids
+            start: list[int] = []
+            uid = -1
+            while i < len(s):
+                uid = self.user_piece(s, i)
+                if uid >= 0:
+                    break
+                start.append(i)
+                i += char_len(s, i)
+            length = [b - a for a, b in zip(start, start[1:] + [i])]
+            self.merge(s, start, length)
+            ids = []
+            for a, n in zip(start, length):
+                if n:
+                    pid = self.lookup(s[a:a + n])
+                    ids += [pid] if pid >= 0 else [self.byte_base + c for c in s[a:a + n]]
+            if uid >= 0:
+                ids.append(uid)
+                i += len(self.pieces[uid])
+            yield ids
+            if uid < 0:
+                return
+
+    def encode(self, text: bytes) -> list[int]:
+        return [self.bos] + [t for ids in self.segments(text) for t in ids]
 
     def decode_piece(self, pid: int) -> bytes:
         t = self.types[pid]

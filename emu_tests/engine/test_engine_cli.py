@@ -3,6 +3,7 @@ sentencepiece's recorded ids), sampling, output streaming and every error
 with its message and exit status. Models: the fixtures converted by builder.models.convert."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -131,14 +132,34 @@ def test_greedy_text_is_the_decoded_reference(engine, models, name):
         ids = p["greedy"]
         h = ModelFile(model).header
         stop = next((i for i, t in enumerate(ids) if t in (h.eos, h.eot)), n)
-        assert r.stdout == tok.decode(ids[:stop]), f"{p['text']!r}"
+        assert r.stdout == tok.decode(ids[:stop]) + b"\n", f"{p['text']!r}"
         checked += 1
     assert checked >= 2
 
 
+def test_text_ends_with_one_newline(engine, mqa, tmp_path):
+    """Generated text ends with exactly one newline however generation stops (-n, a full
+    context), so that stdout minus its last byte is the text: the twin's decoding of the
+    greedy ids, read back as the argmax of each --logits row after the prompt's. --tokens
+    ends with its own single newline; -n 0 prints nothing (test_n_zero_and_context_full)."""
+    mf = ModelFile(mqa)
+    tok, stop = Tokenizer(mf), {mf.header.eos, mf.header.eot}
+    n_prompt = len(tok.encode(b"The"))
+    for args in (["-n", 1], ["-n", 5], ["-c", 4], ["-n", 40]):
+        out = tmp_path / "l.f32"
+        r = run(engine, "-m", mqa, "-p", "The", *args, "--logits", out)
+        assert r.returncode == 0 and r.stderr == b"", args
+        rows = np.fromfile(out, "<f4").reshape(-1, mf.dims.vocab)[n_prompt - 1:]
+        ids = list(itertools.takewhile(lambda i: i not in stop, map(int, rows.argmax(1))))
+        assert r.stdout == tok.decode(ids) + b"\n", args
+    for text in ("a", "The cat", "x\n" * 50):
+        r = run(engine, "-m", mqa, "-p", text, "--tokens")
+        assert r.stdout.count(b"\n") == 1 and r.stdout.endswith(b"\n"), text
+
+
 def test_n_zero_and_context_full(engine, mqa):
     r = run(engine, "-m", mqa, "-p", "Hello", "-n", 0)
-    assert r.returncode == 0 and r.stdout == b"" and r.stderr == b""
+    assert r.returncode == 0 and r.stdout == b"" and r.stderr == b""      # not even a newline
     # -c 3 with a 2-id prompt: one position left, so exactly 2 tokens are generated
     # (the second is printed but cannot be fed back). Compare with -n 2 at a large context.
     full = run(engine, "-m", mqa, "-p", "a", "-c", 3)
@@ -153,11 +174,11 @@ def test_stops_at_eos_and_end_of_turn(engine, mqa, tmp_path):
     g = p["greedy"]
     assert len({g[0], g[1], g[2]}) == 3
     r = run(engine, "-m", mutated(mqa, tmp_path, eos=g[0]), "-p", p["text"], "-n", 10)
-    assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"\n", b"")      # no text: its newline
     model = mutated(mqa, tmp_path, eot=g[2])
     out = tmp_path / "l.bin"
     r = run(engine, "-m", model, "-p", p["text"], "-n", 10, "--logits", out)
-    assert r.returncode == 0 and r.stdout == Tokenizer(ModelFile(mqa)).decode(g[:2])
+    assert r.returncode == 0 and r.stdout == Tokenizer(ModelFile(mqa)).decode(g[:2]) + b"\n"
     assert out.stat().st_size == (len(p["ids"]) + 2) * 2048 * 4      # g[0], g[1] fed back
 
 
@@ -234,8 +255,8 @@ def first_tokens(engine, mqa, temp, top_p, n) -> tuple[Counter, dict]:
     for seed in range(n):
         r = run(engine, "-m", mqa, "-p", text, "-n", 1, "--temp", temp, "--top-p", top_p,
                 "-s", seed)
-        assert r.returncode == 0, r.stderr
-        counts[r.stdout] += 1
+        assert r.returncode == 0 and r.stdout.endswith(b"\n"), r.stderr
+        counts[r.stdout[:-1]] += 1                  # the token's text (then the newline)
     return counts, by_text
 
 
@@ -306,13 +327,22 @@ def test_prompt_file_is_the_prompt(engine, mqa, tmp_path, text):
     want = tokens(engine, mqa, "-p", text[:-1] if text.endswith(b"\n") else text)
     assert tokens(engine, mqa, "-f", path) == want
     assert tokens(engine, mqa, "-f", "-", stdin=text) == want
-    assert tokens(engine, mqa, "-p", "ignored", "-f", path) == want  # -f replaces -p
+
+
+def test_prompt_and_file_together_is_a_usage_error(engine, mqa, tmp_path):
+    """-p and -f in either order (and -p "" with -f -) are refused before any file is read:
+    a missing file gives the usage error, not "cannot read"."""
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(b"x")
+    for args in (["-p", "x", "-f", path], ["-f", path, "-p", "x"], ["-p", "", "-f", "-"],
+                 ["-f", tmp_path / "missing", "-p", "x"], ["-p", "a", "-f", path, "-p", "b"]):
+        assert_error(run(engine, "-m", mqa, *args), "use -p or -f, not both", 2)
 
 
 def test_unreadable_prompt_file_is_one_line(engine, mqa, tmp_path):
     assert_error(run(engine, "-m", mqa, "-f", tmp_path / "missing"), f"cannot read {tmp_path / 'missing'}")
     assert_error(run(engine, "-m", mqa, "-f", tmp_path), f"cannot read {tmp_path}")  # a directory
-    assert_error(run(engine, "-m", mqa, "-f"), "no value for -f")
+    assert_error(run(engine, "-m", mqa, "-f"), "no value for -f", 2)
 
 
 @pytest.mark.parametrize("size", [300_000, 1 << 24])
@@ -331,10 +361,32 @@ def test_huge_prompt_file_is_refused_early(engine, tmp_path, size):
     assert_error(r, "prompt too long")
 
 
-@pytest.mark.parametrize("args,message", [
+# Usage errors (a malformed command line) exit with status 2, bad values with 1.
+USAGE_ERRORS = [
     (["-x"], "unknown option -x"),
+    (["-"], "unknown option -"),
+    (["--help=1"], "unknown option --help=1"),
+    (["-m", "m.bin", "-p", "x", "--tokenz"], "unknown option --tokenz"),
     (["--temp"], "no value for --temp"),
     (["-m"], "no value for -m"),
+    (["-m", "m.bin", "-p"], "no value for -p"),
+    (["-p", "x", "-c"], "no value for -c"),
+    (["hello"], "unexpected argument hello"),
+    ([""], "unexpected argument "),
+    (["-m", "m.bin", "Hello world"], "unexpected argument Hello world"),
+    (["-m", "m.bin", "-p", "x", "-n", "4", "more"], "unexpected argument more"),
+    (["-n", "4", "4"], "unexpected argument 4"),
+    (["-p", "x"], "no model (-m)"),
+    (["--tokens"], "no model (-m)"),
+]
+
+
+@pytest.mark.parametrize("args,message", USAGE_ERRORS)
+def test_usage_errors_exit_2(engine, args, message):
+    assert_error(run(engine, *args), message, 2)
+
+
+@pytest.mark.parametrize("args,message", [
     (["-n", "abc"], "bad value for -n"),
     (["-n", "-1"], "bad value for -n"),
     (["-n", "2147483648"], "bad value for -n"),
@@ -364,10 +416,20 @@ def test_huge_prompt_file_is_refused_early(engine, tmp_path, size):
     (["-c", "1.5"], "bad value for -c"),
     (["--top-p", "abc"], "bad value for --top-p"),
     (["--temp", "abc"], "bad value for --temp"),
-    (["-p", "x"], "no model (-m)"),
+    (["-m", "m.bin", "-c", "0", "-x"], "bad value for -c"),     # the first error on the line
 ])
-def test_command_line_errors(engine, args, message):
-    assert_error(run(engine, *args), message)
+def test_bad_values_exit_1(engine, args, message):
+    assert_error(run(engine, *args), message, 1)
+
+
+def test_usage_errors_come_before_files(engine, mqa, tmp_path):
+    """A malformed command line is refused before any file is opened: the missing model file
+    does not matter."""
+    missing = tmp_path / "none.bin"
+    assert_error(run(engine, "-m", missing, "-p", "x", "stray"), "unexpected argument stray", 2)
+    assert_error(run(engine, "-m", missing, "-x"), "unknown option -x", 2)
+    assert_error(run(engine, "-f", missing), "no model (-m)", 2)
+    assert_error(run(engine, "-m", missing, "-p", "x"), f"cannot read {missing}", 1)
 
 
 @pytest.mark.parametrize("args", [
@@ -409,9 +471,10 @@ def test_prompt_longer_than_context(engine, mqa):
 
 def test_error_argument_stays_one_line(engine, tmp_path):
     """The echoed argument ends at its first control byte and after 256 bytes."""
-    assert_error(run(engine, "-m", "x", "-p", "y", "-q\nsecond line"), "unknown option -q")
+    assert_error(run(engine, "-m", "x", "-p", "y", "-q\nsecond line"), "unknown option -q", 2)
     long = "-" + "z" * 1000
-    assert_error(run(engine, long), f"unknown option {long[:256]}")
+    assert_error(run(engine, long), f"unknown option {long[:256]}", 2)
+    assert_error(run(engine, "z" * 1000), f"unexpected argument {'z' * 256}", 2)
 
 
 def test_missing_and_unreadable_model(engine, tmp_path):

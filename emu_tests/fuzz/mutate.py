@@ -11,7 +11,8 @@ A Case is data only: which model file it starts from (`model`, a name the runner
 path), (offset, bytes) edits on it, an optional new length, an argv whose placeholders (MODEL,
 LOGITS, ...) the runner fills in, where stdout goes, and what must happen: `reject` when the
 input breaks the contract (the engine must refuse it), `accept` when it is valid (the engine
-must run it), neither when either is fine.
+must run it), neither when either is fine; and `status`, the exit status a refusal must have
+when the contract fixes it (2 for a malformed command line, 1 for a bad value or file).
 """
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ class Case:
     private: bool = False       # run on a private copy of the model even without edits
     accept: bool = False        # the input is valid: the engine must run it (exit status 0)
     memory: int | None = None   # address-space limit (bytes) instead of the runner's default
+    status: int | None = None   # the exit status it must end with (None: any of 0, 1, 2)
 
     def recipe(self) -> str:
         """The case in words: what was done to the file and the command line."""
@@ -330,12 +332,20 @@ class _Maker:
         ok = (b"-m", MODEL, b"-p", b"hi", b"-n", b"2")
         out = []
         for f in VALUE_FLAGS:
-            out.append(Case(f"{f!r} without a value", argv=ok + (f,), reject=True))
+            out.append(Case(f"{f!r} without a value", argv=ok + (f,), reject=True, status=2))
         for bad in (b"-x", b"--foo", b"-", b"--", b"-mm", b"--temp=1", b"-n5", b"---", b"-M",
                     b"--TOKENS", b"\xff", b"", b"-p\xff", b"--top", b"--logit", b"-tokens",
-                    b"-x\ny", b"\n", b"\r\n", b"x" * 300 + b"\n" + b"y", b"\x1b[2J"):
-            out.append(Case(f"unknown flag {bad!r} last", argv=ok + (bad,), reject=True))
-            out.append(Case(f"unknown flag {bad!r} first", argv=(bad,) + ok, reject=True))
+                    b"-x\ny", b"\n", b"\r\n", b"x" * 300 + b"\n" + b"y", b"\x1b[2J",
+                    b"hello", b"m", b"2", b"model.bin"):
+            out.append(Case(f"unknown flag or stray argument {bad!r} last", argv=ok + (bad,),
+                            reject=True, status=2))
+            out.append(Case(f"unknown flag or stray argument {bad!r} first", argv=(bad,) + ok,
+                            reject=True, status=2))
+        for argv in ((b"-p", b"x", b"-f", MODEL), (b"-f", MODEL, b"-p", b"x"),
+                     (b"-f", NOFILE, b"-p", b""), (b"-p", b"", b"-f", b"-"),
+                     (b"-f", DIR, b"-p", b"x", b"-f", NOFILE)):
+            out.append(Case(f"-p and -f {argv!r}", argv=(b"-m", MODEL) + argv, reject=True,
+                            status=2))
         for f in NUMERIC_FLAGS:
             for v in NOT_NUMBERS + TOO_BIG:
                 out.append(Case(f"{f!r} {v!r}", argv=ok + (f, v), reject=True))
@@ -350,8 +360,8 @@ class _Maker:
         for argv in ((b"-n", b"1\n2"), (b"-m", b"/no\nfile"), (b"--logits", b"/no/x\ny"),
                      (b"--temp", b"\n")):
             out.append(Case(f"newline in a refused value {argv!r}", argv=ok + argv, reject=True))
-        out.append(Case("no -m", argv=(b"-p", b"hi", b"-n", b"2"), reject=True))
-        out.append(Case("only --tokens", argv=(b"--tokens",), reject=True))
+        out.append(Case("no -m", argv=(b"-p", b"hi", b"-n", b"2"), reject=True, status=2))
+        out.append(Case("only --tokens", argv=(b"--tokens",), reject=True, status=2))
         for p in [b""] + BAD_UTF8:
             for tail in ((b"-n", b"2"), (b"--tokens",)):
                 out.append(Case(f"prompt {p[:12]!r}", argv=(b"-m", MODEL, b"-p", p) + tail))
@@ -391,7 +401,8 @@ class _Maker:
                     ("bad flag", ok + (b"-x",), True), ("missing model", (b"-m", NOFILE), True),
                     ("truncated model", (b"-m", EMPTY, b"-p", b"x"), True)):
                 out.append(Case(f"fds {closed} closed, {label}", argv=argv, closed=closed,
-                                reject=bool(reject), private=True))
+                                reject=bool(reject), private=True,
+                                status=2 if label == "bad flag" else None))
         for argv in ((b"-n", b"2", b"-n", b"3"), (b"-m", NOFILE), (b"-m", EMPTY), (b"-p", b"x"),
                      (b"--tokens", b"--tokens"), (b"-p", b"-n"), (b"-t", b"64"), (b"-t", b"1000"),
                      (b"-s", b"0"), (b"-c", b"100000"), (b"-c", b"4294967295")):

@@ -6,7 +6,7 @@ file with the case's edits) when it has edits, starts the binary
 with the case's argv (placeholders filled in) under an address-space limit, with a per-case
 timeout, and returns an Outcome. `judge(case, outcome)` lists what is wrong with it:
   - a hang (no exit within the timeout) or death by any signal;
-  - an exit status other than 0, 1 or 2;
+  - an exit status other than 0, 1 or 2, or other than the case's `status` when it has one;
   - a refusal whose stderr is not exactly one line "gemma: ...\\n", or that wrote to stdout;
   - a success with anything on stderr, or of an input the contract says is invalid;
   - a refusal of an input the case marks valid;
@@ -84,6 +84,8 @@ def judge(case: Case, o: Outcome, timeout: float) -> list[str]:
         out.append("a second run gave other output (stdout or --logits)")
     if o.status not in (0, 1, 2):
         out.append(f"exit status {o.status}")
+    elif case.status is not None and o.status != case.status:
+        out.append(f"exit status {o.status}, not {case.status}")
     if o.status == 0:
         if case.reject:
             out.append("accepted an input the contract says is invalid")

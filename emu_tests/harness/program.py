@@ -12,6 +12,8 @@ sched_getaffinity (one CPU: the emulated process runs one thread) exit exit_grou
   with EPIPE the process dies of SIGPIPE as on Linux, unless it has blocked that signal.
 - mmap places every mapping in its own address range with an unmapped gap after it; pages of
   a file mapping wholly beyond the file's end stay unmapped (Linux raises SIGBUS there).
+- `count=True` counts the instructions the program executes (`ProgramResult.instructions`;
+  a hook on every translated block, so slower): the tests measure the engine's cost with it.
 - Anything the engine must never do raises `ProgramFault` (an AssertionError): an unexpected
   syscall (with its number), a fault (the signal Linux would send, the address, the
   instruction), executing a VEX/EVEX instruction (refused: Unicorn miscomputes them), not
@@ -24,7 +26,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 
-from unicorn import (UC_ERR_INSN_INVALID, UC_HOOK_CODE, UC_HOOK_INSN, UC_HOOK_MEM_PROT,
+from unicorn import (UC_ERR_INSN_INVALID, UC_HOOK_BLOCK, UC_HOOK_CODE, UC_HOOK_INSN, UC_HOOK_MEM_PROT,
                      UC_HOOK_MEM_UNMAPPED, UC_MEM_FETCH_PROT, UC_MEM_FETCH_UNMAPPED,
                      UC_MEM_READ_PROT, UC_MEM_READ_UNMAPPED, UC_MEM_WRITE_PROT, UC_PROT_EXEC,
                      UC_PROT_READ, UC_PROT_WRITE, UcError)
@@ -64,6 +66,7 @@ class ProgramResult:
     files: dict[str, bytes]             # files the program wrote, by path
     syscalls: list[str]                 # names of the syscalls made, in order
     advice: list[tuple[int, int, int]]  # (address, length, advice) of each madvise
+    instructions: int | None = None     # executed, with run_program(..., count=True)
 
 
 @dataclass
@@ -92,6 +95,7 @@ class _Process:
     mapped: int = 0
     sigmask: int = 0
     advice: list[tuple[int, int, int]] = field(default_factory=list)
+    instructions: int | None = None
 
     def __post_init__(self) -> None:
         self.fds = {0: OpenFile("<stdin>", bytearray(self.stdin), True, False, stdio=True),
@@ -147,6 +151,19 @@ class _Process:
         if self.status is None:
             raise ProgramFault(f"gemma: did not exit within {timeout} s; "
                                f"stopped at {self._where()}")
+
+    def count_instructions(self) -> None:
+        """Count every instruction executed from now on into self.instructions."""
+        self.instructions = 0
+        sizes: dict[int, int] = {}
+
+        def on_block(uc, address, size, data) -> None:
+            n = sizes.get(address)
+            if n is None:
+                n = sizes[address] = len(code.decode_all(bytes(uc.mem_read(address, size)),
+                                                         address))
+            self.instructions += n
+        self.uc.hook_add(UC_HOOK_BLOCK, on_block)
 
     # --- faults ------------------------------------------------------------------------------
     def _where(self) -> str:
@@ -406,9 +423,13 @@ SYSCALL_NAMES = {0: "read", 1: "write", 2: "open", 3: "close", 5: "fstat", 8: "l
 
 def run_program(image: Image, argv: list[str], files: dict[str, bytes] | None = None,
                 stdin: bytes = b"", fail_writes: dict[int, int] | None = None,
-                timeout: float = 60.0, mem_limit: int = DEFAULT_MEM_LIMIT) -> ProgramResult:
+                timeout: float = 60.0, mem_limit: int = DEFAULT_MEM_LIMIT,
+                count: bool = False) -> ProgramResult:
     """Run `image` as a process with `argv` (argv[0] included); see the module docstring."""
     proc = _Process(image, dict(files or {}), stdin, dict(fail_writes or {}), mem_limit)
+    if count:
+        proc.count_instructions()
     proc.start(argv, timeout)
     return ProgramResult(proc.status, bytes(proc.out[1]), bytes(proc.out[2]),
-                         {p: bytes(d) for p, d in proc.written.items()}, proc.log, proc.advice)
+                         {p: bytes(d) for p, d in proc.written.items()}, proc.log, proc.advice,
+                         proc.instructions)

@@ -307,6 +307,10 @@ def test_judge_names_each_kind_of_failure():
         "accepted an input the contract says is invalid"]
     good = Case("c", accept=True)
     assert judge(good, Outcome(1, b"", b"gemma: no\n", 0), 10) == ["refused a valid input"]
+    usage = Case("c", reject=True, status=2)
+    assert judge(usage, Outcome(2, b"", b"gemma: unknown option -x\n", 0), 10) == []
+    assert judge(usage, Outcome(1, b"", b"gemma: unknown option -x\n", 0), 10) == [
+        "exit status 1, not 2"]
     assert judge(case, Outcome(0, b"", b"", 0, model_changed=True), 10) == [
         "the model file changed"]
     assert judge(case, Outcome(0, b"", b"", 0, differs=True), 10) == [

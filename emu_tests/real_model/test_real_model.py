@@ -107,6 +107,8 @@ def test_logits_and_greedy_text(gemma, real_g3, recorded, tmp_path, i, path):
     # the engine stops after -n tokens or at an end-of-turn / end-of-sequence id
     assert tokens == p["greedy"][:len(tokens)], f"{label}: tokens {tokens}, recorded {p['greedy']}"
     assert len(tokens) == steps or p["greedy"][len(tokens) - 1] in (1, 106), f"{label}: stopped early"
+    assert text.endswith(b"\n"), f"{label}: the text does not end with a newline: {text!r}"
+    text = text[:-1]
     assert text.decode() == p["greedy_text"][:len(text.decode())] and text, (
         f"{label}: printed {text!r}, recorded {p['greedy_text']!r}")
 
@@ -134,4 +136,4 @@ def test_q8_0_file_against_the_twin(gemma, real_g3, tmp_path, path):
     for k in range(steps):
         compare_rows(f"real_g3 q8_0 {path}, greedy step {k}", rows[n - 1 + k], step_ref[k], REAL_TOL)
         assert int(np.argmax(rows[n - 1 + k])) == greedy[k], f"greedy step {k}"
-    assert text == Tokenizer(mf).decode(greedy), text
+    assert text == Tokenizer(mf).decode(greedy) + b"\n", text

@@ -162,8 +162,6 @@ def test_good_program_builds(tmp_path):
     """The base of the malformed cases builds (so each error is the bad line's)."""
     _project(tmp_path)
     (tmp_path / "asm" / "part.asm").write_text(GOOD_PART)
-    for stub in ("stub.asm", "unpack.asm"):     # every build packs its image behind the stub
-        shutil.copyfile(REPO / "asm" / stub, tmp_path / "asm" / stub)
     p = builder("--root", tmp_path, "-o", tmp_path / "out")
     assert p.returncode == 0, p.stderr.decode()
     assert subprocess.run([tmp_path / "out"]).returncode == 0

@@ -9,10 +9,11 @@ XCR0_AVX512 = 0xE0                                      ; ... and opmask, ZMM0-1
 ; matmul_f16_avx2 and 4 when CPUID leaf 1 reports AVX, FMA, F16C and OSXSAVE, XGETBV shows
 ; XCR0 bits 1 and 2 (all that kernel uses) and the model's dim, ffn and heads x head_dim are
 ; multiples of 16 (its precondition; every Gemma is), unless --baseline was given;
-; matmul_f16 and 1 otherwise. Q8_0 matrices: matmul_q8_avx2 with the first, matmul_q8 with the
-; second.
-;   in: --baseline (byte 1 of opt_tokens), rbx the model header, rbp fwd_vars (FV_Q_DIM)
-;   out: job_kernel, job_kernel_q8 (matmul_q8 or matmul_q8_avx2), job_tokens
+; matmul_f16_avx512 instead where CPUID leaf 7 reports AVX-512F and XCR0 has bits 5-7 too,
+; unless --avx2 was given; matmul_f16 and 1 otherwise. Q8_0 matrices: matmul_q8_avx2,
+; matmul_q8_avx512 and matmul_q8 likewise.
+;   in: opt_baseline, opt_avx2, rbx the model header, rbp fwd_vars (FV_Q_DIM)
+;   out: job_kernel, job_kernel_q8, job_tokens
 ;   clobbers: rax rcx rdx rsi rdi r8
 cpu_setup:
         push    rbx
@@ -20,7 +21,7 @@ cpu_setup:
         mov     r8d, matmul_q8
         push    1
         pop     rdi
-        cmp     byte [opt_tokens+1], 0  ; --baseline (main.asm)
+        cmp     byte [opt_baseline], 0
         jne     .chosen
         mov     ecx, [rbx+HDR_DIM]
         or      ecx, [rbx+HDR_FFN]
@@ -42,6 +43,8 @@ cpu_setup:
         mov     esi, matmul_f16_avx2
         mov     r8d, matmul_q8_avx2
         mov     dil, FAST_TOKENS
+        cmp     byte [opt_avx2], 0
+        jne     .chosen
         test    al, XCR0_AVX512         ; (eax = not XCR0)
         jnz     .chosen
         push    7

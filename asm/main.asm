@@ -382,7 +382,8 @@ opt_name_c:
         dd      0x7FFFFFFF              ; further checked against the model's max_ctx
         db      '--tokens', K_FLAG, V_TOKENS and 0xFF
         db      '--logits', K_STR, V_LOGITS and 0xFF
-        db      '--baseline', K_FLAG, (V_TOKENS + 1) and 0xFF ; byte 1 of the --tokens slot (cpu.asm)
+        db      '--baseline', K_FLAG, V_BASELINE and 0xFF
+        db      '--avx2', K_FLAG, V_AVX2 and 0xFF
         db      '-f', K_STR, V_FILE and 0xFF
         db      '-h', K_FLAG, V_HELP and 0xFF
         db      '--help', K_FLAG, V_HELP and 0xFF

@@ -73,7 +73,7 @@ opt_temp:       rq 1            ; --temp, float32 bits in the low dword
 opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
-opt_tokens:     rq 1            ; --tokens, low byte; --baseline, byte 1 (cpu.asm)
+opt_tokens:     rq 1            ; --tokens, low byte
 model_size:     rq 1            ; its length in bytes
 pieces_ptr:     rq 1            ; model_base + pieces_off (PIECE_REC records); these four in
                                 ; the header's order of their offsets (model.asm loops)
@@ -88,6 +88,8 @@ wrote:          rd 1            ; nonzero once a write succeeded (output.asm: wr
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 opt_help:       rq 1            ; -h / --help, low byte (byte 1: the SIGPIPE bit, start)
 memo_ptr:       rq 1            ; the tokenizer's memo of lookups (tokenizer.asm)
+opt_baseline:   rq 1            ; --baseline, low byte (cpu.asm)
+opt_avx2:       rq 1            ; --avx2, low byte (cpu.asm)
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -113,6 +115,8 @@ V_WROTE         = wrote - front_base
 V_FILE          = opt_file - front_base
 V_HELP          = opt_help - front_base
 V_MEMO          = memo_ptr - front_base
+V_BASELINE      = opt_baseline - front_base
+V_AVX2          = opt_avx2 - front_base
 V_OUT_BUF       = out_buf - front_base
 
 ; ---- fast (W-fast): the instruction-set level and the threads ----------------------------

@@ -8,8 +8,8 @@ step of the fixtures' prompts (converted with --type q8_0; measured <= 9.8e-6, t
 --baseline), TWIN_TOL on the synthetic shapes. Shapes: the synth presets (every matrix Q8_0),
 and mixed files where rows that do not split into 32-weight blocks stay FP16 (tiny_wide's
 d = 144; "mixed": d = 96, ffn = 144, so gate/up are Q8_0 and down FP16, on the fast path).
-Paths: the fast one (AVX2 kernel), --baseline (SSE kernel), -t 3; bits: -t 1, 2, 3 agree
-exactly within a path, as for FP16 (test_speed_paths).
+Paths: the fast one (the AVX-512 or AVX2 kernel), --baseline (SSE kernel), -t 3; bits: -t 1,
+2, 3 (and on the fast path --avx2) agree exactly within a path, as for FP16 (test_speed_paths).
 """
 from __future__ import annotations
 
@@ -100,12 +100,17 @@ def test_q8_fixtures_against_twin(gemma, q8_fixtures, tmp_path, name, path):
 
 @pytest.mark.parametrize("base", [(), ("--baseline",)], ids=["fast", "baseline"])
 def test_q8_bits_do_not_depend_on_threads(gemma, q8_models, tmp_path, base):
+    """-t 1, 2, 3 give the same bits; on the fast path so does --avx2 (the AVX2 kernels where
+    the default runs the AVX-512 ones: the same bits by their promise)."""
     mf = q8_models["tiny-g3"]
     text = SHAPE_TEXT * 3                   # several prompt blocks
+    flags = {t: (*base, "-t", str(t)) for t in (1, 2, 3)}
+    if not base:
+        flags["--avx2"] = ("--avx2", "-t", "2")
     runs = {t: run_engine(gemma.binary, mf.path, text, SHAPE_STEPS, mf.dims.vocab,
-                          tmp_path / f"t{t}.f32", (*base, "-t", str(t))) for t in (1, 2, 3)}
-    for t in (2, 3):
-        same_bits(f"q8_0 {base} -t {t} vs -t 1", runs[t], runs[1])
+                          tmp_path / f"t{t}.f32", f) for t, f in flags.items()}
+    for t in flags:
+        same_bits(f"q8_0 {flags[t]} vs -t 1", runs[t], runs[1])
     assert np.isfinite(runs[1]).all()
 
 

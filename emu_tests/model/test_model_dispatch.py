@@ -3,7 +3,7 @@ CPU, an AVX2 CPU, an AVX-512 CPU, or one of them missing a feature or OS support
 kernels and tokens per call it stores must be the ones its header promises: the AVX2 kernels
 and FAST_TOKENS only with AVX, FMA, F16C, OSXSAVE, XCR0 bits 1-2 and every product's n a
 multiple of 16, and not with --baseline; the AVX-512 kernels where AVX-512F and XCR0 bits 5-7
-come on top; the baseline kernels and 1 token otherwise.
+come on top, and not with --avx2; the baseline kernels and 1 token otherwise.
 
 cpu_setup takes rbx (the model header) and rbp (fwd_vars) and writes the image's job
 variables, so a SysV wrapper (test-side, assembled above the image) sets them and copies the
@@ -19,7 +19,8 @@ from emu_tests.harness import AVX2, AVX512, BASELINE, Emulator, Out, load_elf, w
 from emu_tests.harness.cpus import XCR0_AVX, XCR0_X87_SSE
 
 WRAPPER = {
-    # cpu_setup_sysv(out u64[3], header, q_dim, baseline): out = kernel, Q8_0 kernel, tokens
+    # cpu_setup_sysv(out u64[3], header, q_dim, baseline, avx2): out = kernel, Q8_0 kernel,
+    # tokens
     "cpu_setup_sysv": """
         push rbx
         push rbp
@@ -27,7 +28,8 @@ WRAPPER = {
         mov rbx, rsi
         mov rbp, {fwd_vars}
         mov dword ptr [{fv_q_dim}], edx
-        mov byte ptr [{opt_tokens} + 1], cl
+        mov byte ptr [{opt_baseline}], cl
+        mov byte ptr [{opt_avx2}], r8b
         call {cpu_setup}
         pop rdi
         mov rax, qword ptr [{job_kernel}]
@@ -46,23 +48,26 @@ FAST = ("matmul_f16_avx2", "matmul_q8_avx2", constant("FAST_TOKENS"))
 FAST512 = ("matmul_f16_avx512", "matmul_q8_avx512", constant("FAST_TOKENS"))
 
 CASES = [
-    (BASELINE, GEMMA_2B, False, SLOW),
-    (AVX2, GEMMA_2B, False, FAST),
-    (AVX512, GEMMA_2B, False, FAST512),
-    (AVX512.without("avx512f"), GEMMA_2B, False, FAST),
-    (AVX512.with_xcr0(XCR0_X87_SSE | XCR0_AVX), GEMMA_2B, False, FAST),  # no zmm state saved
-    (AVX2.without("fma"), GEMMA_2B, False, SLOW),
-    (AVX2.without("f16c"), GEMMA_2B, False, SLOW),
-    (AVX2.without("avx"), GEMMA_2B, False, SLOW),
-    (AVX2.without("osxsave"), GEMMA_2B, False, SLOW),     # XGETBV would fault: not reached
-    (AVX2.with_xcr0(XCR0_X87_SSE), GEMMA_2B, False, SLOW),  # the OS saves no ymm state
-    (AVX512, GEMMA_2B, True, SLOW),                          # --baseline
-    (AVX2, (2056, 16384, 2048), False, SLOW),                # dim 8 mod 16
-    (AVX2, (2048, 16392, 2048), False, SLOW),                # ffn
-    (AVX2, (2048, 16384, 2056), False, SLOW),                # heads x head_dim
-    (AVX2, (64, 256, 64), False, FAST),
-    (AVX512, (64, 256, 64), False, FAST512),
-    (AVX512, (2056, 16384, 2048), False, SLOW),
+    (BASELINE, GEMMA_2B, "", SLOW),
+    (AVX2, GEMMA_2B, "", FAST),
+    (AVX512, GEMMA_2B, "", FAST512),
+    (AVX512.without("avx512f"), GEMMA_2B, "", FAST),
+    (AVX512.with_xcr0(XCR0_X87_SSE | XCR0_AVX), GEMMA_2B, "", FAST),  # no zmm state saved
+    (AVX2.without("fma"), GEMMA_2B, "", SLOW),
+    (AVX2.without("f16c"), GEMMA_2B, "", SLOW),
+    (AVX2.without("avx"), GEMMA_2B, "", SLOW),
+    (AVX2.without("osxsave"), GEMMA_2B, "", SLOW),     # XGETBV would fault: not reached
+    (AVX2.with_xcr0(XCR0_X87_SSE), GEMMA_2B, "", SLOW),  # the OS saves no ymm state
+    (AVX512, GEMMA_2B, "--baseline", SLOW),
+    (AVX512, GEMMA_2B, "--avx2", FAST),
+    (AVX2, GEMMA_2B, "--avx2", FAST),
+    (AVX512, GEMMA_2B, "--baseline --avx2", SLOW),
+    (AVX2, (2056, 16384, 2048), "", SLOW),                # dim 8 mod 16
+    (AVX2, (2048, 16392, 2048), "", SLOW),                # ffn
+    (AVX2, (2048, 16384, 2056), "", SLOW),                # heads x head_dim
+    (AVX2, (64, 256, 64), "", FAST),
+    (AVX512, (64, 256, 64), "", FAST512),
+    (AVX512, (2056, 16384, 2048), "", SLOW),
 ]
 
 
@@ -71,16 +76,16 @@ def image(gemma):
     return with_routines(load_elf(gemma.elf, gemma.symbols), WRAPPER)
 
 
-@pytest.mark.parametrize("cpu,dims,baseline,want", CASES,
-                         ids=[f"{c[0].name}-{c[1]}-{'baseline' if c[2] else 'default'}"
-                              for c in CASES])
-def test_cpu_setup_picks_the_kernels(image, cpu, dims, baseline, want):
+@pytest.mark.parametrize("cpu,dims,flags,want", CASES,
+                         ids=[f"{c[0].name}-{c[1]}-{c[2] or 'default'}" for c in CASES])
+def test_cpu_setup_picks_the_kernels(image, cpu, dims, flags, want):
     dim, ffn, q_dim = dims
     header = np.zeros(16, np.uint32)
     header[constant("HDR_DIM") // 4], header[constant("HDR_FFN") // 4] = dim, ffn
     out = Emulator(image, cpu=cpu).call("cpu_setup_sysv", Out(np.zeros(3, np.uint64), "out"),
-                                        header, q_dim, int(baseline)).out
+                                        header, q_dim, int("--baseline" in flags),
+                                        int("--avx2" in flags)).out
     names = {image.symbol(s).address: s for s in SLOW[:2] + FAST[:2] + FAST512[:2]}
     got = (names.get(int(out[0]), hex(int(out[0]))), names.get(int(out[1]), hex(int(out[1]))),
            int(out[2]))
-    assert got == want, f"{cpu.name}, dims {dims}, --baseline {baseline}: chose {got}"
+    assert got == want, f"{cpu.name}, dims {dims}, flags {flags!r}: chose {got}"

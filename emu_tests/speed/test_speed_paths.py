@@ -197,7 +197,8 @@ def close_run(what: str, got: tuple[bytes, bytes], want: tuple[bytes, bytes], vo
 
 @pytest.mark.parametrize("name", ["tiny_mqa", "tiny_wide", "odd"])
 def test_paths_and_thread_counts_agree_natively(gemma, models, tmp_path, name):
-    """Every thread count gives its path's bits; the fast path is within PATH_TOL of the
+    """Every thread count gives its path's bits, and the AVX2 path (--avx2) the AVX-512 one's
+    (where the CPU has AVX-512F: the default path); the fast path is within PATH_TOL of the
     baseline. On odd (dim 66, not a multiple of 16) the fast kernel must not be chosen, so every
     run gives the baseline's bits."""
     model, vocab = models[name], vocab_of(models[name])
@@ -205,8 +206,10 @@ def test_paths_and_thread_counts_agree_natively(gemma, models, tmp_path, name):
     fast = run([], gemma.binary, model, ["-t", "1"], tmp_path / "fast.f32")
     # 12 threads on the odd model: ceil(66 / 12) = 6 rows each, the 12th thread gets none;
     # 20 threads: the attention's (token, head) tasks go to the first 16 (att_share) only
+    # --avx2: the AVX2 kernels where the default is the AVX-512 ones, which promise their bits
     runs = {"--baseline -t 2": base, "--baseline -t 3": base, "-t 2": fast, "-t 3": fast,
-            "-t 12": fast, "-t 20": fast, "--baseline -t 20": base, "": fast}
+            "-t 12": fast, "-t 20": fast, "--baseline -t 20": base, "": fast,
+            "--avx2 -t 1": fast, "--avx2 -t 2": fast, "--avx2 --baseline": base}
     for flags, want in runs.items():
         got = run([], gemma.binary, model, flags.split(), tmp_path / "got.f32")
         same_run(f"{name} {flags or '(default)'} vs {'--baseline ' * (want is base)}-t 1",

@@ -21,7 +21,11 @@ from builder.models.checkpoint import Checkpoint, ConvertError, check_shapes, so
 from builder.cli import Parser, model_summary, run
 from builder.models.convert_gguf import open_gguf
 from builder.models.convert_hf import open_hf
+from builder.models import modelfile3
 from builder.models.modelfile import Q8_0, WEIGHT_TYPES, Header, ModelFormatError, tensor_layout, write_model
+from builder.models.modelfile3 import with_q8_0
+
+VERSIONS = (2, 3)
 
 __all__ = ["ConvertError", "convert", "main", "open_checkpoint"]
 
@@ -34,18 +38,29 @@ def open_checkpoint(src: Path) -> Checkpoint:
     raise ConvertError(f"{src}: no such file or directory")
 
 
-def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16") -> Header:
+def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16", version: int | None = None) -> Header:
     """Convert src (HF directory or .gguf) to the model file out with matrices of wtype (one
     of WEIGHT_TYPES: "f16", or "q8_0": GGUF Q8_0 tensors copied as they are, every other
-    tensor quantized from its exact values); on failure out is removed."""
+    tensor quantized from its exact values), in format version (one of VERSIONS; default: 2
+    for Gemma 1-3, which the engine reads today, 3 for Gemma 4, which only version 3 holds);
+    on failure out is removed."""
     src, out = Path(src), Path(out)
     ckpt = open_checkpoint(src)
-    check_shapes(ckpt, [s for s in tensor_layout(ckpt.dims) if s.name.rsplit(".", 1)[-1] not in ("window", "rope")],
-                 {"embed"})
-    dims = replace(ckpt.dims, flags=ckpt.dims.flags | Q8_0) if wtype == "q8_0" else ckpt.dims
+    version = version or (2 if ckpt.dims is not None else 3)
+    if version == 2 and ckpt.dims is None:
+        raise ConvertError(f"{src}: a Gemma 4 model needs model file version 3 (--format 3)")
+    names = {e: t.name for e, t in ckpt.tensors.items()}
     try:
-        return write_model(out, dims, ckpt.vocab, source_for(ckpt), progress,
-                           names={e: t.name for e, t in ckpt.tensors.items()}, attn=ckpt.attn)
+        if version == 2:
+            check_shapes(ckpt, [s for s in tensor_layout(ckpt.dims) if s.name.rsplit(".", 1)[-1] not in ("window", "rope")],
+                         {"embed"})
+            dims = replace(ckpt.dims, flags=ckpt.dims.flags | Q8_0) if wtype == "q8_0" else ckpt.dims
+            return write_model(out, dims, ckpt.vocab, source_for(ckpt), progress, names=names, attn=ckpt.attn)
+        model, ropes = ckpt.version3()
+        model = with_q8_0(model) if wtype == "q8_0" else model
+        check_shapes(ckpt, [s for s in modelfile3.tensor_layout(model) if not s.name.endswith(".rope")],
+                     {"embed", "ple_embed"})
+        return modelfile3.write_model(out, model, ckpt.vocab, source_for(ckpt), ropes, progress, names)
     except BaseException:
         out.unlink(missing_ok=True)
         raise
@@ -60,9 +75,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--type", choices=WEIGHT_TYPES, default="f16",
                    help="the matrices' type (default f16; q8_0: llama.cpp's Q8_0 blocks, a GGUF's "
                         "Q8_0 tensors copied as they are)")
+    p.add_argument("--format", type=int, choices=VERSIONS,
+                   help="model file version (default: 2 for Gemma 1-3, what the engine reads today; 3 for "
+                        "Gemma 4, which only version 3 holds)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    return run(p.prog, lambda: convert(args.src, args.output, not args.quiet, args.type),
+    return run(p.prog, lambda: convert(args.src, args.output, not args.quiet, args.type, args.format),
                (ConvertError, ModelFormatError), model_summary(args.output))
 
 

@@ -19,6 +19,7 @@ Plain loops and O(n^2) merging on purpose: the asm does the same, step for step.
 from __future__ import annotations
 
 from builder.models.modelfile import BYTE, NORMAL, USER_DEFINED, ModelFile
+from builder.models.modelfile3 import MERGES, ModelFile3
 
 SPACE = "\u2581".encode()
 
@@ -33,11 +34,14 @@ def char_len(s: bytes, i: int) -> int:
 
 
 class Tokenizer:
-    def __init__(self, model: ModelFile):
+    def __init__(self, model: ModelFile | ModelFile3):
         h = model.header
         self.pieces, self.scores, self.types = model.pieces, model.scores, model.types
         self.index, self.user = model.index.tolist(), model.user.tolist()
         self.bos, self.byte_base, self.max_len = h.bos, h.byte_base, h.max_piece_len
+        self.by_rank = isinstance(model, ModelFile3) and bool(h.flags & MERGES)
+        self.merges = model.merges.tolist() if self.by_rank else []
+        self.merge_scores = model.merge_scores.tolist() if self.by_rank else []
 
     def lookup(self, piece: bytes) -> int:
         """Id of the normal piece equal to `piece` (binary search in the index), or -1."""
@@ -55,36 +59,68 @@ class Tokenizer:
                 hi = mid
         return -1
 
-    def encode(self, text: bytes) -> list[int]:
-        s = text.replace(b" ", SPACE)
-        # symbols: [start, end, frozen id or -1]
-        syms: list[list[int]] = []
-        i = 0
-        while i < len(s):
-            for uid in self.user:
-                p = self.pieces[uid]
-                if s.startswith(p, i):
-                    syms.append([i, i + len(p), uid])
-                    break
+    def merge(self, left: int, right: int) -> int:
+        """Record number of the merge (left, right) (binary search in the merges), or -1."""
+        lo, hi = 0, len(self.merges)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            key = self.merges[mid][:2]
+            if key == [left, right]:
+                return mid
+            if key < [left, right]:
+                lo = mid + 1
             else:
-                syms.append([i, i + char_len(s, i), -1])
-            i = syms[-1][1]
+                hi = mid
+        return -1
+
+    def pair(self, s: bytes, a: list[int], b: list[int]) -> tuple[float, int] | None:
+        """(score, id) of merging adjacent symbols a and b, or None: by score, the piece their
+        bytes make; by rank, the merge of their ids (score -rank)."""
+        if self.by_rank:
+            k = self.merge(a[3], b[3]) if a[3] >= 0 and b[3] >= 0 else -1
+            return (self.merge_scores[k], self.merges[k][2]) if k >= 0 else None
+        pid = self.lookup(s[a[0]:b[1]])
+        return (self.scores[pid], pid) if pid >= 0 else None
+
+    def symbols(self, text: bytes) -> tuple[bytes, list[list[int]]]:
+        """The text with spaces as U+2581 and its first symbols [start, end, frozen id or -1,
+        id or -1]: user pieces matched whole (by score: on the converted text; by rank: on the
+        raw text, as tokenizer.json's added tokens are), else one character each."""
+        s, syms, i = b"" if self.by_rank else text.replace(b" ", SPACE), [], 0
+        raw = text if self.by_rank else s
+        while i < len(raw):
+            uid = next((u for u in self.user if raw.startswith(self.pieces[u], i)), -1)
+            n = len(self.pieces[uid]) if uid >= 0 else char_len(raw, i)
+            if self.by_rank:
+                start = len(s)
+                s += raw[i:i + n].replace(b" ", SPACE) if uid < 0 else raw[i:i + n]
+                syms.append([start, len(s), uid, -1])
+            else:
+                syms.append([i, i + n, uid, -1])
+            i += n
+        for sym in syms:
+            if sym[2] < 0:
+                sym[3] = self.lookup(s[sym[0]:sym[1]])
+        return s, syms
+
+    def encode(self, text: bytes) -> list[int]:
+        s, syms = self.symbols(text)
         while True:
-            best, best_score = -1, 0.0
+            best, best_score, best_id = -1, 0.0, -1
             for j in range(len(syms) - 1):
                 a, b = syms[j], syms[j + 1]
                 if a[2] >= 0 or b[2] >= 0:
                     continue
-                pid = self.lookup(s[a[0]:b[1]])
-                if pid >= 0 and (best < 0 or self.scores[pid] > best_score):
-                    best, best_score = j, self.scores[pid]
+                found = self.pair(s, a, b)
+                if found is not None and (best < 0 or found[0] > best_score):
+                    best, (best_score, best_id) = j, found
             if best < 0:
                 break
-            syms[best][1] = syms[best + 1][1]
+            syms[best][1], syms[best][3] = syms[best + 1][1], best_id
             del syms[best + 1]
         ids = [self.bos]
-        for start, end, frozen in syms:
-            pid = frozen if frozen >= 0 else self.lookup(s[start:end])
+        for start, end, frozen, pid in syms:
+            pid = frozen if frozen >= 0 else pid
             ids += [pid] if pid >= 0 else [self.byte_base + c for c in s[start:end]]
         return ids
 

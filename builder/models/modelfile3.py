@@ -35,7 +35,7 @@ import numpy as np
 
 from builder.models.modelfile import (FLT_MAX, HEADER_SIZE, MAGIC, PIECE_REC, POST_NORMS, Q8_0, Q8_0_BLOCK, QK_NORM, QK8_0,
                                       TENSOR_ALIGN, WEIGHTS_ALIGN, Dims, LayerAttn, ModelFormatError, TensorSource,
-                                      TensorSpec, Vocab, build_tables, dequantize_q8_0, read_tables, rope_freqs,
+                                      TensorSpec, Vocab, build_tables, ModelFile, dequantize_q8_0, read_tables, rope_freqs,
                                       write_tensors)
 from linker.layout import align_up
 
@@ -490,3 +490,14 @@ class ModelFile3:
             return dequantize_q8_0(self.raw(name).reshape(-1, s.shape[-1] // QK8_0 * Q8_0_BLOCK), s.shape[-1]).reshape(s.shape)
         dt = np.dtype({"f16": "<f2", "f32": "<f4"}[s.dtype])
         return np.frombuffer(self._map, dt, math.prod(s.shape), self.header.weights_off + s.offset).reshape(s.shape)
+
+
+def open_model(path: Path) -> ModelFile | ModelFile3:
+    """A validated model file of either version (by its version field)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot read: {e.strerror}") from None
+    version = struct.unpack_from("<I", head, 8)[0] if len(head) == 12 else None
+    return ModelFile3(path) if version == VERSION else ModelFile(path)

@@ -273,7 +273,7 @@ def from_gguf(kv: dict, tensors: dict[str, SourceTensor], n_vocab: int, where: o
     for i in range(first, n):  # llama.cpp's rule must be transformers' (Gemma4.kv_sources)
         llama = first - 1 if not sliding[i] else first - 2
         ours = next((j for j in range(first - 1, -1, -1) if sliding[j] == sliding[i]), None)
-        if shared and llama != ours:
+        if ours is not None and llama != ours:  # (None: kv_sources refuses it)
             raise ConvertError(f"{where}: kv-shared layer {i} reads layer {ours} by the layer kinds but llama.cpp "
                                f"would read layer {llama}: refused (llama.cpp computes another model)")
     hd = {False: get("attention.key_length"), True: get("attention.key_length_swa")}

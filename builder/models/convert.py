@@ -1,11 +1,14 @@
-"""`python -m builder convert SRC -o OUT`: a Gemma 1, 2 or 3 checkpoint -> the engine's model file.
+"""`python -m builder convert SRC -o OUT [--format 2|3]`: a Gemma 1, 2, 3 or 4 checkpoint -> the
+engine's model file (version 2: Gemma 1-3, the default for them while the engine reads version 2
+only; version 3, modelfile3: every generation, the only one for Gemma 4).
 
-SRC is a Hugging Face directory (builder.models.convert_hf: model_type gemma, gemma2, gemma3_text or
-gemma3; BF16/F16/F32 safetensors) or a llama.cpp .gguf file (builder.models.convert_gguf:
-architecture gemma, gemma2 or gemma3; F32/F16/BF16 or quantized tensors). Tensors are read in
+SRC is a Hugging Face directory (builder.models.convert_hf: model_type gemma, gemma2, gemma3_text,
+gemma3, gemma4_text or gemma4 (builder.models.gemma4); BF16/F16/F32 safetensors) or a llama.cpp
+.gguf file (builder.models.convert_gguf: architecture gemma, gemma2, gemma3 or gemma4; F32/F16/BF16
+or quantized tensors). Tensors are read in
 chunks of whole rows with plain file reads (builder.models.checkpoint.read_rows; no whole-file map)
 and rounded to FP16 (`--type q8_0`: quantized to Q8_0, a GGUF's Q8_0 blocks copied) by
-modelfile.write_model, so memory does not grow with the model: plain
+modelfile.write_tensors, so memory does not grow with the model (E2B's 4.70 GB PLE table too): plain
 types convert exactly, quantized ones are dequantized one chunk (~4M values) at a time; peak
 RSS under 200 MB for Gemma-2B, mostly the 256k-piece vocabulary (measured; docs/gemma.md).
 A checkpoint the engine cannot compute exactly as its reference does is refused with one

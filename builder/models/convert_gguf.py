@@ -1,4 +1,5 @@
-"""A llama.cpp GGUF file -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3.
+"""A llama.cpp GGUF file -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3;
+architecture gemma4 is handed to builder.models.gemma4 with every tensor of the file.
 
 general.architecture `gemma`, `gemma2` or `gemma3`; keys `{arch}.embedding_length`,
 `.block_count`, `.feed_forward_length`, `.attention.head_count(_kv)`, `.attention.key_length`,

@@ -1,4 +1,6 @@
-"""A Hugging Face model directory -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3.
+"""A Hugging Face model directory -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3;
+Gemma 4 (model_type gemma4_text, gemma4) is handed to builder.models.gemma4 with every tensor
+of the safetensors files (norms read as stored: Gemma 4's hold w).
 
 Files: config.json, model.safetensors (or the shards model.safetensors.index.json lists;
 BF16, F16 or F32 tensors), tokenizer.model (SentencePiece). Norms are stored as w and written

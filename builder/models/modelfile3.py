@@ -492,12 +492,31 @@ class ModelFile3:
         return np.frombuffer(self._map, dt, math.prod(s.shape), self.header.weights_off + s.offset).reshape(s.shape)
 
 
-def open_model(path: Path) -> ModelFile | ModelFile3:
-    """A validated model file of either version (by its version field)."""
+def file_version(path: Path) -> int | None:
+    """The version field of a model file (None: too short to have one); nothing is validated."""
     try:
         with open(path, "rb") as f:
             head = f.read(12)
     except OSError as e:
         raise ModelFormatError(f"{path}: cannot read: {e.strerror}") from None
-    version = struct.unpack_from("<I", head, 8)[0] if len(head) == 12 else None
-    return ModelFile3(path) if version == VERSION else ModelFile(path)
+    return struct.unpack_from("<I", head, 8)[0] if len(head) == 12 else None
+
+
+def open_model(path: Path) -> ModelFile | ModelFile3:
+    """A validated model file of either version (by its version field)."""
+    return ModelFile3(path) if file_version(path) == VERSION else ModelFile(path)
+
+
+def bytes_per_token(m: Model) -> int:
+    """The weight bytes one generated token reads: every tensor once (the embedding whole: it is
+    also the output projection), except the PLE table, of which it reads one row (each layer's
+    P inputs of that token), and each MoE layer's experts, of which it reads the top_k chosen."""
+    total = 0
+    for s in tensor_layout(m):
+        if s.name == "ple_embed":
+            total += s.nbytes // m.vocab
+        elif s.name.endswith((".experts_gate_up", ".experts_down")):
+            total += s.nbytes // m.experts * m.top_k
+        else:
+            total += s.nbytes
+    return total

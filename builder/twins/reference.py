@@ -1,10 +1,14 @@
-"""The Gemma (1, 2 and 3) forward pass in numpy float32, read from an engine model file: the
-twin the engine is tested against (docs/format.md, "What the file computes"; proven against
-the fixtures' recorded transformers logits by emu_tests/twins/test_reference.py). Everything it needs comes from the file:
-the header's flags (post norms, q/k norms), attention scale and soft-caps, and each layer's
-window and RoPE frequencies.
+"""The Gemma (1, 2, 3 and 4) forward pass in numpy float32, read from an engine model file of
+version 2 or 3: the twin the engine is tested against (docs/format.md, "What the file
+computes" and "What a version 3 file computes"; proven against the fixtures' recorded
+transformers logits by emu_tests/twins/test_reference.py). Everything it needs comes from the
+file, never from a model's name: a version 2 file is read as its version 3 description
+(`describe`), so one loop runs every layer from its record -- flags (post norms, q/k norms,
+value norm, k = v, MoE), head_dim, kv heads, FFN width, window, the cache it reads, attention
+scale, layer_scalar -- and its RoPE table, plus the header's per-layer inputs, experts and
+soft-caps.
 
-    ref = Reference(ModelFile(path))
+    ref = Reference(open_model(path))
     logits = ref.forward(token, pos)          # positions 0, 1, 2, ... in order (KV cache)
     prompt_logits, steps, tokens = ref.generate(ids, n)   # greedy
 
@@ -15,9 +19,9 @@ tensor), then cos / sin (half-split pairing).
 """
 from __future__ import annotations
 
-import numpy as np
-
 import math
+
+import numpy as np
 
 from builder.models.modelfile import (POST_NORMS, QK_NORM, LayerAttn, ModelFile, TensorSpec, dequantize_q8_0,
                                       tensor_layout)

@@ -11,6 +11,13 @@ encode(text: bytes) -> ids, BOS first (docs/gemma.md, "Tokenizer"):
    the leftmost on ties; stop when no pair is a piece;
 4. each symbol becomes its piece id, or, if it is not a normal piece, one byte piece
    (byte_base + byte) per byte.
+A version 3 file with the MERGES flag (Gemma 4: BPE by merge rank) runs the same loop on piece
+ids (docs/format.md, "Tokenizer (version 3)"): step 2 matches the user pieces on the raw text
+(before step 1, as tokenizer.json's added tokens are; each other space still becomes U+2581),
+each symbol starts as its normal piece's id (or -1), and in step 3 a pair's score is the
+score (-rank) of the merge record (left id, right id), found by binary search in the merges,
+whose result id the merged symbol takes: "the highest score, the leftmost on ties" is then
+"the lowest rank, the leftmost on ties", exactly merge-rank BPE.
 decode(ids) -> bytes: normal and user-defined pieces with U+2581 as a space, byte pieces as
 their byte, control/unknown/unused pieces as nothing.
 

@@ -7,7 +7,7 @@
 (source "hf": the Hugging Face directory; "gguf": its model-f16.gguf) to
 out_dir/<name>-<source>[-v<version>].bin with builder.models.convert (version: the model file
 version, default convert's: 2 for Gemma 1-3, 3 for Gemma 4) and caches the result for the
-session; `open_model` opens a file of either version. Prefer "hf": its tokenizer tables are
+session; builder.models.modelfile3.open_model opens a file of either version. Prefer "hf": its tokenizer tables are
 the sentencepiece ones (the fixtures' GGUFs mark user-defined pieces as normal; the weights
 are identical either way). MODELS are the Gemma 1 fixtures, TWINS every fixture with both
 sources (Gemma 1, 2, 3), ORACLES every (name, source) with a recorded transformers oracle
@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from builder.models.convert import convert
-from builder.models.modelfile3 import open_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = ("tiny_mqa", "tiny_wide")

@@ -32,8 +32,8 @@ import numpy as np
 
 from builder.models.bpe_vocab import gguf_bpe_vocab, tokenizer_json_vocab
 from builder.models.checkpoint import (Checkpoint, ConvertError, SourceTensor, field, read_rows, sliding_by_period)
-from builder.models.modelfile import DIM_LIMITS, POST_NORMS, QK_NORM, ModelFormatError, Vocab
-from builder.models.modelfile3 import K_EQ_V, MERGES, MOE, V_NORM, Layer, Model, Rope, tensor_shapes
+from builder.models.modelfile import POST_NORMS, QK_NORM, ModelFormatError, Vocab
+from builder.models.modelfile3 import DIM_LIMITS, K_EQ_V, MERGES, MOE, V_NORM, Layer, Model, Rope, tensor_shapes
 
 LAYER_KINDS = ("sliding_attention", "full_attention")
 SLIDING_PERIOD = 6

@@ -17,6 +17,10 @@ matrices' type: with Q8_0 every matrix whose rows hold a multiple of 32 weights 
 Q8_0 blocks (32 weights: an FP16 scale d, then 32 int8 q, weight = d q; 34 bytes), the others
 (and every matrix without the flag) FP16.
 
+Version 3 (one format for Gemma 1-4: per-layer records) is builder/models/modelfile3.py; it
+shares this module's tokenizer tables (build_tables, read_tables), Vocab (whose merges only
+version 3 holds) and tensor writer (write_tensors).
+
 `write_model` streams: it asks a source for each tensor's rows chunk by chunk, converts them
 (float -> FP16 with an overflow count, float -> Q8_0 as llama.cpp's reference quantizer,
 or FP32) and writes them, so a 5 GB model never sits in

@@ -273,7 +273,10 @@ DISK_RESERVE = 8 << 30  # what synth leaves free on the disk it writes to, for e
 
 
 def check_room(preset: str, out: Path, need: int) -> None:
-    """Refuse (ValueError) to write `need` bytes where that would leave less than DISK_RESERVE free."""
+    """Refuse (ValueError) to write `need` bytes where that would leave less than DISK_RESERVE free
+    (a missing directory is left to the write's own error)."""
+    if not Path(out).resolve().parent.is_dir():
+        return
     free = shutil.disk_usage(Path(out).resolve().parent).free
     if need + DISK_RESERVE > free:
         raise ValueError(f"preset {preset} needs {need / 1e9:.1f} GB on disk; {free / 1e9:.1f} GB are free under "

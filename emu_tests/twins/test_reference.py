@@ -181,3 +181,33 @@ def test_q8_0_model_runs_its_dequantized_weights(name, tmp_path, monkeypatch):
     exact, _, _ = Reference(ModelFile(convert_fixture(name, "hf", tmp_path))).generate(ids, 3)
     rel = np.sqrt(np.mean((got - exact) ** 2) / np.mean(exact ** 2))
     assert 1e-3 < rel < 0.05, rel
+
+
+@pytest.mark.parametrize("name", ["tiny_g4", "tiny_g4moe"])  # PLE table; experts (3-D matrices)
+def test_q8_0_gemma4_runs_its_dequantized_weights(name, tmp_path, monkeypatch):
+    """As above for version 3: the reference on a Q8_0 Gemma 4 file (the PLE table and the
+    experts in Q8_0, the router FP32) computes exactly what it computes on the FP16 file with
+    every Q8_0 matrix replaced by its float32 values d q, widened and on the lazy path (Q8Rows
+    rows: one PLE row per token, each chosen expert's rows)."""
+    from builder.models.convert import convert
+    from builder.models.modelfile3 import ModelFile3
+    convert(fixture_path(name), tmp_path / "q.bin", progress=False, wtype="q8_0")
+    q = ModelFile3(tmp_path / "q.bin")
+    f16 = Reference(open_model(convert_fixture(name, "hf", tmp_path)))
+    q8 = [s for s in q.specs if s.dtype == "q8_0"]
+    assert {"ple_embed", "layers.1.experts_gate_up"} & {s.name for s in q8}
+    for s in q8:
+        w = q.tensor(s.name).reshape(-1, s.shape[-1])
+        if s.name == "embed":
+            f16.embed = w
+        elif "." not in s.name:
+            f16.globals[s.name] = w
+        else:
+            f16.layers[int(s.name.split(".")[1])][s.name.rsplit(".", 1)[1]] = w
+    ids = json.loads((fixture_path(name) / "reference.json").read_text())["prompts"][1]["ids"]
+    want, _, _ = f16.generate(ids, 3)
+    assert np.array_equal(Reference(q).generate(ids, 3)[0], want)
+    monkeypatch.setattr(reference, "WIDEN_LIMIT", 0)
+    lazy = Reference(q)
+    assert isinstance(lazy.layers[1]["wq"], reference.Q8Rows)
+    assert np.array_equal(lazy.generate(ids, 3)[0], want)

@@ -439,8 +439,10 @@ class ModelFile3:
             raise ModelFormatError(f"file is {size} bytes but its header says {h.file_size}"
                                    + (" (truncated)" if size < h.file_size else ""))
         _limit("layers", h.layers, 1)
-        if h.layers_off != HEADER_SIZE or h.layers_off + LAYER_REC * h.layers > size:
+        if h.layers_off != HEADER_SIZE:
             raise ModelFormatError(f"layers_off is {h.layers_off}, expected {HEADER_SIZE}")
+        if h.layers_off + LAYER_REC * h.layers > size:
+            raise ModelFormatError(f"file is truncated inside the {h.layers} layer records")
         layers = tuple(Layer.unpack(m, h.layers_off + LAYER_REC * i) for i in range(h.layers))
         self.model = Model(h.vocab, h.dim, h.heads, h.max_ctx, layers, h.eps, h.ple_dim, h.experts, h.top_k,
                            h.expert_ffn, h.flags, h.att_softcap, h.final_softcap)

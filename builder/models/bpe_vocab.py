@@ -58,7 +58,9 @@ def tokenizer_json_vocab(src: Path) -> Vocab:
         raise ConvertError(f"{src}: no tokenizer_config.json (it names bos and eos)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ConvertError(f"{src}: invalid tokenizer JSON ({e})") from None
-    model = tok.get("model") if isinstance(tok, dict) else None
+    if not (isinstance(tok, dict) and isinstance(config, dict)):
+        raise ConvertError(f"{src}: tokenizer.json or tokenizer_config.json is not a JSON object")
+    model = tok.get("model")
     if not (isinstance(model, dict) and model.get("type") == "BPE" and model.get("byte_fallback")
             and isinstance(model.get("vocab"), dict) and isinstance(model.get("merges"), list)):
         raise ConvertError(f"{where}: not a BPE model with byte fallback, vocab and merges")
@@ -72,7 +74,10 @@ def tokenizer_json_vocab(src: Path) -> Vocab:
             raise ConvertError(f"{where}: the vocabulary's ids are not 0 .. {n - 1}, each once")
         pieces[i] = piece
     types = [BYTE if BYTE_PIECE.fullmatch(p) else NORMAL for p in pieces]
-    for t in tok.get("added_tokens") or []:
+    added = tok.get("added_tokens") or []
+    if not (isinstance(added, list) and all(isinstance(t, dict) for t in added)):
+        raise ConvertError(f"{where}: added_tokens is not a list of objects")
+    for t in added:
         i = t.get("id")
         if not (isinstance(i, int) and 0 <= i < n and pieces[i] == t.get("content")):
             raise ConvertError(f"{where}: added token {t.get('content')!r} is not piece {i} of the vocabulary")

@@ -181,6 +181,11 @@ def from_hf_config(cfg: dict, n_vocab: int, where: object) -> Gemma4:
 
     def get(key: str, kind: type = int, default=None):
         return field(cfg, key, kind, where, default)
+
+    def flag(key: str) -> bool:
+        if not isinstance(cfg.get(key, False), bool):
+            raise ConvertError(f"{where}: {key} is not true or false")
+        return cfg.get(key, False)
     if cfg.get("use_bidirectional_attention") not in (None, "vision"):
         raise ConvertError(f"{where}: use_bidirectional_attention is {cfg['use_bidirectional_attention']!r} "
                            "(only causal text runs: null or 'vision')")
@@ -196,7 +201,7 @@ def from_hf_config(cfg: dict, n_vocab: int, where: object) -> Gemma4:
         sliding = [k == "sliding_attention" for k in kinds]
     else:
         raise ConvertError(f"{where}: layer_types is not a list of {n} of {LAYER_KINDS}")
-    k_eq_v = bool(cfg.get("attention_k_eq_v", False))
+    k_eq_v = flag("attention_k_eq_v")
     hd, kv = get("head_dim"), get("num_key_value_heads")
     plc = cfg.get("per_layer_config")
     if plc is not None:
@@ -214,8 +219,7 @@ def from_hf_config(cfg: dict, n_vocab: int, where: object) -> Gemma4:
     ropes = [rope_of(params.get(LAYER_KINDS[not s], ROPE_DEFAULTS[LAYER_KINDS[not s]]), h, where,
                      f"rope_parameters.{LAYER_KINDS[not s]}") for s, h in zip(sliding, head_dim)]
     shared, ffn = get("num_kv_shared_layers"), get("intermediate_size")
-    double = bool(cfg.get("use_double_wide_mlp", False))
-    moe = bool(cfg.get("enable_moe_block", False))
+    double, moe = flag("use_double_wide_mlp"), flag("enable_moe_block")
     vocab = get("vocab_size")
     if vocab < n_vocab:
         raise ConvertError(f"{where}: vocab_size {vocab} is below the tokenizer's {n_vocab} pieces")

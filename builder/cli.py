@@ -41,6 +41,11 @@ def model_summary(path: Path) -> Callable[[object], str]:
 
     def line(header) -> str:
         h = header
+        if h.version == 3:
+            extra = (f", per-layer inputs of {h.ple_dim}" if h.ple_dim else "") + \
+                (f", {h.experts} experts of {h.expert_ffn} (top {h.top_k})" if h.experts else "")
+            return (f"wrote {path}: {h.file_size:,} bytes; version 3, vocab {h.vocab}, d {h.dim}, {h.layers} layers, "
+                    f"{h.heads} heads{extra}, {'q8_0' if h.flags & Q8_0 else 'f16'} weights, context {h.max_ctx}")
         return (f"wrote {path}: {h.file_size:,} bytes; vocab {h.vocab}, d {h.dim}, ffn {h.ffn}, "
                 f"{h.layers} layers, {h.heads} heads ({h.kv_heads} kv) of {h.head_dim}, "
                 f"flags {h.flags}, {'q8_0' if h.flags & Q8_0 else 'f16'} weights, context {h.max_ctx}")

@@ -3,13 +3,16 @@
     from modelfiles import fixture_path, convert_fixture
     path = convert_fixture("tiny_mqa", "hf", tmp_path_factory.getbasetemp())
 
-`convert_fixture(name, source, out_dir)` converts emu_tests/fixtures/<name> (source "hf": the
-Hugging Face directory; "gguf": its model-f16.gguf) to out_dir/<name>-<source>.bin with
-builder.models.convert and caches the result for the session. Prefer "hf": its tokenizer tables are
+`convert_fixture(name, source, out_dir, version=None)` converts emu_tests/fixtures/<name>
+(source "hf": the Hugging Face directory; "gguf": its model-f16.gguf) to
+out_dir/<name>-<source>[-v<version>].bin with builder.models.convert (version: the model file
+version, default convert's: 2 for Gemma 1-3, 3 for Gemma 4) and caches the result for the
+session; builder.models.modelfile3.open_model opens a file of either version. Prefer "hf": its tokenizer tables are
 the sentencepiece ones (the fixtures' GGUFs mark user-defined pieces as normal; the weights
 are identical either way). MODELS are the Gemma 1 fixtures, TWINS every fixture with both
 sources (Gemma 1, 2, 3), ORACLES every (name, source) with a recorded transformers oracle
-(tiny_g2q has no GGUF twin: GGUF cannot say its query_pre_attn_scalar). The pytest fixture `model_file` (a factory) does the same into the
+(tiny_g2q has no GGUF twin: GGUF cannot say its query_pre_attn_scalar); GEMMA4 the Gemma 4
+fixtures (both sources; model file version 3 only). The pytest fixture `model_file` (a factory) does the same into the
 session's temporary directory: `model_file("tiny_wide")`.
 """
 from __future__ import annotations
@@ -24,7 +27,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = ("tiny_mqa", "tiny_wide")
 TWINS = MODELS + ("tiny_g2", "tiny_g3")
 ORACLES = [(n, s) for n in TWINS for s in ("hf", "gguf")] + [("tiny_g2q", "hf")]
-_converted: dict[tuple[str, str, Path], Path] = {}
+GEMMA4 = ("tiny_g4", "tiny_g4k", "tiny_g4moe")
+_converted: dict[tuple[str, str, Path, int | None], Path] = {}
 
 
 def fixture_path(name: str) -> Path:
@@ -35,17 +39,17 @@ def fixture_path(name: str) -> Path:
     return path
 
 
-def convert_fixture(name: str, source: str, out_dir: Path) -> Path:
+def convert_fixture(name: str, source: str, out_dir: Path, version: int | None = None) -> Path:
     """The engine model file of fixture model `name` converted from `source` ('hf' or 'gguf')."""
     if source not in ("hf", "gguf"):
         raise ValueError(f"source must be 'hf' or 'gguf', not {source!r}")
     out_dir = Path(out_dir).resolve()
-    key = (name, source, out_dir)
+    key = (name, source, out_dir, version)
     if key not in _converted or not _converted[key].is_file():
         src = fixture_path(name)
         out_dir.mkdir(parents=True, exist_ok=True)
-        out = out_dir / f"{name}-{source}.bin"
-        convert(src / "model-f16.gguf" if source == "gguf" else src, out, progress=False)
+        out = out_dir / f"{name}-{source}{f'-v{version}' if version else ''}.bin"
+        convert(src / "model-f16.gguf" if source == "gguf" else src, out, progress=False, version=version)
         _converted[key] = out
     return _converted[key]
 

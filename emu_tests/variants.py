@@ -53,7 +53,9 @@ def hf_variant(tmp: Path, name: str = "tiny_mqa", config=None, tensors=None) -> 
     cfg = json.loads((src / "config.json").read_text())
     config and config(cfg)
     (out / "config.json").write_text(json.dumps(cfg))
-    shutil.copy(src / "tokenizer.model", out / "tokenizer.model")
+    for tokenizer in ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"):
+        if (src / tokenizer).is_file():
+            shutil.copy(src / tokenizer, out / tokenizer)
     ts = read_safetensors(src / "model.safetensors")
     tensors and tensors(ts)
     write_safetensors(out / "model.safetensors", ts)

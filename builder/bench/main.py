@@ -57,7 +57,8 @@ with each.
 - peak RSS and peak anonymous memory of the decode run (builder.bench.run): RSS includes the
   pages of the mapped model file the engine touched; anonymous memory is what it allocated.
 Derived figures: bytes per generated token = the bytes of every tensor in the model file (each
-is read once per token; the KV cache adds ~P x 37 KB on 2b, not counted); decode efficiency =
+is read once per token; the KV cache adds ~P x 37 KB on 2b, not counted), except Gemma 4's
+per-layer-input table (one row a token) and experts (the top_k chosen of each MoE layer); decode efficiency =
 decode tokens/s x bytes per token / bandwidth at that thread count; decode / kernel in cache =
 the same bytes/s over the kernel's speed with its weights in cache; prompt FLOPs per token =
 2 x every matrix weight of the layers + the attention over the prompt (average position) + the
@@ -91,7 +92,9 @@ from builder.bench.report import (Engine, Figures, Machine, Peer, Result, Startu
 from builder.bench.run import BenchError, Run, checked, run
 from builder.cli import Parser
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
+from builder.models import modelfile3
 from builder.models.modelfile import Q8_0, WEIGHT_TYPES, ModelFile, ModelFormatError, read_header, tensor_layout
+from builder.models.modelfile3 import file_version
 from builder.models.synth import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,7 +227,11 @@ def huge_fraction(path: Path) -> float:
 
 
 def bytes_per_token(model: Path) -> int:
-    """Every tensor's bytes: a generated token reads each once."""
+    """Every tensor's bytes: a generated token reads each once -- but of a version 3 file's
+    per-layer-input table one row, and of its experts only the chosen top_k
+    (modelfile3.bytes_per_token)."""
+    if file_version(model) == modelfile3.VERSION:
+        return modelfile3.bytes_per_token(modelfile3.ModelFile3(model).model)
     return sum(spec.nbytes for spec in tensor_layout(read_header(model)))
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from builder.models.modelfile3 import Model, Rope, from_v2
 from builder.models.modelfile import (DIM_LIMITS, POST_NORMS, QK_NORM, Dims, LayerAttn, ModelFormatError, TensorSpec,
                                Vocab, tensor_shapes)
 
@@ -58,10 +59,17 @@ class SourceTensor:
 
 @dataclass
 class Checkpoint:
-    dims: Dims
+    """A model to convert: its shapes, vocabulary and where each engine tensor lies. Gemma 1-3
+    say it with dims and attn (model file version 2, or 3 through modelfile3.from_v2); Gemma 4
+    only in version 3's terms (v3: the Model and each layer's Rope; dims is then None)."""
+    dims: Dims | None
     vocab: Vocab
     tensors: dict[str, SourceTensor]  # engine tensor name -> source
-    attn: list[LayerAttn]             # each layer's window and rope
+    attn: list[LayerAttn]             # each layer's window and rope (Gemma 1-3)
+    v3: tuple[Model, list[Rope]] | None = None
+
+    def version3(self) -> tuple[Model, list[Rope]]:
+        return self.v3 if self.v3 is not None else from_v2(self.dims, self.attn)
 
 
 def row_bytes(dtype: str, cols: int) -> int:

@@ -1,11 +1,14 @@
-"""`python -m builder convert SRC -o OUT`: a Gemma 1, 2 or 3 checkpoint -> the engine's model file.
+"""`python -m builder convert SRC -o OUT [--format 2|3]`: a Gemma 1, 2, 3 or 4 checkpoint -> the
+engine's model file (version 2: Gemma 1-3, the default for them while the engine reads version 2
+only; version 3, modelfile3: every generation, the only one for Gemma 4).
 
-SRC is a Hugging Face directory (builder.models.convert_hf: model_type gemma, gemma2, gemma3_text or
-gemma3; BF16/F16/F32 safetensors) or a llama.cpp .gguf file (builder.models.convert_gguf:
-architecture gemma, gemma2 or gemma3; F32/F16/BF16 or quantized tensors). Tensors are read in
+SRC is a Hugging Face directory (builder.models.convert_hf: model_type gemma, gemma2, gemma3_text,
+gemma3, gemma4_text or gemma4 (builder.models.gemma4); BF16/F16/F32 safetensors) or a llama.cpp
+.gguf file (builder.models.convert_gguf: architecture gemma, gemma2, gemma3 or gemma4; F32/F16/BF16
+or quantized tensors). Tensors are read in
 chunks of whole rows with plain file reads (builder.models.checkpoint.read_rows; no whole-file map)
 and rounded to FP16 (`--type q8_0`: quantized to Q8_0, a GGUF's Q8_0 blocks copied) by
-modelfile.write_model, so memory does not grow with the model: plain
+modelfile.write_tensors, so memory does not grow with the model (E2B's 4.70 GB PLE table too): plain
 types convert exactly, quantized ones are dequantized one chunk (~4M values) at a time; peak
 RSS under 200 MB for Gemma-2B, mostly the 256k-piece vocabulary (measured; docs/gemma.md).
 A checkpoint the engine cannot compute exactly as its reference does is refused with one
@@ -21,7 +24,11 @@ from builder.models.checkpoint import Checkpoint, ConvertError, check_shapes, so
 from builder.cli import Parser, model_summary, run
 from builder.models.convert_gguf import open_gguf
 from builder.models.convert_hf import open_hf
+from builder.models import modelfile3
 from builder.models.modelfile import Q8_0, WEIGHT_TYPES, Header, ModelFormatError, tensor_layout, write_model
+from builder.models.modelfile3 import with_q8_0
+
+VERSIONS = (2, 3)
 
 __all__ = ["ConvertError", "convert", "main", "open_checkpoint"]
 
@@ -34,18 +41,29 @@ def open_checkpoint(src: Path) -> Checkpoint:
     raise ConvertError(f"{src}: no such file or directory")
 
 
-def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16") -> Header:
+def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16", version: int | None = None) -> Header:
     """Convert src (HF directory or .gguf) to the model file out with matrices of wtype (one
     of WEIGHT_TYPES: "f16", or "q8_0": GGUF Q8_0 tensors copied as they are, every other
-    tensor quantized from its exact values); on failure out is removed."""
+    tensor quantized from its exact values), in format version (one of VERSIONS; default: 2
+    for Gemma 1-3, which the engine reads today, 3 for Gemma 4, which only version 3 holds);
+    on failure out is removed."""
     src, out = Path(src), Path(out)
     ckpt = open_checkpoint(src)
-    check_shapes(ckpt, [s for s in tensor_layout(ckpt.dims) if s.name.rsplit(".", 1)[-1] not in ("window", "rope")],
-                 {"embed"})
-    dims = replace(ckpt.dims, flags=ckpt.dims.flags | Q8_0) if wtype == "q8_0" else ckpt.dims
+    version = version or (2 if ckpt.dims is not None else 3)
+    if version == 2 and ckpt.dims is None:
+        raise ConvertError(f"{src}: a Gemma 4 model needs model file version 3 (--format 3)")
+    names = {e: t.name for e, t in ckpt.tensors.items()}
     try:
-        return write_model(out, dims, ckpt.vocab, source_for(ckpt), progress,
-                           names={e: t.name for e, t in ckpt.tensors.items()}, attn=ckpt.attn)
+        if version == 2:
+            check_shapes(ckpt, [s for s in tensor_layout(ckpt.dims) if s.name.rsplit(".", 1)[-1] not in ("window", "rope")],
+                         {"embed"})
+            dims = replace(ckpt.dims, flags=ckpt.dims.flags | Q8_0) if wtype == "q8_0" else ckpt.dims
+            return write_model(out, dims, ckpt.vocab, source_for(ckpt), progress, names=names, attn=ckpt.attn)
+        model, ropes = ckpt.version3()
+        model = with_q8_0(model) if wtype == "q8_0" else model
+        check_shapes(ckpt, [s for s in modelfile3.tensor_layout(model) if not s.name.endswith(".rope")],
+                     {"embed", "ple_embed"})
+        return modelfile3.write_model(out, model, ckpt.vocab, source_for(ckpt), ropes, progress, names)
     except BaseException:
         out.unlink(missing_ok=True)
         raise
@@ -60,9 +78,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--type", choices=WEIGHT_TYPES, default="f16",
                    help="the matrices' type (default f16; q8_0: llama.cpp's Q8_0 blocks, a GGUF's "
                         "Q8_0 tensors copied as they are)")
+    p.add_argument("--format", type=int, choices=VERSIONS,
+                   help="model file version (default: 2 for Gemma 1-3, what the engine reads today; 3 for "
+                        "Gemma 4, which only version 3 holds)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    return run(p.prog, lambda: convert(args.src, args.output, not args.quiet, args.type),
+    return run(p.prog, lambda: convert(args.src, args.output, not args.quiet, args.type, args.format),
                (ConvertError, ModelFormatError), model_summary(args.output))
 
 

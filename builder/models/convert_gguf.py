@@ -1,4 +1,5 @@
-"""A llama.cpp GGUF file -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3.
+"""A llama.cpp GGUF file -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3;
+architecture gemma4 is handed to builder.models.gemma4 with every tensor of the file.
 
 general.architecture `gemma`, `gemma2` or `gemma3`; keys `{arch}.embedding_length`,
 `.block_count`, `.feed_forward_length`, `.attention.head_count(_kv)`, `.attention.key_length`,
@@ -35,6 +36,7 @@ from pathlib import Path
 from builder.models.checkpoint import (FLAGS, PLAIN, QUANTIZED, SLIDING_PERIOD, Checkpoint, ConvertError,
                                 SourceTensor, check_attn, check_dims, field, sliding_by_period,
                                 stored_tensors, tensor_name)
+from builder.models.gemma4 import open_gguf4
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
 from builder.models.modelfile import USER_DEFINED, Dims, LayerAttn, Vocab
 
@@ -121,21 +123,23 @@ def open_gguf(src: Path) -> Checkpoint:
     def get(key: str, kind: type = int, default=None, array: bool = False):
         return field(meta.kv, key, kind, src, default, array)
     arch = get("general.architecture", str)
-    if arch not in FLAGS:
-        raise ConvertError(f"unsupported architecture {arch!r}: supported are Gemma 1, 2 and 3 "
-                           "('gemma', 'gemma2', 'gemma3')")
-    try:
-        vocab = read_vocab(get)
-    except ConvertError as e:
-        raise ConvertError(f"{src}: {e}") from None
-    dims = read_dims(arch, meta.kv, len(vocab.pieces), src)
-    attn = layer_attn(arch, meta.kv, dims.layers, src)
+    if arch not in FLAGS and arch != "gemma4":
+        raise ConvertError(f"unsupported architecture {arch!r}: supported are Gemma 1, 2, 3 and 4 "
+                           "('gemma', 'gemma2', 'gemma3', 'gemma4')")
     found = {}
     for t in meta.tensors.values():
         if t.type not in PLAIN and t.type not in QUANTIZED:
             raise ConvertError(f"tensor {t.name} is {t.type}: not a supported type "
                                f"(F32, F16, BF16, {', '.join(QUANTIZED)})")
         found[t.name] = SourceTensor(t.name, src, t.offset, t.type, t.shape)
+    if arch == "gemma4":
+        return open_gguf4(src, meta.kv, found, get)
+    try:
+        vocab = read_vocab(get)
+    except ConvertError as e:
+        raise ConvertError(f"{src}: {e}") from None
+    dims = read_dims(arch, meta.kv, len(vocab.pieces), src)
+    attn = layer_attn(arch, meta.kv, dims.layers, src)
     wanted = {gguf_name(n): n for n in stored_tensors(dims)}
     extra = sorted(set(found) - set(wanted) - {"output.weight"})
     if extra:

@@ -1,4 +1,6 @@
-"""A Hugging Face model directory -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3.
+"""A Hugging Face model directory -> a Checkpoint (builder.models.checkpoint) of Gemma 1, 2 or 3;
+Gemma 4 (model_type gemma4_text, gemma4) is handed to builder.models.gemma4 with every tensor
+of the safetensors files (norms read as stored: Gemma 4's hold w).
 
 Files: config.json, model.safetensors (or the shards model.safetensors.index.json lists;
 BF16, F16 or F32 tensors), tokenizer.model (SentencePiece). Norms are stored as w and written
@@ -32,23 +34,28 @@ from __future__ import annotations
 import json
 import math
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 from builder.models.checkpoint import (FLAGS, PLAIN, SLIDING_PERIOD, Checkpoint, ConvertError, SourceTensor,
                                 check_attn, check_dims, field, is_kind, sliding_by_period, stored_tensors,
                                 tensor_name)
+from builder.models.gemma4 import open_hf4
 from builder.models.modelfile import Dims, LayerAttn, Vocab
 
 # model_type -> (generation, the architectures entry it must have)
 MODEL_TYPES = {"gemma": ("gemma", "GemmaForCausalLM"), "gemma2": ("gemma2", "Gemma2ForCausalLM"),
                "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
-               "gemma3": ("gemma3", "Gemma3ForConditionalGeneration")}
+               "gemma3": ("gemma3", "Gemma3ForConditionalGeneration"),
+               "gemma4_text": ("gemma4", "Gemma4ForCausalLM"),
+               "gemma4": ("gemma4", "Gemma4ForConditionalGeneration")}
 DEFAULTS = {
     "gemma": {},
     "gemma2": {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
                "final_logit_softcapping": 30.0, "sliding_window": 4096},
     "gemma3": {"query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_theta": 1e6,
                "rope_local_base_freq": 10000.0},
+    "gemma4": {},  # builder.models.gemma4 applies Gemma4TextConfig's defaults
 }
 TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                  "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
@@ -136,19 +143,19 @@ def read_config(where: Path) -> tuple[str, dict, bool]:
     generation, arch = MODEL_TYPES.get(model_type, (None, None)) if isinstance(model_type, str) else (None, None)
     archs = config.get("architectures") or [arch]
     if generation is None or archs != [arch]:
-        raise ConvertError(f"unsupported architecture {model_type!r} ({archs}): supported are Gemma 1, 2 "
-                           "and 3 (model_type gemma, gemma2, gemma3_text, gemma3)")
-    if model_type == "gemma3":
+        raise ConvertError(f"unsupported architecture {model_type!r} ({archs}): supported are Gemma 1, 2, "
+                           "3 and 4 (model_type gemma, gemma2, gemma3_text, gemma3, gemma4_text, gemma4)")
+    if model_type in ("gemma3", "gemma4"):
         text = config.get("text_config", {})
         if not isinstance(text, dict):
             raise ConvertError(f"{where}: text_config is not a JSON object")
-        config = {**TEXT_DEFAULTS, **{k: v for k, v in text.items() if v is not None}}
+        config = {**(TEXT_DEFAULTS if generation == "gemma3" else {}), **{k: v for k, v in text.items() if v is not None}}
     if config.get("use_bidirectional_attention") is True:
         raise ConvertError(f"{where}: use_bidirectional_attention is true (an embedding model, not a "
                            "causal language model)")
     if config.get("tie_word_embeddings") not in (None, True):  # null: the default, tied
         raise ConvertError(f"{where}: tie_word_embeddings is not true (the engine's output is the embedding)")
-    return generation, {**DEFAULTS[generation], **config}, model_type == "gemma3"
+    return generation, {**DEFAULTS[generation], **config}, model_type in ("gemma3", "gemma4")
 
 
 def rope_of(params: object, where: object, key: str) -> tuple[float, float]:
@@ -226,16 +233,8 @@ def read_dims(generation: str, cfg: dict, vocab: Vocab, where: object) -> Dims:
     return check_dims(dims, where)
 
 
-def open_hf(src: Path) -> Checkpoint:
-    def need(name: str) -> Path:
-        if not (src / name).is_file():
-            raise ConvertError(f"{src}: no {name} (expected a Hugging Face model directory or a .gguf file)")
-        return src / name
-    where = need("config.json")
-    generation, cfg, multimodal = read_config(where)
-    vocab = sentencepiece_vocab(need("tokenizer.model"))
-    dims = read_dims(generation, cfg, vocab, where)
-    attn = layer_attn(generation, cfg, dims.layers, where)
+def safetensors_files(src: Path) -> dict[str, SourceTensor]:
+    """Every tensor of the directory's model.safetensors, or of the shards its index lists."""
     if (src / "model.safetensors.index.json").is_file():
         try:
             weight_map = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
@@ -245,13 +244,33 @@ def open_hf(src: Path) -> Checkpoint:
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ConvertError(f"{src / 'model.safetensors.index.json'}: no valid weight_map") from None
     else:
-        need("model.safetensors")
+        if not (src / "model.safetensors").is_file():
+            raise ConvertError(f"{src}: no model.safetensors (expected a Hugging Face model directory or a .gguf file)")
         files = ["model.safetensors"]
     found: dict[str, SourceTensor] = {}
     for name in files:
         if not (src / name).is_file():
             raise ConvertError(f"{src}: no {name} (listed in model.safetensors.index.json)")
         found.update(safetensors_index(src / name))
+    return found
+
+
+def open_hf(src: Path) -> Checkpoint:
+    def need(name: str) -> Path:
+        if not (src / name).is_file():
+            raise ConvertError(f"{src}: no {name} (expected a Hugging Face model directory or a .gguf file)")
+        return src / name
+    where = need("config.json")
+    generation, cfg, multimodal = read_config(where)
+    if generation == "gemma4":  # norms hold the multiplier itself: read as stored
+        found = {k: replace(t, add_one=False) for k, t in safetensors_files(src).items()}
+        prefix = next((p for p in TEXT_PREFIXES if p + NAMES["embed"] in found), TEXT_PREFIXES[1]) \
+            if multimodal else "model."
+        return open_hf4(src, cfg, found, prefix, where)
+    vocab = sentencepiece_vocab(need("tokenizer.model"))
+    dims = read_dims(generation, cfg, vocab, where)
+    attn = layer_attn(generation, cfg, dims.layers, where)
+    found = safetensors_files(src)
     prefix, ignored = "model.", ("lm_head.weight",)
     if multimodal:
         prefix = next((p for p in TEXT_PREFIXES if p + NAMES["embed"] in found), TEXT_PREFIXES[0])

@@ -17,6 +17,10 @@ matrices' type: with Q8_0 every matrix whose rows hold a multiple of 32 weights 
 Q8_0 blocks (32 weights: an FP16 scale d, then 32 int8 q, weight = d q; 34 bytes), the others
 (and every matrix without the flag) FP16.
 
+Version 3 (one format for Gemma 1-4: per-layer records) is builder/models/modelfile3.py; it
+shares this module's tokenizer tables (build_tables, read_tables), Vocab (whose merges only
+version 3 holds) and tensor writer (write_tensors).
+
 `write_model` streams: it asks a source for each tensor's rows chunk by chunk, converts them
 (float -> FP16 with an overflow count, float -> Q8_0 as llama.cpp's reference quantizer,
 or FP32) and writes them, so a 5 GB model never sits in
@@ -28,6 +32,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, fields, make_dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -176,22 +181,25 @@ def rope_freqs(head_dim: int, attn: LayerAttn) -> np.ndarray:
     return (np.float32(1) / power) / np.float32(attn.rope_scale)
 
 
+EOT_PIECES = (b"<end_of_turn>", b"<turn|>")  # Gemma 1-3's end of a chat turn, Gemma 4's
+
+
 @dataclass
 class Vocab:
-    """A SentencePiece vocabulary: piece bytes (UTF-8, U+2581 kept), score, type per id."""
+    """A vocabulary: piece bytes (UTF-8, U+2581 kept), score, type per id; `merges` (Gemma 4's
+    BPE by merge rank: (left id, right id) pairs, rank order) is empty for a SentencePiece one,
+    which merges by piece score."""
     pieces: list[bytes]
     scores: list[float]
     types: list[int]
     bos: int
     eos: int
+    merges: list[tuple[int, int]] = dataclass_field(default_factory=list)
 
     @property
     def eot(self) -> int:
-        """Id of <end_of_turn>, or eos when the vocabulary has none."""
-        try:
-            return self.pieces.index(b"<end_of_turn>")
-        except ValueError:
-            return self.eos
+        """Id of the end of a chat turn (<end_of_turn>, <turn|>), or eos when there is none."""
+        return next((self.pieces.index(p) for p in EOT_PIECES if p in self.pieces), self.eos)
 
 
 class _HeaderMethods:
@@ -362,6 +370,8 @@ def build_tables(vocab: Vocab, n: int) -> Tables:
 def make_header(dims: Dims, vocab: Vocab) -> tuple[Header, Tables]:
     """The header (and packed tables) of a model of these dims and vocabulary."""
     dims.check()
+    if vocab.merges:
+        raise ModelFormatError("a tokenizer that merges by rank (Gemma 4's) needs model file version 3")
     t = build_tables(vocab, dims.vocab)
     pieces_off = HEADER_SIZE
     index_off = pieces_off + len(t.pieces)
@@ -413,15 +423,26 @@ def write_model(path: Path, dims: Dims, vocab: Vocab, source: TensorSource,
         if what == "rope":
             return [rope_freqs(dims.head_dim, attn[int(spec.name.split(".")[1])])]
         return source(spec)
-    with open(path, "wb") as f, tqdm(total=header.weights_size, unit="B", unit_scale=True,
-                                     desc=f"writing {Path(path).name}", disable=not progress,
-                                     leave=False) as bar:
+    with open(path, "wb") as f:
         f.write(header.pack() + t.pieces + t.index + t.user + t.blob)
-        for spec in tensor_layout(header):
-            f.write(b"\0" * (header.weights_off + spec.offset - f.tell()))
+        write_tensors(f, path, header.weights_off, header.file_size, tensor_layout(header), chunks, names, progress)
+    return header
+
+
+def write_tensors(f, path: Path, weights_off: int, file_size: int, specs: list[TensorSpec],
+                  source: TensorSource, names: dict[str, str], progress: bool) -> None:
+    """Write every tensor of specs at weights_off + its offset in f (zero padding between),
+    then zeros up to file_size: each chunk of source's rows converted to the spec's dtype
+    (FP16, Q8_0 (float rows quantized, uint8 rows copied as blocks), FP32 or u32); an FP16
+    overflow or a wrong row count raises ModelFormatError naming the tensor (names[spec.name]
+    when given)."""
+    with tqdm(total=file_size - weights_off, unit="B", unit_scale=True, desc=f"writing {Path(path).name}",
+              disable=not progress, leave=False) as bar:
+        for spec in specs:
+            f.write(b"\0" * (weights_off + spec.offset - f.tell()))
             rows, cols = math.prod(spec.shape[:-1]), spec.shape[-1]
             done, overflow, first = 0, 0, None
-            for chunk in chunks(spec):
+            for chunk in source(spec):
                 chunk = np.asarray(chunk)
                 if spec.dtype == "q8_0" and chunk.dtype == np.uint8:  # blocks, as they are
                     out = chunk.reshape(-1, cols // QK8_0 * Q8_0_BLOCK)
@@ -462,13 +483,47 @@ def write_model(path: Path, dims: Dims, vocab: Vocab, source: TensorSource,
                 what = "Q8_0 block(s) whose scale overflows" if spec.dtype == "q8_0" else "value(s) overflow"
                 raise ModelFormatError(f"{overflow} {what} FP16 in {names.get(spec.name, spec.name)} "
                                        f"(first at {first[0]}: {first[1]:g})")
-        f.write(b"\0" * (header.file_size - f.tell()))
-    return header
+        f.write(b"\0" * (file_size - f.tell()))
 
 
 def read_header(path: Path) -> Header:
     with open(path, "rb") as f:
         return Header.unpack(f.read(HEADER_SIZE))
+
+
+def read_tables(target, m: np.ndarray, h) -> None:
+    """Validate the tokenizer tables a header (of either version) places in the mapped file m
+    and set them on target: pieces (list[bytes]), scores (float32 array), types (int array),
+    index (sorted normal ids), user (ids of the pieces matched whole)."""
+    for name in ("bos", "eos", "eot"):
+        if getattr(h, name) >= h.vocab:
+            raise ModelFormatError(f"{name} id {getattr(h, name)} is outside the vocabulary")
+    if h.byte_base + 256 > h.vocab or h.n_index > h.vocab or h.n_user > h.vocab:
+        raise ModelFormatError("byte_base, n_index or n_user is outside the vocabulary")
+    rec = np.frombuffer(m, np.dtype([("off", "<u4"), ("len", "<u4"), ("score", "<f4"), ("type", "<u4")]),
+                        h.vocab, h.pieces_off)
+    ends = rec["off"].astype(np.uint64) + rec["len"]
+    if h.vocab and ends.max() > h.blob_size:
+        raise ModelFormatError(f"piece {int(ends.argmax())} extends past the blob")
+    if h.vocab and rec["len"].max() != h.max_piece_len:
+        raise ModelFormatError(f"max_piece_len is {h.max_piece_len}, the longest piece is {rec['len'].max()}")
+    blob = bytes(m[h.blob_off:h.blob_off + h.blob_size])
+    target.pieces = [blob[o:o + n] for o, n in zip(rec["off"].tolist(), rec["len"].tolist())]
+    target.scores = rec["score"].copy()
+    target.types = rec["type"].astype(np.int64)
+    if h.vocab and not ((target.types >= NORMAL) & (target.types <= BYTE)).all():
+        raise ModelFormatError("a piece has an unknown type")
+    is_byte = target.types == BYTE
+    if not is_byte[h.byte_base:h.byte_base + 256].all() or is_byte.sum() != 256:
+        raise ModelFormatError("the 256 byte pieces are not exactly ids byte_base..byte_base+255")
+    target.index = np.frombuffer(m, "<u4", h.n_index, h.index_off).astype(np.int64)
+    target.user = np.frombuffer(m, "<u4", h.n_user, h.user_off).astype(np.int64)
+    for what, ids, types in (("index", target.index, [NORMAL]), ("user", target.user, [USER_DEFINED, CONTROL])):
+        if len(ids) and (ids.max() >= h.vocab or not np.isin(target.types[ids], types).all()):
+            raise ModelFormatError(f"the {what} table holds an id that is not a piece of type {types}")
+    keys = [target.pieces[i] for i in target.index]
+    if keys != sorted(keys):
+        raise ModelFormatError("the index is not sorted by piece bytes")
 
 
 class ModelFile:
@@ -512,35 +567,7 @@ class ModelFile:
                 raise ModelFormatError(f"{name} is {getattr(h, name)}, expected {want}")
         if h.embed_scale != np.float32(math.sqrt(h.dim)):
             raise ModelFormatError(f"embed_scale {h.embed_scale} is not float32(sqrt({h.dim}))")
-        for name in ("bos", "eos", "eot"):
-            if getattr(h, name) >= h.vocab:
-                raise ModelFormatError(f"{name} id {getattr(h, name)} is outside the vocabulary")
-        if h.byte_base + 256 > h.vocab or h.n_index > h.vocab or h.n_user > h.vocab:
-            raise ModelFormatError("byte_base, n_index or n_user is outside the vocabulary")
-        rec = np.frombuffer(m, np.dtype([("off", "<u4"), ("len", "<u4"), ("score", "<f4"), ("type", "<u4")]),
-                            h.vocab, h.pieces_off)
-        ends = rec["off"].astype(np.uint64) + rec["len"]
-        if h.vocab and ends.max() > h.blob_size:
-            raise ModelFormatError(f"piece {int(ends.argmax())} extends past the blob")
-        if h.vocab and rec["len"].max() != h.max_piece_len:
-            raise ModelFormatError(f"max_piece_len is {h.max_piece_len}, the longest piece is {rec['len'].max()}")
-        blob = bytes(m[h.blob_off:h.blob_off + h.blob_size])
-        self.pieces = [blob[o:o + n] for o, n in zip(rec["off"].tolist(), rec["len"].tolist())]
-        self.scores = rec["score"].copy()
-        self.types = rec["type"].astype(np.int64)
-        if h.vocab and not ((self.types >= NORMAL) & (self.types <= BYTE)).all():
-            raise ModelFormatError("a piece has an unknown type")
-        is_byte = self.types == BYTE
-        if not is_byte[h.byte_base:h.byte_base + 256].all() or is_byte.sum() != 256:
-            raise ModelFormatError("the 256 byte pieces are not exactly ids byte_base..byte_base+255")
-        self.index = np.frombuffer(m, "<u4", h.n_index, h.index_off).astype(np.int64)
-        self.user = np.frombuffer(m, "<u4", h.n_user, h.user_off).astype(np.int64)
-        for what, ids, types in (("index", self.index, [NORMAL]), ("user", self.user, [USER_DEFINED, CONTROL])):
-            if len(ids) and (ids.max() >= h.vocab or not np.isin(self.types[ids], types).all()):
-                raise ModelFormatError(f"the {what} table holds an id that is not a piece of type {types}")
-        keys = [self.pieces[i] for i in self.index]
-        if keys != sorted(keys):
-            raise ModelFormatError("the index is not sorted by piece bytes")
+        read_tables(self, m, h)
         self._layout = {s.name: s for s in tensor_layout(h)}
 
     def raw(self, name: str) -> np.ndarray:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,10 @@ from tqdm import tqdm
 from builder.cli import Parser, model_summary, run
 from builder.models.convert_gguf import gguf_name
 from builder.models.checkpoint import FLAGS, SLIDING_PERIOD
+from builder.models.modelfile3 import make_header as make_header3
+from builder.models.modelfile3 import with_q8_0
+from builder.models.modelfile3 import write_model as write_model3
+from builder.models.synth4 import PRESETS4, write_gguf4
 from builder.models.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, Q8_0, UNKNOWN, USER_DEFINED,
                                WEIGHT_TYPES, Dims, Header, LayerAttn, ModelFormatError, TensorSpec, Vocab,
                                make_header, quantize_q8_0, tensor_layout, write_model)
@@ -91,8 +96,10 @@ SPACE = "\u2581"
 MAX_PIECE_CHARS = 16
 
 
-def synth_vocab(n: int, seed: int) -> Vocab:
-    """A plausible SentencePiece BPE vocabulary of exactly n pieces."""
+def synth_vocab(n: int, seed: int, by_rank: bool = False) -> Vocab:
+    """A plausible SentencePiece BPE vocabulary of exactly n pieces; by_rank: the same pieces
+    as Gemma 4 ships a vocabulary, BPE by merge rank (each merged piece's pair, in the order
+    they were made; scores 0)."""
     specials = [("<pad>", CONTROL), ("</s>", CONTROL), ("<s>", CONTROL), ("<unk>", UNKNOWN),
                 ("<start_of_turn>", USER_DEFINED), ("<end_of_turn>", USER_DEFINED), ("\t", USER_DEFINED)]
     specials += [("\n" * k, USER_DEFINED) for k in range(2, 5)]
@@ -107,6 +114,7 @@ def synth_vocab(n: int, seed: int) -> Vocab:
     rng = random.Random(seed)
     taken = {p for p, _ in specials} | set(chars)
     merges: list[str] = []
+    pairs: list[tuple[str, str]] = []
     pool = chars[:]
     while len(merges) < n_normal - len(chars):
         a = pool[int(len(pool) * rng.random() ** 3)]  # favour short, early pieces
@@ -117,10 +125,15 @@ def synth_vocab(n: int, seed: int) -> Vocab:
             continue
         taken.add(new)
         merges.append(new)
+        pairs.append((a, b))
         pool.append(new)
     normal = merges + chars
     pieces = [p for p, _ in specials] + normal
     types = [t for _, t in specials] + [NORMAL] * len(normal)
+    if by_rank:
+        index = {p: i for i, p in enumerate(pieces)}
+        return Vocab([p.encode() for p in pieces], [0.0] * len(pieces), types, bos=2, eos=1,
+                     merges=[(index[a], index[b]) for a, b in pairs])
     scores = [0.0] * len(specials) + [-float(i) for i in range(len(normal))]
     return Vocab([p.encode() for p in pieces], scores, types, bos=2, eos=1)
 
@@ -142,13 +155,19 @@ def synth_source(seed: int):
 
 
 def _tensor_number(name: str) -> int:
-    """A stable number per tensor name, independent of the preset."""
-    if name == "embed":
-        return 0
-    if name == "final_norm":
-        return 1
+    """A stable number per tensor name, independent of the preset (version 3's own tensors
+    numbered apart from version 2's, whose numbers stay as they were)."""
+    if name in GLOBALS:
+        return GLOBALS.index(name) if name in GLOBALS[:2] else (1 << 30) + GLOBALS.index(name)
     _, layer, what = name.split(".")
-    return 2 + len(LAYER_TENSORS) * int(layer) + LAYER_TENSORS.index(what)
+    if what in LAYER_TENSORS:
+        return 2 + len(LAYER_TENSORS) * int(layer) + LAYER_TENSORS.index(what)
+    return (1 << 20) + len(LAYER_TENSORS3) * int(layer) + LAYER_TENSORS3.index(what)
+
+
+GLOBALS = ("embed", "final_norm", "ple_embed", "ple_proj", "ple_norm")
+LAYER_TENSORS3 = ("post_ffn_norm_1", "router_scale", "router", "expert_scale", "ffn_norm_2", "experts_gate_up",
+                  "experts_down", "post_ffn_norm_2", "ple_gate", "ple_out", "ple_post_norm")
 
 
 def synth_header(preset: str, seed: int = 0) -> Header:
@@ -228,23 +247,49 @@ def write_gguf(path: Path, preset: Preset, vocab: Vocab, source, progress: bool 
 def synth(preset: str, out: Path, seed: int = 0, gguf_out: Path | None = None,
           progress: bool = True, wtype: str = "f16") -> Header:
     """Write the preset's random model (matrices of wtype, one of WEIGHT_TYPES) at out, and
-    with gguf_out its GGUF twin."""
+    with gguf_out its GGUF twin; a Gemma 4 preset (PRESETS4) as model file version 3. Refuses
+    (ValueError) when the disk under out has not room for what it would write."""
+    if preset in PRESETS4:
+        model, ropes = PRESETS4[preset]
+        model = with_q8_0(model) if wtype == "q8_0" else model
+        vocab = synth_vocab(model.vocab, seed, by_rank=True)
+        check_room(preset, out, make_header3(model, vocab)[0].file_size * (1 + (gguf_out is not None)))
+        header = write_model3(out, model, vocab, synth_source(seed), ropes, progress)
+        if gguf_out is not None:
+            write_gguf4(gguf_out, model, ropes, vocab, synth_source(seed), progress)
+        return header
     p = PRESETS[preset]
     if wtype == "q8_0":
         p = dataclasses.replace(p, dims=dataclasses.replace(p.dims, flags=p.dims.flags | Q8_0))
     vocab = synth_vocab(p.dims.vocab, seed)
+    check_room(preset, out, make_header(p.dims, vocab)[0].file_size * (1 + (gguf_out is not None)))
     header = write_model(out, p.dims, vocab, synth_source(seed), progress, attn=p.attn)
     if gguf_out is not None:
         write_gguf(gguf_out, p, vocab, synth_source(seed), progress)
     return header
 
 
+DISK_RESERVE = 8 << 30  # what synth leaves free on the disk it writes to, for everything else
+
+
+def check_room(preset: str, out: Path, need: int) -> None:
+    """Refuse (ValueError) to write `need` bytes where that would leave less than DISK_RESERVE free
+    (a missing directory is left to the write's own error)."""
+    if not Path(out).resolve().parent.is_dir():
+        return
+    free = shutil.disk_usage(Path(out).resolve().parent).free
+    if need + DISK_RESERVE > free:
+        raise ValueError(f"preset {preset} needs {need / 1e9:.1f} GB on disk; {free / 1e9:.1f} GB are free under "
+                         f"{Path(out).resolve().parent} and synth leaves {DISK_RESERVE / 1e9:.1f} GB of them")
+
+
 def main(argv: list[str]) -> int:
     p = Parser(prog="python -m builder synth",
-               description="Write a random Gemma 1, 2 or 3 model of a preset's shapes (tiny, tiny-g2, "
-                           "tiny-g3; 2b: 5.0 GB; 7b: 17 GB; g2-2b: 5.2 GB; g3-270m: 0.5 GB; g3-1b: "
-                           "2.0 GB) with a valid tokenizer, optionally also as an F16 GGUF.")
-    p.add_argument("--preset", choices=sorted(PRESETS), required=True)
+               description="Write a random Gemma 1, 2, 3 or 4 model of a preset's shapes (tiny, tiny-g2, "
+                           "tiny-g3, tiny-g4; 2b: 5.0 GB; 7b: 17 GB; g2-2b: 5.2 GB; g3-270m: 0.5 GB; g3-1b: "
+                           "2.0 GB; Gemma 4 in model file version 3: g4-e2b 9.3 GB, g4-e4b 15 GB, g4-31b "
+                           "61 GB, g4-26b-a4b 51 GB) with a valid tokenizer, optionally also as a GGUF.")
+    p.add_argument("--preset", choices=sorted(PRESETS) + sorted(PRESETS4), required=True)
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("-o", "--output", type=Path, required=True, help="model file to write")
     p.add_argument("--type", choices=WEIGHT_TYPES, default="f16",

@@ -28,6 +28,7 @@ from builder.bench import (level as bench_level, llama as bench_llama, machine a
 from builder.bench.run import run
 from builder.models.gguf_meta import read_gguf_meta
 from builder.models.modelfile import Q8_0, ModelFile, dequantize_q8_0
+from builder.models import modelfile3
 from builder.models.synth import PRESETS
 
 # prompts long enough that the tiny model's prompt outlasts the packed program's start-up
@@ -810,3 +811,18 @@ def test_both_types_in_one_run(gemma, tmp_path):
     if res["peers"]:
         assert [p["engines"] for p in res["peers"]] == [[0], [1]]
         assert "decode ratio gemma[q8_0]/llama.cpp[tiny-seed0-q8_0.gguf]" in rows
+
+
+def test_bytes_per_token_counts_chosen_experts_and_one_ple_row(tmp_path):
+    """A Gemma 4 file (synth tiny-g4: per-layer inputs of 32 for 10 layers, 4 experts of 32, top
+    2, in every layer): a token reads every tensor but the PLE table, of which one row (10 x 32
+    FP16 values), and the experts, of which 2 of 4 -- counted here from the shapes."""
+    from builder.models.synth import synth
+    from builder.models.synth4 import PRESETS4
+    synth("tiny-g4", tmp_path / "g4.bin", progress=False)
+    m = PRESETS4["tiny-g4"][0]
+    layout = {s.name: s.nbytes for s in modelfile3.tensor_layout(m)}
+    experts = sum(n for k, n in layout.items() if "experts_" in k)
+    assert experts == len(m.layers) * 4 * (2 * 32 * 64 + 64 * 32) * 2
+    want = sum(layout.values()) - layout["ple_embed"] + 10 * 32 * 2 - experts // 2
+    assert bench.bytes_per_token(tmp_path / "g4.bin") == want

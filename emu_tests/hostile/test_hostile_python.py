@@ -18,7 +18,8 @@
   metadata and tensor table, in the safetensors JSON, values of config.json replaced by other
   types), through `builder.models.convert.main` in one memory-limited child process (a subprocess
   each would take minutes): each ends in 0, or 1/2 with one line on stderr, never an
-  exception; and every Gemma 2/3 config key of tiny_g3 set to every odd JSON value, the same way.
+  exception; and every Gemma 2/3 config key of tiny_g3 set to every odd JSON value, the same way;
+  and Gemma 4's sources (tiny_g4's config keys, GGUF bytes, tokenizer.json values), the same way.
 Each family runs its cases two at a time; a failure lists every case that misbehaved.
 """
 from __future__ import annotations
@@ -614,7 +615,52 @@ def _g3_config_sources(tmp: Path) -> Iterator[tuple[str, Path, Path]]:
         yield f"tiny_g3 config {key} = {value!r}", hf_variant(work, "tiny_g3", config=edit), work
 
 
-FAMILIES = {"random": _random_sources, "gemma3 config": _g3_config_sources}
+G4_RANDOM = 150
+
+
+def _g4_sources(tmp: Path) -> Iterator[tuple[str, Path, Path]]:
+    """Gemma 4: tiny_g4 with each config.json key (and per_layer_config, text_config as a
+    multimodal gemma4 config) set to each of ODD_VALUES; G4_RANDOM seeded byte flips in its
+    GGUF's metadata and tensor table; G4_RANDOM seeded odd values in its tokenizer.json (the
+    model's fields, an added token's, a merge, a vocabulary id, a top-level entry)."""
+    keys = sorted(json.loads((fixture_path("tiny_g4") / "config.json").read_text())) + ["per_layer_config",
+                                                                                         "text_config"]
+    for i, (key, value) in enumerate((k, v) for k in keys for v in ODD_VALUES):
+        work = tmp / f"c{i}"
+        work.mkdir()
+
+        def edit(c, key=key, value=value):
+            if key == "text_config":
+                c.update(model_type="gemma4", architectures=["Gemma4ForConditionalGeneration"])
+            c[key] = value
+        yield f"tiny_g4 config {key} = {value!r}", hf_variant(work, "tiny_g4", config=edit), work
+    r = random.Random(RANDOM_SEED)
+    gguf = fixture_path("tiny_g4") / "model-f16.gguf"
+    end = GGUFReader(gguf).tensors[0].data_offset
+    for i in range(G4_RANDOM):
+        work = tmp / f"g{i}"
+        work.mkdir()
+        raw = bytearray(gguf.read_bytes())
+        flips = [(r.randrange(end), r.randrange(256)) for _ in range(r.randint(1, 4))]
+        for at, v in flips:
+            raw[at] = v
+        (work / "m.gguf").write_bytes(bytes(raw))
+        yield f"tiny_g4 gguf bytes {flips}", work / "m.gguf", work
+    for i in range(G4_RANDOM):
+        work = tmp / f"t{i}"
+        work.mkdir()
+        src = hf_variant(work, "tiny_g4")
+        tok = json.loads((src / "tokenizer.json").read_text())
+        where = r.choice([tok, tok["model"], r.choice(tok["added_tokens"]), tok["model"]["vocab"]])
+        key = r.choice(sorted(where))
+        if key == "merges" and r.random() < 0.5:
+            where, key = where["merges"], r.randrange(len(where["merges"]))
+        where[key] = r.choice(ODD_VALUES)
+        (src / "tokenizer.json").write_text(json.dumps(tok))
+        yield f"tiny_g4 tokenizer.json [{key!r}] = {where[key]!r}"[:200], src, work
+
+
+FAMILIES = {"random": _random_sources, "gemma3 config": _g3_config_sources, "gemma4": _g4_sources}
 
 
 def _conversions(tmp: str, family: str) -> list[str]:
@@ -659,6 +705,14 @@ def test_converter_gemma3_config_values(tmp_path):
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         wrong = pool.apply(_conversions, (str(tmp_path), "gemma3 config"))
     assert not wrong, f"{len(wrong)} of {len(G3_KEYS) * len(ODD_VALUES)}:\n" + "\n".join(wrong[:20])
+
+
+def test_converter_gemma4_hostile_sources(tmp_path):
+    """Gemma 4 sources (_g4_sources: every config key at every odd JSON value, GGUF byte flips,
+    tokenizer.json mutations): each conversion ends in 0, or 1/2 with one line on stderr."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        wrong = pool.apply(_conversions, (str(tmp_path), "gemma4"))
+    assert not wrong, f"{len(wrong)} wrong:\n" + "\n".join(wrong[:20])
 
 
 def test_regression_F5_safetensors_dtype_of_another_type(tmp_path):

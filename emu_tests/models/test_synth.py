@@ -1,4 +1,4 @@
-"""builder.models.synth: the tiny presets (Gemma 1, 2, 3) write valid models (readable, their GGUF
+"""builder.models.synth: the tiny presets (Gemma 1, 2, 3, and 4 in model file version 3) write valid models (readable, their GGUF
 twins convert back to the same bytes, the reference runs on them); the synthetic vocabularies
 tokenize exactly as sentencepiece does when loaded as a sentencepiece model; the big presets'
 headers have the real models' shapes and parameter counts (checked without writing GBs)."""
@@ -259,3 +259,64 @@ def test_cli(tmp_path, capsys):
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
     assert synth.main(["--preset", "tiny", "-o", str(tmp_path / "no" / "dir.bin"), "-q"]) == 1
     assert capsys.readouterr().err.count("\n") == 1
+
+
+# ---- Gemma 4 presets (model file version 3) -----------------------------------------------
+
+
+@pytest.mark.parametrize("wtype", ["f16", "q8_0"])
+def test_tiny_g4_is_valid_and_its_gguf_converts_back(tmp_path, wtype):
+    """tiny-g4 (per-layer inputs, KV sharing with a double-wide FFN, k = v, MoE) and its GGUF
+    twin in llama.cpp's gemma4 layout: converting the twin gives the model file byte for byte;
+    the reference and the merge-rank tokenizer run on it."""
+    from builder.models.modelfile3 import MERGES, ModelFile3
+    from builder.models.synth4 import PRESETS4
+    synth.synth("tiny-g4", tmp_path / "t.bin", seed=5, gguf_out=tmp_path / "t.gguf", progress=False, wtype=wtype)
+    m = ModelFile3(tmp_path / "t.bin")
+    model, _ = PRESETS4["tiny-g4"]
+    assert m.model.layers == model.layers and m.header.flags == MERGES | (Q8_0 if wtype == "q8_0" else 0)
+    assert [x.kv_source for x in model.layers] == [0, 1, 2, 3, 4, 3, 3, 3, 3, 4]
+    assert {x.flags & 8 for x in model.layers[:5]} == {0, 8}  # K_EQ_V on the full layers
+    convert(tmp_path / "t.gguf", tmp_path / "back.bin", progress=False, wtype=wtype)
+    assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "t.bin").read_bytes()
+    r = gguf.GGUFReader(tmp_path / "t.gguf")
+    fields = {k: f.contents() for k, f in r.fields.items()}
+    assert fields["general.architecture"] == "gemma4" and fields["tokenizer.ggml.model"] == "gemma4"
+    assert fields["gemma4.attention.sliding_window_pattern"] == [i % 5 < 4 for i in range(10)]
+    assert fields["gemma4.feed_forward_length"] == [64] * 5 + [128] * 5
+    assert fields["gemma4.attention.head_count_kv"] == [2, 2, 2, 2, 1] * 2
+    assert len(fields["tokenizer.ggml.merges"]) == len(m.merges) > 0
+    ids = Tokenizer(m).encode(b"Hello world, 123 \xe4\xb8\xad!")
+    assert Tokenizer(m).decode(ids) == b"Hello world, 123 \xe4\xb8\xad!"
+    prompt, _, _ = Reference(m).generate(ids, 2)
+    assert np.isfinite(prompt).all() and prompt.shape == (len(ids), 1024)
+
+
+@pytest.mark.parametrize("preset, params, ple, experts, gigabytes", [
+    # the published shapes: 4.63 B (PLE table 2.35 B), 7.46 B (2.82 B), 30.70 B, 25.23 B (experts
+    # 22.84 B) parameters in transformers' Gemma4ForCausalLM, and 9.3 / 14.9 / 61.4 / 50.5 GB in FP16
+    ("g4-e2b", 4_628_569_344, 2_348_810_240, 0, 9.27),
+    ("g4-e4b", 7_463_013_376, 2_818_572_288, 0, 14.94),
+    ("g4-31b", 30_697_345_280, 0, 0, 61.41),
+    ("g4-26b-a4b", 25_233_141_760, 0, 22_837_985_280, 50.50),
+])
+def test_gemma4_presets_have_the_published_shapes(preset, params, ple, experts, gigabytes):
+    """Counted from the layout, nothing written: every weight tensor (the kv-shared layers' unused
+    k/v excluded, as transformers drops them; each layer's one layer_scalar is in its record)."""
+    from builder.models.modelfile3 import make_header, tensor_layout as layout3
+    from builder.models.synth4 import PRESETS4
+    model, _ = PRESETS4[preset]
+    specs = [s for s in layout3(model) if not s.name.endswith(".rope")]
+    count = {s.name: int(np.prod(s.shape)) for s in specs}
+    assert sum(count.values()) == params and count.get("ple_embed", 0) == ple
+    assert sum(n for k, n in count.items() if "experts_" in k) == experts
+    assert round(make_header(model, synth.synth_vocab(model.vocab, 0, by_rank=True))[0].file_size / 1e9, 2) == gigabytes
+    assert model.max_ctx == 65536  # 131072 / 262144 capped at what the engine runs
+
+
+def test_synth_refuses_what_the_disk_cannot_hold(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(synth.shutil, "disk_usage", lambda p: type("U", (), {"free": 20 << 30})())
+    assert synth.main(["--preset", "g4-31b", "-o", str(tmp_path / "big.bin")]) == 1
+    err = capsys.readouterr().err
+    assert "preset g4-31b needs 61.4 GB on disk; 21.5 GB are free" in err and err.count("\n") == 1
+    assert not (tmp_path / "big.bin").exists()

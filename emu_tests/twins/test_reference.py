@@ -1,6 +1,7 @@
-"""builder.twins.reference (numpy float32 Gemma 1, 2, 3) against the recorded transformers oracle:
-logits at every prompt position and every greedy step (the recorded greedy tokens are fed
-back), for every fixture converted from its Hugging Face directory and from its GGUF twin,
+"""builder.twins.reference (numpy float32 Gemma 1, 2, 3 and 4) against the recorded transformers
+oracle: logits at every prompt position and every greedy step (the recorded greedy tokens are
+fed back), for every fixture converted from its Hugging Face directory and from its GGUF twin
+(Gemma 1-3 into model file version 2, and from HF into version 3 too; Gemma 4 into version 3),
 and for the real Gemma 3 270M converted from its Q4_K_M GGUF (test_real_g3_*).
 Prompts are fed as their recorded ids: a GGUF twin's tokenizer lists tok_a's user-defined
 pieces as normal, so it would tokenize some prompts differently (its weights are the same)."""
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 
 from builder.models.modelfile import ModelFile, dequantize_q8_0, tensor_layout
+from builder.models.modelfile3 import open_model
 from builder.twins import reference
 from builder.twins.reference import Reference
-from modelfiles import ORACLES, convert_fixture, fixture_path
+from modelfiles import GEMMA4, ORACLES, TWINS, convert_fixture, fixture_path
 
 # The oracle ran float32 on the bf16 weights; the model file holds them as FP16, which is
 # exact for these weights (and the GGUF twins' F16 holds the same values), so the only
@@ -25,13 +27,20 @@ from modelfiles import ORACLES, convert_fixture, fixture_path
 # numpy implementation. A real error (wrong RoPE pairing or theta, eps, scale, GELU variant,
 # a norm without 1 + w, a window off by one, a missing soft-cap or post-norm) moves logits
 # by 1e-3 or more (tiny_g2q: head_dim instead of query_pre_attn_scalar moves them by 0.71).
+# Gemma 4 (version 3 files, the same argument: dot products of length <= 256, norms that hold
+# w, attention scale 1): measured worst over every prompt row and greedy step, HF and GGUF
+# alike, 6.1e-6 tiny_g4, 4.1e-6 tiny_g4k, 9.8e-6 tiny_g4moe -- the fixtures' own independent
+# numpy implementation measured 7.1e-6 and float32's spread against float64 9.1e-6 there; the
+# smallest effect of leaving a Gemma 4 feature out is 0.83 (fixtures/README.md).
 TOL = 2e-5
+CASES = [(n, s, None) for n, s in ORACLES] + [(n, "hf", 3) for n in TWINS] + \
+    [(n, s, None) for n in GEMMA4 for s in ("hf", "gguf")]
 
 
-@pytest.fixture(scope="module", params=ORACLES, ids=[f"{n}-{s}" for n, s in ORACLES])
+@pytest.fixture(scope="module", params=CASES, ids=[f"{n}-{s}{f'-v{v}' if v else ''}" for n, s, v in CASES])
 def case(request, tmp_path_factory):
-    name, source = request.param
-    ref = Reference(ModelFile(convert_fixture(name, source, tmp_path_factory.getbasetemp())))
+    name, source, version = request.param
+    ref = Reference(open_model(convert_fixture(name, source, tmp_path_factory.getbasetemp(), version)))
     oracle = json.loads((fixture_path(name) / "reference.json").read_text())
     with np.load(fixture_path(name) / "reference.npz") as z:
         logits = dict(z)
@@ -56,7 +65,8 @@ def test_logits_match_oracle(case):
 def test_greedy_tokens(case):
     # Where the recorded top-2 gap exceeds 2*TOL, a reference within TOL must pick the same
     # token; every step here has such a gap (min_top2_gap >= 1e-3 in every fixture), so all
-    # must agree.
+    # must agree. (tiny_g4moe: its router's 2nd and 3rd expert logits are at least 0.0025
+    # apart everywhere, 100 times the twin's error on them, so it picks the same experts.)
     name, ref, oracle, logits = case
     for i, p in enumerate(oracle["prompts"]):
         _, _, tokens = ref.generate(p["ids"], len(p["greedy"]))
@@ -171,3 +181,33 @@ def test_q8_0_model_runs_its_dequantized_weights(name, tmp_path, monkeypatch):
     exact, _, _ = Reference(ModelFile(convert_fixture(name, "hf", tmp_path))).generate(ids, 3)
     rel = np.sqrt(np.mean((got - exact) ** 2) / np.mean(exact ** 2))
     assert 1e-3 < rel < 0.05, rel
+
+
+@pytest.mark.parametrize("name", ["tiny_g4", "tiny_g4moe"])  # PLE table; experts (3-D matrices)
+def test_q8_0_gemma4_runs_its_dequantized_weights(name, tmp_path, monkeypatch):
+    """As above for version 3: the reference on a Q8_0 Gemma 4 file (the PLE table and the
+    experts in Q8_0, the router FP32) computes exactly what it computes on the FP16 file with
+    every Q8_0 matrix replaced by its float32 values d q, widened and on the lazy path (Q8Rows
+    rows: one PLE row per token, each chosen expert's rows)."""
+    from builder.models.convert import convert
+    from builder.models.modelfile3 import ModelFile3
+    convert(fixture_path(name), tmp_path / "q.bin", progress=False, wtype="q8_0")
+    q = ModelFile3(tmp_path / "q.bin")
+    f16 = Reference(open_model(convert_fixture(name, "hf", tmp_path)))
+    q8 = [s for s in q.specs if s.dtype == "q8_0"]
+    assert {"ple_embed", "layers.1.experts_gate_up"} & {s.name for s in q8}
+    for s in q8:
+        w = q.tensor(s.name).reshape(-1, s.shape[-1])
+        if s.name == "embed":
+            f16.embed = w
+        elif "." not in s.name:
+            f16.globals[s.name] = w
+        else:
+            f16.layers[int(s.name.split(".")[1])][s.name.rsplit(".", 1)[1]] = w
+    ids = json.loads((fixture_path(name) / "reference.json").read_text())["prompts"][1]["ids"]
+    want, _, _ = f16.generate(ids, 3)
+    assert np.array_equal(Reference(q).generate(ids, 3)[0], want)
+    monkeypatch.setattr(reference, "WIDEN_LIMIT", 0)
+    lazy = Reference(q)
+    assert isinstance(lazy.layers[1]["wq"], reference.Q8Rows)
+    assert np.array_equal(lazy.generate(ids, 3)[0], want)

@@ -21,12 +21,12 @@ start:
         ; rather than kill the process: block SIGPIPE. Linux starts an ELF program with every
         ; general register but rsp zero (ELF_PLAT_INIT; so does qemu-user): edi = SIG_BLOCK,
         ; rdx = no old set, and rcx's upper bytes already are.
-        lea     esi, [rbp+V_HELP]       ; the sigset: the (still zero) -h slot, whose byte 0 (the
-        mov     byte [rsi+1], SIGPIPE_BIT shr 8 ; flag) stays 0 (rbp < 2^32)
+        lea     esi, [rbp+V_SIGSET]     ; (rbp < 2^32)
+        mov     word [rsi], SIGPIPE_BIT
         mov     cl, 8                   ; sizeof(sigset_t) as the kernel counts it
         mov     al, SYS_rt_sigprocmask  ; (its only call: no wrapper)
         call    sys_call
-        mov     [rbp+V_PROMPT], rsi     ; no -p: the empty prompt, that byte 0 (without -h)
+        mov     dword [rbp+V_PROMPT], empty_text ; no -p: the empty prompt
         pop     rcx                     ; argc
         dec     ecx
         jle     usage
@@ -409,8 +409,7 @@ read_prompt:
         mov     rbx, [rbp+V_FILE]
         test    rbx, rbx
         jz      .done
-        lea     eax, [rbp+V_HELP]       ; -p given too? (start's default prompt: its address)
-        cmp     [rbp+V_PROMPT], rax
+        cmp     dword [rbp+V_PROMPT], empty_text ; -p given too?
         jne     err_prompt_and_file
         xor     eax, eax                ; standard input
         cmp     word [rbx], '-'         ; "-" and its zero byte

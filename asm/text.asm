@@ -7,5 +7,7 @@ msg_usage:
         db      '  [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
 msg_newline:
         db      10, 0
+empty_text:
+        db      0                       ; the prompt without -p or -f
 msg_prefix:
         db      'gemma: ', 0

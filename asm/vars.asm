@@ -86,7 +86,8 @@ logits_fd:      rd 1            ; --logits file descriptor (0: none)
 out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
-opt_help:       rq 1            ; -h / --help, low byte (byte 1: the SIGPIPE bit, start)
+opt_help:       rq 1            ; -h / --help, low byte
+sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
 memo_ptr:       rq 1            ; the tokenizer's memo of lookups (tokenizer.asm)
 opt_baseline:   rq 1            ; --baseline, low byte (cpu.asm)
 opt_avx2:       rq 1            ; --avx2, low byte (cpu.asm)
@@ -114,6 +115,7 @@ V_OUT_LEN       = out_len - front_base
 V_WROTE         = wrote - front_base
 V_FILE          = opt_file - front_base
 V_HELP          = opt_help - front_base
+V_SIGSET        = sig_block - front_base
 V_MEMO          = memo_ptr - front_base
 V_BASELINE      = opt_baseline - front_base
 V_AVX2          = opt_avx2 - front_base

@@ -15,7 +15,6 @@ encode(text: bytes) -> ids, BOS first (docs/gemma.md, "The tokenizer"):
    lengths no longer add up to the pair's), otherwise merged, and the merged symbol's pairs
    with its next and then its previous neighbour are pushed; until the heap is empty;
 4. each symbol becomes its piece id, or, if it is not a normal piece, one byte piece
-<<<<<<< HEAD
    (byte_base + byte) per byte; then the segment's user piece.
 The heap is the asm's, entry for entry (push: sift up by swaps; pop: the last entry to the
 top, sifted down by swaps with the child that goes first, the first child on a tie), so the
@@ -24,16 +23,13 @@ also remembers its lookups in a hash-keyed table: a cache, which changes no answ
 twin has none.
 `segments(text)` gives the ids segment by segment, as the asm emits them; the asm refuses a
 prompt as soon as the ids so far exceed its context.
-=======
-   (byte_base + byte) per byte.
 A version 3 file with the MERGES flag (Gemma 4: BPE by merge rank) runs the same loop on piece
 ids (docs/format.md, "Tokenizer (version 3)"): step 2 matches the user pieces on the raw text
-(before step 1, as tokenizer.json's added tokens are; each other space still becomes U+2581),
-each symbol starts as its normal piece's id (or -1), and in step 3 a pair's score is the
-score (-rank) of the merge record (left id, right id), found by binary search in the merges,
-whose result id the merged symbol takes: "the highest score, the leftmost on ties" is then
-"the lowest rank, the leftmost on ties", exactly merge-rank BPE.
->>>>>>> g4
+(before step 1, as tokenizer.json's added tokens are; each segment's spaces then become
+U+2581), each symbol starts as its normal piece's id (or -1), and in step 3 a pair's score is
+the score (-rank) of the merge record (left id, right id), found by binary search in the
+merges, whose result id the merged symbol takes: "the highest score, the leftmost on ties" is
+then "the lowest rank, the leftmost on ties", exactly merge-rank BPE.
 decode(ids) -> bytes: normal and user-defined pieces with U+2581 as a space, byte pieces as
 their byte, control/unknown/unused pieces as nothing.
 """
@@ -99,14 +95,11 @@ class Tokenizer:
         self.pieces, self.scores, self.types = model.pieces, model.scores, model.types
         self.index, self.user = model.index.tolist(), model.user.tolist()
         self.bos, self.byte_base, self.max_len = h.bos, h.byte_base, h.max_piece_len
-<<<<<<< HEAD
         self.first_byte_index = [[u for u in self.user if self.pieces[u][0] == b]
                                  for b in range(256)]
-=======
         self.by_rank = isinstance(model, ModelFile3) and bool(h.flags & MERGES)
         self.merges = model.merges.tolist() if self.by_rank else []
         self.merge_scores = model.merge_scores.tolist() if self.by_rank else []
->>>>>>> g4
 
     def lookup(self, piece: bytes) -> int:
         """Id of the normal piece equal to `piece` (binary search in the index), or -1."""
@@ -124,72 +117,7 @@ class Tokenizer:
                 hi = mid
         return -1
 
-<<<<<<< HEAD
-    def user_piece(self, s: bytes, i: int) -> int:
-        """The first user piece (in table order) of s[i]'s first-byte bucket at s[i:], or -1."""
-        return next((u for u in self.first_byte_index[s[i]] if s.startswith(self.pieces[u], i)),
-                    -1)
-
-    def merge(self, s: bytes, start: list[int], length: list[int]) -> None:
-        """BPE-merge one segment's symbols (start[k], length[k] in s) in place; a symbol
-        merged into its left neighbour gets length 0."""
-        n = len(start)
-        nxt, prev = list(range(1, n + 1)), list(range(-1, n - 1))
-        heap: list[Entry] = []
-
-        def add_pair(left: int) -> None:
-            right = nxt[left] if left >= 0 else n
-            if right < n:
-                size = length[left] + length[right]
-                pid = self.lookup(s[start[left]:start[left] + size])
-                if pid >= 0:
-                    heap_push(heap, (self.scores[pid], left, size))
-
-        for k in range(n - 1):
-            add_pair(k)
-        while heap:
-            _, left, size = heap_pop(heap)
-            right = nxt[left]
-            if length[left] == 0 or right == n or length[left] + length[right] != size:
-                continue                        # stale
-            length[left], length[right] = size, 0
-            nxt[left] = nxt[right]
-            if nxt[left] < n:
-                prev[nxt[left]] = left
-            add_pair(left)
-            add_pair(prev[left])
-
-    def segments(self, text: bytes) -> Iterator[list[int]]:
-        """The ids of each segment (its symbols', then its user piece's), in order."""
-        s = text.replace(b" ", SPACE)
-        i = 0
-        while True:
-            start: list[int] = []
-            uid = -1
-            while i < len(s):
-                uid = self.user_piece(s, i)
-                if uid >= 0:
-                    break
-                start.append(i)
-                i += char_len(s, i)
-            length = [b - a for a, b in zip(start, start[1:] + [i])]
-            self.merge(s, start, length)
-            ids = []
-            for a, n in zip(start, length):
-                if n:
-                    pid = self.lookup(s[a:a + n])
-                    ids += [pid] if pid >= 0 else [self.byte_base + c for c in s[a:a + n]]
-            if uid >= 0:
-                ids.append(uid)
-                i += len(self.pieces[uid])
-            yield ids
-            if uid < 0:
-                return
-
-    def encode(self, text: bytes) -> list[int]:
-        return [self.bos] + [t for ids in self.segments(text) for t in ids]
-=======
-    def merge(self, left: int, right: int) -> int:
+    def merge_record(self, left: int, right: int) -> int:
         """Record number of the merge (left, right) (binary search in the merges), or -1."""
         lo, hi = 0, len(self.merges)
         while lo < hi:
@@ -203,57 +131,85 @@ class Tokenizer:
                 hi = mid
         return -1
 
-    def pair(self, s: bytes, a: list[int], b: list[int]) -> tuple[float, int] | None:
-        """(score, id) of merging adjacent symbols a and b, or None: by score, the piece their
-        bytes make; by rank, the merge of their ids (score -rank)."""
+    def pair(self, s: bytes, start: int, size: int, left_id: int,
+             right_id: int) -> tuple[float, int] | None:
+        """(score, id) of merging two adjacent symbols (together s[start:start + size]), or
+        None: by score, the normal piece their bytes make; by rank, the merge of their ids
+        (score -rank)."""
         if self.by_rank:
-            k = self.merge(a[3], b[3]) if a[3] >= 0 and b[3] >= 0 else -1
+            k = self.merge_record(left_id, right_id) if left_id >= 0 and right_id >= 0 else -1
             return (self.merge_scores[k], self.merges[k][2]) if k >= 0 else None
-        pid = self.lookup(s[a[0]:b[1]])
+        pid = self.lookup(s[start:start + size])
         return (self.scores[pid], pid) if pid >= 0 else None
 
-    def symbols(self, text: bytes) -> tuple[bytes, list[list[int]]]:
-        """The text with spaces as U+2581 and its first symbols [start, end, frozen id or -1,
-        id or -1]: user pieces matched whole (by score: on the converted text; by rank: on the
-        raw text, as tokenizer.json's added tokens are), else one character each."""
-        s, syms, i = b"" if self.by_rank else text.replace(b" ", SPACE), [], 0
-        raw = text if self.by_rank else s
-        while i < len(raw):
-            uid = next((u for u in self.user if raw.startswith(self.pieces[u], i)), -1)
-            n = len(self.pieces[uid]) if uid >= 0 else char_len(raw, i)
-            if self.by_rank:
-                start = len(s)
-                s += raw[i:i + n].replace(b" ", SPACE) if uid < 0 else raw[i:i + n]
-                syms.append([start, len(s), uid, -1])
-            else:
-                syms.append([i, i + n, uid, -1])
-            i += n
-        for sym in syms:
-            if sym[2] < 0:
-                sym[3] = self.lookup(s[sym[0]:sym[1]])
-        return s, syms
+    def user_piece(self, s: bytes, i: int) -> int:
+        """The first user piece (in table order) of s[i]'s first-byte bucket at s[i:], or -1."""
+        return next((u for u in self.first_byte_index[s[i]] if s.startswith(self.pieces[u], i)),
+                    -1)
+
+    def merge(self, s: bytes, start: list[int], length: list[int], ids: list[int]) -> None:
+        """BPE-merge one segment's symbols (start[k], length[k] in s, their piece ids) in place;
+        a symbol merged into its left neighbour gets length 0, the merged one the pair's id."""
+        n = len(start)
+        nxt, prev = list(range(1, n + 1)), list(range(-1, n - 1))
+        heap: list[Entry] = []
+
+        def add_pair(left: int) -> None:
+            right = nxt[left] if left >= 0 else n
+            if right < n:
+                size = length[left] + length[right]
+                found = self.pair(s, start[left], size, ids[left], ids[right])
+                if found is not None:
+                    heap_push(heap, (found[0], left, size))
+
+        for k in range(n - 1):
+            add_pair(k)
+        while heap:
+            _, left, size = heap_pop(heap)
+            right = nxt[left]
+            if length[left] == 0 or right == n or length[left] + length[right] != size:
+                continue                        # stale
+            ids[left] = self.pair(s, start[left], size, ids[left], ids[right])[1]
+            length[left], length[right] = size, 0
+            nxt[left] = nxt[right]
+            if nxt[left] < n:
+                prev[nxt[left]] = left
+            add_pair(left)
+            add_pair(prev[left])
+
+    def segments(self, text: bytes) -> Iterator[list[int]]:
+        """The ids of each segment (its symbols', then its user piece's), in order."""
+        raw = text if self.by_rank else text.replace(b" ", SPACE)
+        i = 0
+        while True:
+            j, uid = i, -1
+            while j < len(raw):
+                uid = self.user_piece(raw, j)
+                if uid >= 0:
+                    break
+                j += char_len(raw, j)
+            s = raw[i:j].replace(b" ", SPACE) if self.by_rank else raw[i:j]
+            start, k = [], 0
+            while k < len(s):
+                start.append(k)
+                k += char_len(s, k)
+            length = [b - a for a, b in zip(start, start[1:] + [len(s)])]
+            sym_ids = [self.lookup(s[a:a + n]) for a, n in zip(start, length)]
+            self.merge(s, start, length, sym_ids)
+            out = []
+            for a, n, pid in zip(start, length, sym_ids):
+                if n:
+                    out += [pid] if pid >= 0 else [self.byte_base + c for c in s[a:a + n]]
+            if uid >= 0:
+                out.append(uid)
+                j += len(self.pieces[uid])
+            yield out
+            if uid < 0:
+                return
+            i = j
 
     def encode(self, text: bytes) -> list[int]:
-        s, syms = self.symbols(text)
-        while True:
-            best, best_score, best_id = -1, 0.0, -1
-            for j in range(len(syms) - 1):
-                a, b = syms[j], syms[j + 1]
-                if a[2] >= 0 or b[2] >= 0:
-                    continue
-                found = self.pair(s, a, b)
-                if found is not None and (best < 0 or found[0] > best_score):
-                    best, (best_score, best_id) = j, found
-            if best < 0:
-                break
-            syms[best][1], syms[best][3] = syms[best + 1][1], best_id
-            del syms[best + 1]
-        ids = [self.bos]
-        for start, end, frozen, pid in syms:
-            pid = frozen if frozen >= 0 else pid
-            ids += [pid] if pid >= 0 else [self.byte_base + c for c in s[start:end]]
-        return ids
->>>>>>> g4
+        return [self.bos] + [t for ids in self.segments(text) for t in ids]
 
     def decode_piece(self, pid: int) -> bytes:
         t = self.types[pid]

@@ -107,7 +107,7 @@ def test_twin_heap_merges_as_a_full_rescan(model):
     adjacent pair, merge the best (highest score, leftmost on ties), until none is a piece."""
     tok = Tokenizer(ModelFile(model))
 
-    def rescan(s: bytes, start: list[int], length: list[int]) -> None:
+    def rescan(s: bytes, start: list[int], length: list[int], ids: list[int]) -> None:
         sym = [[a, a + n] for a, n in zip(start, length)]
         while True:
             best, score = -1, 0.0
@@ -120,6 +120,7 @@ def test_twin_heap_merges_as_a_full_rescan(model):
             sym[best][1] = sym.pop(best + 1)[1]
         ends = {a: b - a for a, b in sym}
         length[:] = [ends.get(a, 0) for a in start]
+        ids[:] = [tok.lookup(s[a:a + n]) for a, n in zip(start, length)]
 
     heap_ids = [tok.encode(t.encode()) for t in (words(7, 600), words(8, 300, "  "))]
     tok.merge = rescan

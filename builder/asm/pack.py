@@ -2,8 +2,8 @@
 
 Contract: `compress(data, model=MODEL) -> bytes` packs `data` (at least one byte) into a
 payload that `asm/unpack.asm`'s `unpack` decodes back into `data` given its length;
-`decompress(payload, size) -> bytes` is that decoder in Python, step for step the asm's (the
-build checks every payload with it). Both raise PackError on what they cannot do (an empty
+`decompress(payload, size) -> bytes` is that decoder in Python, step for step the asm's; every
+payload compress returns has been decoded again (see compress). Both raise PackError on what they cannot do (an empty
 input, a payload that ends too soon or has bytes left over, a bad model). Everything is
 integer arithmetic, so the two decoders agree bit for bit on any input.
 
@@ -142,25 +142,61 @@ class ContextMixer:
         return byte
 
 
+class RangeDecoder:
+    """The range decoder over a payload's coded bits (asm/unpack.asm: r9d range, r10d code),
+    from byte `pos` on; `bit(p)` decodes one bit of probability p / 2^32 of being 1."""
+
+    def __init__(self, payload: bytes, pos: int):
+        self.payload, self.pos, self.rng, self.code = payload, pos, 1, 0
+
+    def bit(self, p: int) -> int:
+        while self.rng < TOP:
+            if self.pos == len(self.payload):
+                raise PackError("the payload ends too soon")
+            self.rng <<= 8
+            self.code = (self.code << 8 | self.payload[self.pos]) & 0xFFFFFFFF
+            self.pos += 1
+        bound = self.rng * p >> 32
+        if self.code < bound:
+            self.rng = bound
+            return 1
+        self.code, self.rng = self.code - bound, self.rng - bound
+        return 0
+
+    def left(self) -> int:
+        """Payload bytes not read."""
+        return len(self.payload) - self.pos
+
+
 def compress(data: bytes, model: Model | None = None) -> bytes:
-    """The payload for `data` (see the module docstring)."""
+    """The payload for `data` (see the module docstring), checked: it is decoded again by the
+    RangeDecoder, fed the model's probability for each bit, and must give every bit of `data`
+    and use every byte. (decompress feeds the same decoder from its own ContextMixer, which on
+    the same bits gives the same probabilities: so decompress returns `data`.)"""
     if not data:
         raise PackError("nothing to pack")
     if model is None:
         from .pack_model import MODEL as model
     mixer = ContextMixer(model)
+    coded: list[tuple[int, int]] = []   # (probability, bit)
     low, rng, size = 0, 1, 0           # low: every byte so far, an integer of `size` bytes
     for byte in data:
         for k in range(7, -1, -1):
             while rng < TOP:
                 rng, low, size = rng << 8, low << 8, size + 1
-            bound = rng * mixer.predict() >> 32
-            if byte >> k & 1:
+            p, bit = mixer.predict(), byte >> k & 1
+            bound = rng * p >> 32
+            if bit:
                 rng = bound
             else:
                 low, rng = low + bound, rng - bound
-            mixer.update(byte >> k & 1)
-    return model.header() + low.to_bytes(size, "big")
+            mixer.update(bit)
+            coded.append((p, bit))
+    payload = model.header() + low.to_bytes(size, "big")
+    decoder = RangeDecoder(payload, len(model.header()))
+    if any(decoder.bit(p) != bit for p, bit in coded) or decoder.left():
+        raise PackError("the payload does not decode to its input")
+    return payload
 
 
 def decompress(payload: bytes, size: int) -> bytes:
@@ -169,21 +205,16 @@ def decompress(payload: bytes, size: int) -> bytes:
         raise PackError("nothing to unpack")
     model, pos = Model.read(payload)
     mixer = ContextMixer(model)
-    rng, code, out = 1, 0, bytearray()
+    decoder = RangeDecoder(payload, pos)
+    out = bytearray()
     while len(out) < size:
-        while rng < TOP:
-            if pos == len(payload):
-                raise PackError(f"the payload ends after {len(out)} of {size} bytes")
-            rng, code, pos = rng << 8, (code << 8 | payload[pos]) & 0xFFFFFFFF, pos + 1
-        bound = rng * mixer.predict() >> 32
-        bit = int(code < bound)
-        if bit:
-            rng = bound
-        else:
-            code, rng = code - bound, rng - bound
+        try:
+            bit = decoder.bit(mixer.predict())
+        except PackError:
+            raise PackError(f"the payload ends after {len(out)} of {size} bytes") from None
         byte = mixer.update(bit)
         if byte is not None:
             out.append(byte)
-    if pos != len(payload):
-        raise PackError(f"{len(payload) - pos} payload bytes left after {size} bytes")
+    if decoder.left():
+        raise PackError(f"{decoder.left()} payload bytes left after {size} bytes")
     return bytes(out)

@@ -2,8 +2,8 @@
 
 Contract: `pack_program(root, image) -> Packed` takes the assembled image (assemble.Image of
 asm/gemma.asm), packs the bytes it loads from its first code byte on (`image_bytes`: .text,
-and when there is a .data, the zeros up to it and .data) with pack.compress, checks that
-pack.decompress gives them back, assembles asm/stub.asm at STUB_BASE with the image's
+and when there is a .data, the zeros up to it and .data) with pack.compress (which decodes its
+payload again before it returns it), assembles asm/stub.asm at STUB_BASE with the image's
 addresses as constants (`stub_defines`), verifies it like every program, appends the payload
 at its `payload` label and links the whole into an ELF with one r-x PT_LOAD and a
 non-executable stack, which linker.check then checks. The packed program depends only on the
@@ -67,9 +67,7 @@ def pack_program(root: Path, image: Image) -> Packed:
     """Pack `image` behind the stub (see the module docstring)."""
     raw = image_bytes(image)
     try:
-        payload = pack.compress(raw)
-        if pack.decompress(payload, len(raw)) != raw:
-            raise BuildError("pack: the payload does not decode to the image")
+        payload = pack.compress(raw)            # (decoded again before it returns)
     except pack.PackError as exc:
         raise BuildError(f"pack: {exc}") from None
     stub = assemble(parse(root, STUB_ENTRY_FILE, stub_defines(image)),

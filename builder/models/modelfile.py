@@ -102,7 +102,6 @@ HEADER_FIELDS: list[tuple[str, int, str]] = [
     ("att_softcap", 156, "f"),
     ("final_softcap", 160, "f"),
 ]
-_HEADER = struct.Struct("<" + "".join(code for _, _, code in HEADER_FIELDS))
 PIECE = struct.Struct("<IIfI")  # blob_off, len, score, type
 assert PIECE.size == PIECE_REC
 assert all(struct.calcsize("<" + "".join(c for _, _, c in HEADER_FIELDS[:i])) == off
@@ -202,8 +201,47 @@ class Vocab:
         return next((self.pieces.index(p) for p in EOT_PIECES if p in self.pieces), self.eos)
 
 
-class _HeaderMethods:
-    """What Header does beyond holding its fields (Header is made below from HEADER_FIELDS)."""
+def header_class(header_fields: list[tuple[str, int, str]], version: int, doc: str,
+                 base: type = object) -> type:
+    """The header of a model file version as a frozen dataclass: every field of
+    `header_fields` (name, offset, struct code) but the magic, typed by its struct code, with
+    `pack()` (the HEADER_SIZE bytes) and `unpack(data)` (which checks the magic, `version` and
+    header_size first; ModelFormatError otherwise); `base` adds methods."""
+    layout = struct.Struct("<" + "".join(code for _, _, code in header_fields))
+    assert layout.size <= HEADER_SIZE
+
+    class Methods(base):
+        def pack(self) -> bytes:
+            values = [getattr(self, f.name) for f in fields(self)]
+            return layout.pack(MAGIC, *values).ljust(HEADER_SIZE, b"\0")
+
+        @classmethod
+        def unpack(cls, data: bytes):
+            if len(data) < HEADER_SIZE:
+                raise ModelFormatError(f"file is truncated: {len(data)} bytes, the header alone "
+                                       f"is {HEADER_SIZE}")
+            magic, *values = layout.unpack_from(data)
+            if magic != MAGIC:
+                raise ModelFormatError(f"bad magic {magic!r} (expected {MAGIC!r}): not a gemma "
+                                       "model file")
+            header = cls(*values)
+            if header.version != version:
+                raise ModelFormatError(f"unsupported version {header.version} (this reader "
+                                       f"reads version {version})")
+            if header.header_size != HEADER_SIZE:
+                raise ModelFormatError(f"header_size is {header.header_size}, expected "
+                                       f"{HEADER_SIZE}")
+            return header
+
+    made = make_dataclass("Header", [(name, {"I": int, "Q": int, "f": float}[code])
+                                     for name, _, code in header_fields if name != "magic"],
+                          bases=(Methods,), frozen=True)
+    made.__doc__ = doc
+    return made
+
+
+class _HeaderDims:
+    """Version 2's header beyond its fields: the dimensions the engine checks."""
 
     @property
     def dims(self) -> Dims:
@@ -211,33 +249,12 @@ class _HeaderMethods:
                     self.head_dim, self.max_ctx, self.eps, self.flags, self.att_scale,
                     self.att_softcap, self.final_softcap)
 
-    def pack(self) -> bytes:
-        values = [getattr(self, f.name) for f in fields(self)]
-        return _HEADER.pack(MAGIC, *values).ljust(HEADER_SIZE, b"\0")
-
-    @classmethod
-    def unpack(cls, data: bytes) -> Header:
-        if len(data) < HEADER_SIZE:
-            raise ModelFormatError(f"file is truncated: {len(data)} bytes, the header alone is {HEADER_SIZE}")
-        magic, *values = _HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise ModelFormatError(f"bad magic {magic!r} (expected {MAGIC!r}): not a gemma model file")
-        header = cls(*values)
-        if header.version != VERSION:
-            raise ModelFormatError(f"unsupported version {header.version} (this build reads version {VERSION})")
-        if header.header_size != HEADER_SIZE:
-            raise ModelFormatError(f"header_size is {header.header_size}, expected {HEADER_SIZE}")
-        return header
-
 
 # Every header field but the magic, in file order, typed by its struct code: the dataclass
 # follows HEADER_FIELDS, so a field is added or moved in one place.
-Header = make_dataclass(
-    "Header", [(name, {"I": int, "Q": int, "f": float}[code])
-               for name, _, code in HEADER_FIELDS if name != "magic"],
-    bases=(_HeaderMethods,), frozen=True)
+Header = header_class(HEADER_FIELDS, VERSION, "Every header field but the magic (see "
+                      "HEADER_FIELDS), as the file holds it.", _HeaderDims)
 Header.__module__ = __name__
-Header.__doc__ = "Every header field but the magic (see HEADER_FIELDS), as the file holds it."
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, fields, make_dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from builder.models.modelfile import (FLT_MAX, HEADER_SIZE, MAGIC, PIECE_REC, POST_NORMS, Q8_0, Q8_0_BLOCK, QK_NORM, QK8_0,
+from builder.models.modelfile import (FLT_MAX, HEADER_SIZE, PIECE_REC, POST_NORMS, Q8_0, Q8_0_BLOCK, QK_NORM, QK8_0,
                                       TENSOR_ALIGN, WEIGHTS_ALIGN, Dims, LayerAttn, ModelFormatError, TensorSource,
-                                      TensorSpec, Vocab, build_tables, ModelFile, dequantize_q8_0, read_tables, rope_freqs,
+                                      TensorSpec, Vocab, build_tables, ModelFile, dequantize_q8_0, header_class, read_tables, rope_freqs,
                                       write_tensors)
 from linker.layout import align_up
 
@@ -104,10 +104,9 @@ LAYER_FIELDS: list[tuple[str, int, str]] = [
     ("att_scale", 24, "f"),
     ("layer_scalar", 28, "f"),
 ]
-_HEADER = struct.Struct("<" + "".join(code for _, _, code in HEADER_FIELDS))
 _LAYER = struct.Struct("<" + "".join(code for _, _, code in LAYER_FIELDS))
 MERGE = struct.Struct("<IIIf")  # left, right, result, score
-assert _LAYER.size == LAYER_REC and MERGE.size == MERGE_REC and _HEADER.size <= HEADER_SIZE
+assert _LAYER.size == LAYER_REC and MERGE.size == MERGE_REC
 for _table in (HEADER_FIELDS, LAYER_FIELDS):
     assert all(struct.calcsize("<" + "".join(c for _, _, c in _table[:i])) == off
                for i, (_, off, _) in enumerate(_table))
@@ -242,32 +241,9 @@ def _limit(name: str, value: object, low: int, where: str = "") -> None:
                                f"({low} .. {limit}, what the engine runs)")
 
 
-class _HeaderMethods:
-    """What Header does beyond holding its fields (Header is made below from HEADER_FIELDS)."""
-
-    def pack(self) -> bytes:
-        return _HEADER.pack(MAGIC, *(getattr(self, f.name) for f in fields(self))).ljust(HEADER_SIZE, b"\0")
-
-    @classmethod
-    def unpack(cls, data: bytes) -> Header:
-        if len(data) < HEADER_SIZE:
-            raise ModelFormatError(f"file is truncated: {len(data)} bytes, the header alone is {HEADER_SIZE}")
-        magic, *values = _HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise ModelFormatError(f"bad magic {magic!r} (expected {MAGIC!r}): not a gemma model file")
-        header = cls(*values)
-        if header.version != VERSION:
-            raise ModelFormatError(f"unsupported version {header.version} (expected {VERSION})")
-        if header.header_size != HEADER_SIZE:
-            raise ModelFormatError(f"header_size is {header.header_size}, expected {HEADER_SIZE}")
-        return header
-
-
-Header = make_dataclass(
-    "Header", [(name, {"I": int, "Q": int, "f": float}[code]) for name, _, code in HEADER_FIELDS if name != "magic"],
-    bases=(_HeaderMethods,), frozen=True)
+Header = header_class(HEADER_FIELDS, VERSION, "Every version 3 header field but the magic "
+                      "(see HEADER_FIELDS), as the file holds it.")
 Header.__module__ = __name__
-Header.__doc__ = "Every version 3 header field but the magic (see HEADER_FIELDS), as the file holds it."
 
 # The float32 vectors of a layer (and of the model): every other tensor is a matrix (FP16 or,
 # with Q8_0 and rows of whole blocks, Q8_0). The router stays FP32, as llama.cpp keeps it:

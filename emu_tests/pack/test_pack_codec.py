@@ -58,6 +58,20 @@ def test_redundant_input_shrinks():
     assert len(pack.compress(b"abc" * 3000)) < 200
 
 
+def test_compress_decodes_its_payload_again(monkeypatch):
+    """compress checks its payload with the range decoder before returning it: a decoder that
+    reads one bit wrong makes it refuse."""
+    calls = []
+    real = pack.RangeDecoder.bit
+
+    def flip_the_tenth(self, p):
+        calls.append(p)
+        return real(self, p) ^ (len(calls) == 10)
+    monkeypatch.setattr(pack.RangeDecoder, "bit", flip_the_tenth)
+    with pytest.raises(pack.PackError, match="does not decode to its input"):
+        pack.compress(b"hello, world")
+
+
 def test_payload_errors_are_one_line():
     payload = pack.compress(b"hello, world")
     with pytest.raises(pack.PackError, match="ends after"):

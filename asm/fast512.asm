@@ -6,12 +6,13 @@
 ; tree. Addresses carry no displacement (keystone mis-encodes EVEX displacements; the builder
 ; refuses them).
 
-; matmul_f16_avx512: matmul_f16_avx2's product (fast.asm). Decode (k = 1): each row by a
-; straight loop, 16 halves a step. Prompt blocks (k = 4): four rows at a time (.tile): each
-; load of 16 x columns serves four rows and each converted weight four tokens, 16
-; accumulators. Other k, and the last d mod 4 rows: matmul_f16_avx2.
+; matmul_f16_avx512: matmul_f16_avx2's product (fast.asm). Prompt blocks (k = 4): four rows at
+; a time (tile4): each load of 16 x columns serves four rows and each converted weight four
+; tokens, 16 accumulators. Other k, and the last d mod 4 rows: matmul_f16_avx2 (decode, k = 1,
+; streams no faster in zmm registers: measured on an AVX-512 host, 2026-12-03).
 ; matmul_q8_avx512: matmul_q8_avx2's product: the same with the weights from Q8_0 blocks
-; (d q, exact); decode reads rows i and i + d/2 together as matmul_q8_avx2 does.
+; (d q, exact); decode reads rows i and i + d/2 together as matmul_q8_avx2 does, 16 weights a
+; step (q8_pairs: 1.13x matmul_q8_avx2's decode there).
 ;   in: rdi xout, rsi x, rdx W, ecx n (16, 32, ...; Q8_0: 32, 64, ...), r8d d, r9d accumulate;
 ;   stack: k (1..4, low dword), ostride (a qword)   out: xout_t
 ;   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (the zmm registers; upper halves cleared)
@@ -29,35 +30,7 @@ matmul_f16_avx512:
         lea     rax, [f16_rows4]
         lea     r11, [matmul_f16_avx2]
         lea     r10d, [rcx+rcx]         ; bytes of a row
-        cmp     dword [rsp+8], 1        ; k
-        jne     tile4
-; f16_decode: matmul_f16_avx512 for k = 1 (see above).
-f16_decode:
-        push    r9                      ; (aligns rsp for the calls)
-.row:
-        vpxord  zmm0, zmm0, zmm0
-        mov     eax, ecx                ; halves to go
-        mov     r10, rsi
-.col:
-        vcvtph2ps zmm8, [rdx]           ; 16 halves, exact
-        vfmadd231ps zmm0, zmm8, [r10]
-        add     rdx, 32
-        add     r10, 64
-        sub     eax, 16
-        jnz     .col
-        call    zmm0_sum
-        test    r9d, r9d
-        jz      .store
-        vaddss  xmm0, xmm0, [rdi]
-.store:
-        vmovss  [rdi], xmm0
-        add     rdi, 4
-        dec     r8d
-        jnz     .row
-        pop     r9
-        vzeroupper
-        ret
-
+        jmp     tile4
 ; zmm0_sum: xmm0 = the sum of zmm0's lanes in the fast kernels' order: l_i = lane i + lane
 ; i + 8, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
 ;   in: zmm0   out: xmm0 (lane 0)   clobbers: zmm1

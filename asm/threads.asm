@@ -3,8 +3,8 @@
 ; The main thread publishes the work in job_vars (vars.asm), bumps job_gen and wakes the
 ; workers; every thread does its share (job_share: mm_share, att_share); each
 ; worker counts job_pending down and the last one wakes the main thread, which sleeps until
-; it reaches 0. Between products the workers sleep on job_gen: nobody spins. T = 1 makes no
-; thread and no futex call at all.
+; it reaches 0. Between products the workers wait on job_gen, looking for a moment, then
+; asleep (wait_change). T = 1 makes no thread and no futex call at all.
 
 CLONE_THREADS = 0x50F00         ; CLONE_VM FS FILES SIGHAND THREAD SYSVSEM
 FUTEX_WAIT_PRIVATE = 128
@@ -131,15 +131,25 @@ par_run:
         pop     rbx
         ret
 
-; wait_change: sleep until the dword at rdi is no longer edx (FUTEX_WAIT; wakes re-check).
+; wait_change: wait until the dword at rdi is no longer edx: first by looking, SPIN_ROUNDS
+; times (a product's share is often shorter than a futex wake-up: on Gemma 3 270M, 2 threads,
+; decode went 1.3-1.5x as fast with the look), then asleep (FUTEX_WAIT; wakes re-check).
 ;   in: rdi address, edx value   clobbers: rax rcx rsi r10 r11
+SPIN_ROUNDS = 4096                      ; about 0.1 ms of pause instructions
 wait_change:
+        mov     ecx, SPIN_ROUNDS
+.look:
+        cmp     [rdi], edx
+        jne     .ret
+        pause
+        loop    .look
+.sleep:
         cmp     [rdi], edx
         jne     .ret
         mov     esi, FUTEX_WAIT_PRIVATE
         xor     ecx, ecx                ; no timeout
         call    sys_futex
-        jmp     wait_change
+        jmp     .sleep
 .ret:
         ret
 

@@ -28,13 +28,13 @@ EPIPE = 32                      ; write to a pipe nobody reads
 ; the newline).   in: [rsp] -> the message   out: never returns
 ; fatal_usage_here: the same with status 2 (EXIT_USAGE): a malformed command line.
 fatal_usage_here:
-        mov     ebx, msg_prefix + 7     ; the empty argument: the prefix's zero byte
+        mov     ebx, empty_text         ; no argument
 ; fatal_usage_arg_here: fatal_arg_here with status 2 (EXIT_USAGE).
 fatal_usage_arg_here:
         push    EXIT_USAGE
         jmp     fatal_status
 fatal_here:
-        mov     ebx, msg_prefix + 7
+        mov     ebx, empty_text
 ; fatal_arg_here: the same with an argument appended, "gemma: MESSAGEARGUMENT\n", the
 ; argument cut at its first control byte (so that the message stays one line) and at 256
 ; bytes.   in: [rsp] -> the message, rbx argument (zero-terminated)   out: never returns

@@ -8,6 +8,6 @@ msg_usage:
 msg_newline:
         db      10, 0
 empty_text:
-        db      0                       ; the prompt without -p or -f
+        db      0                       ; the prompt without -p or -f, an error without argument
 msg_prefix:
         db      'gemma: ', 0

@@ -291,6 +291,15 @@ def test_sampled_frequencies_follow_the_nucleus(engine, mqa, temp, top_p):
 
 # ---- errors ------------------------------------------------------------------------------
 
+def test_usage_and_help_share_their_exit_by_the_descriptor():
+    """asm/sys.asm's usage ends `and edi, EXIT_USAGE` on the descriptor it wrote to: stdout
+    (help) must give status 0 and stderr (a usage error) EXIT_USAGE. That holds while these
+    constants are what they are: the assumption, proven."""
+    from emu_tests.asm_facts import constant
+    stdout, stderr, usage = constant("STDOUT"), constant("STDERR"), constant("EXIT_USAGE")
+    assert (stdout & usage, stderr & usage) == (0, usage) == (0, 2)
+
+
 def test_no_arguments_prints_usage(engine):
     r = run(engine)
     assert r.returncode == 2 and r.stderr.startswith(b"usage: gemma -m MODEL") and not r.stdout

@@ -11,33 +11,43 @@ FUTEX_WAIT_PRIVATE = 128
 FUTEX_WAKE_PRIVATE = 129
 WORKER_STACK = 16384
 CPU_MASK_BYTES = 128            ; room for 1024 CPUs
+SPIN_ROUNDS = 4096              ; wait_change: about 0.1 ms of pause instructions
 
 ; threads_start: resolve T (-t, else the CPUs this process may run on: sched_getaffinity;
-; 1 if that fails) and start the T - 1 workers, each on its own stack from alloc. A worker
-; inherits the registers of the clone: rbx job_vars, ebp its index.
-;   in: n_threads (0: not given)   out: job_t = T
+; 1 if that fails), choose how long waits look before they sleep (job_spin: SPIN_ROUNDS, or 1
+; when T exceeds those CPUs: a looking thread would take a CPU from a working one) and start
+; the T - 1 workers, each on its own stack from alloc. A worker inherits the registers of the
+; clone: rbx job_vars, ebp its index.
+;   in: n_threads (0: not given)   out: job_t = T, job_spin
 ;   clobbers: rax rcx rdx rsi rdi r8-r11   (fatal "cannot start threads" if clone fails)
 threads_start:
         push    rbx
         push    rbp
         lea     rbx, [job_vars]
-        mov     ebp, [n_threads]
-        test    ebp, ebp
-        jnz     .spawn
         xor     edi, edi                ; this process
         mov     esi, CPU_MASK_BYTES
         lea     rdx, [rbx+cpu_mask-job_vars]
         call    sys_sched_getaffinity   ; bytes of mask written, or -errno
         shl     eax, 3                  ; bits
+        xor     ecx, ecx
 .bit:
         dec     eax
         js      .counted
         bt      [rdx], eax
-        adc     ebp, 0
+        adc     ecx, 0
         jmp     .bit
 .counted:
-        cmp     ebp, 1
-        adc     ebp, 0                  ; at least 1
+        cmp     ecx, 1
+        adc     ecx, 0                  ; CPUs: at least 1
+        mov     ebp, [n_threads]
+        test    ebp, ebp
+        jnz     .spin
+        mov     ebp, ecx
+.spin:
+        mov     dword [rbx+J_SPIN], SPIN_ROUNDS
+        cmp     ecx, ebp
+        jae     .spawn
+        mov     dword [rbx+J_SPIN], 1   ; more threads than CPUs: sleep at once
 .spawn:
         mov     [rbx+J_T], ebp
 .worker:
@@ -131,13 +141,12 @@ par_run:
         pop     rbx
         ret
 
-; wait_change: wait until the dword at rdi is no longer edx: first by looking, SPIN_ROUNDS
+; wait_change: wait until the dword at rdi is no longer edx: first by looking, job_spin
 ; times (a product's share is often shorter than a futex wake-up: on Gemma 3 270M, 2 threads,
 ; decode went 1.3-1.5x as fast with the look), then asleep (FUTEX_WAIT; wakes re-check).
 ;   in: rdi address, edx value   clobbers: rax rcx rsi r10 r11
-SPIN_ROUNDS = 4096                      ; about 0.1 ms of pause instructions
 wait_change:
-        mov     ecx, SPIN_ROUNDS
+        mov     ecx, [job_spin]
 .look:
         cmp     [rdi], edx
         jne     .ret

@@ -142,6 +142,7 @@ job_pending:    rd 1            ; workers still busy with the current product
 job_t:          rd 1            ; T, the thread count (threads_start)
 job_b:          rd 1            ; B: tokens (xout (B,d), x (B,n), row after row)
 job_tokens:     rd 1            ; tokens per kernel call at most: 1 or 4 (cpu.asm)
+job_spin:       rd 1            ; wait_change's looks before it sleeps (threads_start)
 cpu_mask:       rb 128          ; sched_getaffinity's mask (CPU_MASK_BYTES)
 
 J_KERNEL        = job_kernel - job_vars
@@ -160,4 +161,5 @@ J_T             = job_t - job_vars
 J_B             = job_b - job_vars
 J_SHARE         = job_share - job_vars
 J_TOKENS        = job_tokens - job_vars
+J_SPIN          = job_spin - job_vars
 

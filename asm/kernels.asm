@@ -73,21 +73,22 @@ matmul_f16:
         inc     eax
         jmp     .cvt
 
-; matvec_f32: W (d,n) @ x (n,) -> xout (d,), row i of W at W + i*r9 bytes (att = K q).
 ; matvec_t_f32: W^T (d,n) @ x (n,) -> xout (d,), xout[j] = sum_i x[i] W[i*r9 + 4j] (o = V^T att).
-; Sums in order of the index, one float32 accumulator per output (matvec_t_f32 runs four
-; adjacent outputs in the lanes of one register: the same operations, four at a time).
+; Sums in order of i, one float32 accumulator per output: eight adjacent outputs at a time in
+; the lanes of two registers (two addition chains in flight), the last d mod 8 by
+; matvec_strided.
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
-;   clobbers: rax rdx rdi r8-r11 xmm0-xmm2
-MATVEC_LANES = 4                        ; matvec_t_f32's outputs per SSE register
+;   clobbers: rax rdx rdi r8-r11 xmm0-xmm3
+MATVEC_LANES = 4                        ; float32 lanes per SSE register
 matvec_t_f32:
         mov     r10, r9
         push    4
         pop     r9
-.quad:
-        cmp     r8d, MATVEC_LANES
-        jb      matvec_strided          ; the last d mod 4 outputs
+.oct:
+        cmp     r8d, 2*MATVEC_LANES
+        jb      matvec_strided          ; the last d mod 8 outputs
         xorps   xmm0, xmm0
+        xorps   xmm3, xmm3
         mov     rax, rdx
         xor     r11d, r11d
 .qcol:
@@ -96,35 +97,63 @@ matvec_t_f32:
         movups  xmm2, [rax]
         mulps   xmm2, xmm1
         addps   xmm0, xmm2
+        movups  xmm2, [rax+4*MATVEC_LANES]
+        mulps   xmm2, xmm1
+        addps   xmm3, xmm2
         add     rax, r10
         inc     r11d
         cmp     r11d, ecx
         jb      .qcol
         movups  [rdi], xmm0
-        add     rdi, 4*MATVEC_LANES
-        add     rdx, 4*MATVEC_LANES
-        sub     r8d, MATVEC_LANES
-        jmp     .quad
+        movups  [rdi+4*MATVEC_LANES], xmm3
+        add     rdi, 8*MATVEC_LANES
+        add     rdx, 8*MATVEC_LANES
+        sub     r8d, 2*MATVEC_LANES
+        jmp     .oct
+; matvec_f32: W (d,n) @ x (n,) -> xout (d,), row i of W at W + i*r9 bytes (att = K q).
+;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
+;   clobbers: rax rdx rdi r8 r10 r11 xmm0-xmm2
 matvec_f32:
         push    4
         pop     r10                     ; column stride
-; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes).
-;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0 xmm1
+; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes). With
+; a column stride of 4 bytes (contiguous rows) a row is summed in four float32 lanes, lane l
+; over the columns j = l mod 4 of the first n - n mod 4 in order of j, then (s0 + s1) +
+; (s2 + s3); then (any stride) the products left, in order of j.
+;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0-xmm2
 matvec_strided:
 .row:
         dec     r8d
         js      matmul_f16.ret
         xorps   xmm0, xmm0
-        mov     rax, rdx
         xor     r11d, r11d
+        cmp     r10, 4
+        jne     .col0
+.quad:
+        lea     eax, [r11+MATVEC_LANES]
+        cmp     eax, ecx
+        ja      .lanes
+        movups  xmm1, [rdx+r11*4]
+        movups  xmm2, [rsi+r11*4]
+        mulps   xmm1, xmm2
+        addps   xmm0, xmm1
+        xchg    eax, r11d
+        jmp     .quad
+.lanes:
+        haddps  xmm0, xmm0              ; s0 + s1, s2 + s3, ..
+        haddps  xmm0, xmm0
+.col0:
+        lea     rax, [rdx+r11*4]        ; W[i*r9 + j*r10] (j = 0 unless the stride is 4)
 .col:
+        cmp     r11d, ecx
+        jae     .store
         movss   xmm1, [rax]
         mulss   xmm1, [rsi+r11*4]
         addss   xmm0, xmm1
         add     rax, r10
         inc     r11d
-        cmp     r11d, ecx
-        jb      .col
+        jmp     .col
+.store:
         movd    eax, xmm0
         stosd
         add     rdx, r9

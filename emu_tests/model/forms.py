@@ -88,6 +88,12 @@ class Form:
         return self.zmm or any(f.startswith("avx512") for f in self.features)
 
     @property
+    def needs(self) -> frozenset[str]:
+        """What running the form natively takes: its features, and AVX-512F for the zmm
+        harness's loads and stores (vzeroupper in that harness needs only AVX itself)."""
+        return self.features | {"avx512f"} if self.wide else self.features
+
+    @property
     def width(self) -> int:
         return 64 if self.wide else 32
 

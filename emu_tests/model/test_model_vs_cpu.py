@@ -73,7 +73,7 @@ def test_model_gives_the_cpu_bits(form, emulators, native, record):
     inp, mem = inputs(form)
     got = run(emulators[form.wide], form, inp, mem)
     recorded = record.get(form.key)
-    if form.features <= cpu_flags():
+    if form.needs <= cpu_flags():
         want = run(native, form, inp, mem)
         if recorded is not None and recorded.digest == digest(inp, mem):
             same(form, "this CPU (against the recording)",
@@ -81,7 +81,7 @@ def test_model_gives_the_cpu_bits(form, emulators, native, record):
         same(form, "this CPU", got, want, inp, mem)
     else:
         assert recorded is not None and recorded.digest == digest(inp, mem), (
-            f"{label(form)}: this CPU lacks {', '.join(sorted(form.features - cpu_flags()))} "
+            f"{label(form)}: this CPU lacks {', '.join(sorted(form.needs - cpu_flags()))} "
             f"and the recording has no answers for these inputs: run python -m "
             f"emu_tests.model.record on a CPU with AVX-512 and VNNI")
         same(form, "the recorded CPU", got,

@@ -8,9 +8,7 @@
 ; One row at a time, by up to four tokens, in two chains each (8 ymm accumulators): each
 ; 16 halves of the row are converted once and multiplied by the same 16 columns of every
 ; token (a computed jump enters the unrolled tokens at k), so a block of prompt tokens costs
-; its weights' conversions once per 4 tokens, and decode (k = 1) still has two independent
-; chains. Rows go one after another: a single stream from memory per thread (for FP16, two
-; or four concurrent row streams measured 15-40% slower on decode on an AVX-512 host).
+; its weights' conversions once per 4 tokens.
 ; The float32 arithmetic of one (row, token) never depends on k or on the row split: lane i
 ; of chain c sums the columns j = 16m + 8c + i, m = 0, 1, ..., by one fused multiply-add each
 ; (rounded once); then l_i = c0_i + c1_i, then
@@ -19,13 +17,15 @@
 ; before its add) by a few ulp of the sum.
 ; matmul_q8_avx2: the same with W in Q8_0 blocks (kernels.asm: matmul_q8), n a multiple of
 ; 32: each 16 weights d q (exact in float32) go through the very same fused multiply-adds, so
-; its results are matmul_f16_avx2's on those weights, bit for bit. Decode (k = 1) with d even
-; reads two rows at once, i and i + d/2 (.pair: each row's chains and order unchanged), so a
-; thread streams from two places in memory; mm_share gives it its whole share of rows in one
-; call, so the two are far apart: 12-20% faster decode on the 2b shapes than one row at a
-; time (rows 8 apart, within a 16-row chunk, gained nothing).
-; The weights are prefetched 8 KB ahead (4 and 16 KB measured no better); without it decode
-; runs ~25% slower, with the model in 4 KB or in 2 MB pages.
+; its results are matmul_f16_avx2's on those weights, bit for bit.
+; Decode (k = 1) with d even reads two rows at once, i and i + d/2, by a straight loop (.pair16,
+; .pair: each row's chains and order unchanged, its sums those of k = 2), so a thread streams
+; from two places in memory; mm_share gives it its whole share of rows in one call, so the two
+; are far apart. Against one row at a time on the 2b shapes: Q8_0 12-20% faster, FP16 25%
+; (AVX2 host; rows 8 apart, within a 16-row chunk, gained nothing). d odd: one row at a time.
+; The weights are prefetched 8 KB ahead (4 and 16 KB measured no better); without it Q8_0
+; decode runs ~25% slower, with the model in 4 KB or in 2 MB pages. FP16 decode pairs are not
+; prefetched: A/B runs with it went 0.94-1.17x, no gain beyond the noise (AVX2 host).
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
 ;   r9d accumulate; stack: k (1..4, low dword), ostride (a qword)
 ;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared)
@@ -35,26 +35,29 @@ PREFETCH_AHEAD = 8192
 
 matmul_q8_avx2:
         lea     rax, [matmul_f16_avx2.q8]
+        imul    r11d, ecx, Q8_0_BLOCK / 2
+        shr     r11d, 4                 ; bytes of a row (n/32 blocks)
+        lea     r10, [matmul_f16_avx2.pair]
+        jmp     matmul_f16_avx2.decode
+matmul_f16_avx2:
+        lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
+        lea     r11d, [rcx+rcx]         ; bytes of a row
+        lea     r10, [.pair16]          ; the decode pass (matmul_q8_avx2: .pair)
+.decode:
         cmp     dword [rsp+8], 1        ; k
-        jne     matmul_f16_avx2.go
+        jne     .go
         test    r8b, 1
-        jnz     matmul_f16_avx2.go      ; decode, d odd: one row at a time
+        jnz     .go                     ; decode, d odd: one row at a time
         shr     r8d, 1                  ; decode, d even: d/2 pairs, row i with row i + d/2
-        imul    eax, ecx, Q8_0_BLOCK / 2
-        shr     eax, 4                  ; bytes of a row (n/32 blocks)
-        imul    eax, r8d
-        push    rax                     ; the second rows' weights, bytes on (.pair)
+        imul    r11, r8
+        push    r11                     ; the second rows' weights, bytes on (.pair16, .pair)
         imul    eax, r8d, 4
         push    rax                     ; ostride: the second rows' outputs, bytes on
         push    2                       ; k: .sum stores the pair's two sums
-        lea     rax, [matmul_f16_avx2.pair]
-        call    matmul_f16_avx2.go
+        xchg    rax, r10
+        call    .go
         add     rsp, 24
         ret
-matmul_f16_avx2:
-        cmp     dword [rsp+8], 1        ; k
-        je      .decode
-        lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
 .go:
         push    r9                      ; [rsp]: accumulate; k at [rsp+16], ostride [rsp+24]
         imul    r10d, ecx, 4            ; s: bytes of an x_t
@@ -105,6 +108,22 @@ matmul_f16_avx2:
         vmulps  ymm8, ymm8, ymm10       ; d q: exact (11 by 8 significant bits)
         vmulps  ymm9, ymm9, ymm10
         jmp     r9
+.pair16:                                ; FP16 decode pairs, to the rows' end: 16 halves
+        mov     r9, [rsp+32]            ; of row i and of row i + d/2 (r9 bytes on) a pass
+.p16:                                   ; (chains: row i ymm0, ymm4; row i + d/2 ymm1, ymm5)
+        vcvtph2ps ymm8, [rdx]
+        vcvtph2ps ymm9, [rdx+16]
+        vfmadd231ps ymm0, ymm8, [rsi]
+        vfmadd231ps ymm4, ymm9, [rsi+32]
+        vcvtph2ps ymm8, [rdx+r9]
+        vcvtph2ps ymm9, [rdx+r9+16]
+        vfmadd231ps ymm1, ymm8, [rsi]
+        vfmadd231ps ymm5, ymm9, [rsi+32]
+        add     rdx, 32
+        add     rsi, 64
+        sub     eax, 64
+        jnb     .p16
+        jmp     .sum
 .pair:                                  ; decode pairs (matmul_q8_avx2), to the rows' end:
         mov     r9, [rsp+32]            ; row i + d/2 is r9 bytes on; 16 weights of each a
 .pairs:                                 ; pass (row i: chains ymm0, ymm4; row i + d/2: ymm1,
@@ -168,35 +187,4 @@ matmul_f16_avx2:
         jnz     .row
         vzeroupper
         pop     r9
-        ret
-.decode:                                ; k = 1: each row by a straight loop, no computed
-.drow:                                  ; jumps, the same chains and order (ymm0, ymm4)
-        vxorps  xmm0, xmm0, xmm0
-        vxorps  xmm4, xmm4, xmm4
-        mov     eax, ecx                ; halves to go
-        mov     r10, rsi
-.dcol:
-        vcvtph2ps ymm8, [rdx]
-        vcvtph2ps ymm9, [rdx+16]
-        vfmadd231ps ymm0, ymm8, [r10]
-        vfmadd231ps ymm4, ymm9, [r10+32]
-        add     rdx, 32
-        add     r10, 64
-        sub     eax, 16
-        jnz     .dcol
-        vaddps  ymm0, ymm0, ymm4        ; l
-        vextractf128 xmm1, ymm0, 1
-        vhaddps xmm0, xmm0, xmm1        ; l0 + l1, l2 + l3, l4 + l5, l6 + l7
-        vhaddps xmm0, xmm0, xmm0
-        vpermilps xmm1, xmm0, 1
-        vaddss  xmm0, xmm0, xmm1        ; ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
-        test    r9d, r9d
-        jz      .dstore
-        vaddss  xmm0, xmm0, [rdi]
-.dstore:
-        vmovss  [rdi], xmm0
-        add     rdi, 4
-        dec     r8d
-        jnz     .drow
-        vzeroupper
         ret

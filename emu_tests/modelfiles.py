@@ -13,12 +13,14 @@ are identical either way). MODELS are the Gemma 1 fixtures, TWINS every fixture 
 sources (Gemma 1, 2, 3), ORACLES every (name, source) with a recorded transformers oracle
 (tiny_g2q has no GGUF twin: GGUF cannot say its query_pre_attn_scalar); GEMMA4 the Gemma 4
 fixtures (both sources; model file version 3 only). The pytest fixture `model_file` (a factory) does the same into the
-session's temporary directory: `model_file("tiny_wide")`.
+session's temporary directory: `model_file("tiny_wide")`. `random_source(seed)` is a
+write_model tensor source of seeded standard normal values (each tensor's from its name).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from builder.models.convert import convert
@@ -28,6 +30,15 @@ MODELS = ("tiny_mqa", "tiny_wide")
 TWINS = MODELS + ("tiny_g2", "tiny_g3")
 ORACLES = [(n, s) for n in TWINS for s in ("hf", "gguf")] + [("tiny_g2q", "hf")]
 GEMMA4 = ("tiny_g4", "tiny_g4k", "tiny_g4moe")
+
+
+def random_source(seed: int):
+    def source(spec):
+        rng = np.random.default_rng([seed, sum(spec.name.encode())])
+        yield rng.standard_normal(spec.shape, dtype=np.float32)
+    return source
+
+
 _converted: dict[tuple[str, str, Path, int | None], Path] = {}
 
 

@@ -543,15 +543,9 @@ def read_tables(target, m: np.ndarray, h) -> None:
         raise ModelFormatError("the index is not sorted by piece bytes")
 
 
-class ModelFile:
-    """A validated, memory-mapped model file.
-
-    Attributes: header, dims, pieces (list[bytes]), scores (float32 array), types (int
-    array), index (sorted normal ids), user (ids of the pieces matched whole: user-defined and
-    control, longest first).
-    `tensor(name)` returns a read-only view (float16, float32 or uint32) of a tensor; a Q8_0
-    matrix comes back as its float32 weights d q (a copy); `raw(name)` is any tensor's bytes.
-    """
+class MappedModel:
+    """A model file mapped read-only, then checked by the subclass's `_validate`, which reads
+    the header through `_header`; every error is a ModelFormatError that names the file."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -564,12 +558,29 @@ class ModelFile:
         except ModelFormatError as e:
             raise ModelFormatError(f"{self.path}: {e}") from None
 
-    def _validate(self) -> None:
-        m, size = self._map, len(self._map)
-        h = self.header = Header.unpack(bytes(m[:HEADER_SIZE]))
+    def _header(self, header_class):
+        """The file's header as `header_class` (kept as `header`), its size checked."""
+        size = len(self._map)
+        h = self.header = header_class.unpack(bytes(self._map[:HEADER_SIZE]))
         if h.file_size != size:
             raise ModelFormatError(f"file is {size} bytes but its header says {h.file_size}"
                                    + (" (truncated)" if size < h.file_size else ""))
+        return h
+
+
+class ModelFile(MappedModel):
+    """A validated, memory-mapped model file.
+
+    Attributes: header, dims, pieces (list[bytes]), scores (float32 array), types (int
+    array), index (sorted normal ids), user (ids of the pieces matched whole: user-defined and
+    control, longest first).
+    `tensor(name)` returns a read-only view (float16, float32 or uint32) of a tensor; a Q8_0
+    matrix comes back as its float32 weights d q (a copy); `raw(name)` is any tensor's bytes.
+    """
+
+    def _validate(self) -> None:
+        m = self._map
+        h = self._header(Header)
         self.dims = h.dims
         if not 0 < h.att_scale <= FLT_MAX:  # Dims would take 0 for its default
             raise ModelFormatError(f"att_scale ({h.att_scale}) must be positive and finite")

@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from builder.models.modelfile import (FLT_MAX, HEADER_SIZE, PIECE_REC, POST_NORMS, Q8_0, Q8_0_BLOCK, QK_NORM, QK8_0,
-                                      TENSOR_ALIGN, WEIGHTS_ALIGN, Dims, LayerAttn, ModelFormatError, TensorSource,
+                                      TENSOR_ALIGN, WEIGHTS_ALIGN, Dims, LayerAttn, MappedModel, ModelFormatError, TensorSource,
                                       TensorSpec, Vocab, build_tables, ModelFile, dequantize_q8_0, header_class, read_tables, rope_freqs,
                                       write_tensors)
 from linker.layout import align_up
@@ -387,7 +387,7 @@ def with_q8_0(m: Model) -> Model:
     return replace(m, flags=m.flags | Q8_0)
 
 
-class ModelFile3:
+class ModelFile3(MappedModel):
     """A validated, memory-mapped version 3 model file.
 
     Attributes: header, model (Model: the header's globals and every layer record), pieces,
@@ -397,23 +397,9 @@ class ModelFile3:
     float32 weights d q (a copy); `raw(name)` is any tensor's bytes; `specs` the layout.
     """
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        try:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        except (OSError, ValueError) as e:
-            raise ModelFormatError(f"{self.path}: cannot map: {e}") from None
-        try:
-            self._validate()
-        except ModelFormatError as e:
-            raise ModelFormatError(f"{self.path}: {e}") from None
-
     def _validate(self) -> None:
         m, size = self._map, len(self._map)
-        h = self.header = Header.unpack(bytes(m[:HEADER_SIZE]))
-        if h.file_size != size:
-            raise ModelFormatError(f"file is {size} bytes but its header says {h.file_size}"
-                                   + (" (truncated)" if size < h.file_size else ""))
+        h = self._header(Header)
         _limit("layers", h.layers, 1)
         if h.layers_off != HEADER_SIZE:
             raise ModelFormatError(f"layers_off is {h.layers_off}, expected {HEADER_SIZE}")

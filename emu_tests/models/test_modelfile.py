@@ -16,6 +16,7 @@ from builder.models.modelfile import (BYTE, CONTROL, HEADER_FIELDS, HEADER_SIZE,
                                QK_NORM, TENSOR_ALIGN, USER_DEFINED, VERSION, WEIGHTS_ALIGN, Dims,
                                LayerAttn, ModelFile, ModelFormatError, Vocab, read_header, rope_freqs,
                                tensor_layout, write_model)
+from modelfiles import random_source
 
 FORMAT_MD = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 
@@ -55,13 +56,6 @@ def small_vocab() -> Vocab:
 
 
 DIMS = Dims(vocab=267, dim=16, ffn=40, layers=2, heads=4, kv_heads=2, head_dim=6, max_ctx=32)
-
-
-def random_source(seed: int):
-    def source(spec):
-        rng = np.random.default_rng([seed, sum(spec.name.encode())])
-        yield rng.standard_normal(spec.shape, dtype=np.float32)
-    return source
 
 
 @pytest.fixture(scope="module")

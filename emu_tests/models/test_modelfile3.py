@@ -19,7 +19,7 @@ from builder.models.modelfile import (BYTE, CONTROL, NORMAL, POST_NORMS, Q8_0, Q
                                       WEIGHTS_ALIGN, ModelFile, ModelFormatError, Vocab)
 from builder.models.modelfile3 import (HEADER_FIELDS, K_EQ_V, LAYER_FIELDS, LAYER_REC, MERGES, MOE, V_NORM, Layer,
                                        Model, ModelFile3, Rope, open_model, rope_table, tensor_layout, write_model)
-from modelfiles import TWINS, convert_fixture
+from modelfiles import TWINS, convert_fixture, random_source
 
 FORMAT_MD = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 G4 = POST_NORMS | QK_NORM
@@ -47,13 +47,6 @@ LAYERS = (Layer(8, 2, 40, 0, 5, G4 | V_NORM | MOE, 1.0, 0.75),
 MODEL = Model(268, 32, 4, 64, LAYERS, ple_dim=8, experts=3, top_k=2, expert_ffn=32, flags=MERGES,
               final_softcap=30.0)
 ROPES = [Rope(1e4), Rope(1e6, 1.0, 2), Rope(1e4), Rope(1e6, 1.0, 2)]
-
-
-def random_source(seed: int):
-    def source(spec):
-        rng = np.random.default_rng([seed, sum(spec.name.encode())])
-        yield rng.standard_normal(spec.shape, dtype=np.float32)
-    return source
 
 
 @pytest.fixture(scope="module")

@@ -103,6 +103,8 @@ def read(names):
             v = gdb.parse_and_eval("$" + n)
         except gdb.error:
             continue
+        if v.type.code == gdb.TYPE_CODE_VOID:   # a register this CPU lacks (zmm, k: no AVX-512)
+            continue
         out[n] = str(v) if v.type.code in (gdb.TYPE_CODE_UNION, gdb.TYPE_CODE_STRUCT) \
             else int(v) & (2 ** 64 - 1)
     return out

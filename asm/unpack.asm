@@ -26,6 +26,9 @@ PACK_PRIOR      = 2
 ; and 0xFF in bl, so that rbx & R_i is model i's key (hashed once per byte, c0 = 1: lane
 ; 1 of R_i is 0). The loop over the models first teaches each model's previous slot the
 ; previous bit (r8d; the first bit's loop teaches slot 0 a 0), then reads its new slot.
+; Lookups in the 1 MiB table are the decoder's hot spot, so the lines come early: when a
+; byte starts, each model's slots base xor 1..15 (its first four bits: one 64-byte line);
+; during each bit, the next bit's two candidate slots (one line). ~15% off `./gemma -h`.
 ; The range decoder: r9d range, r10d code (the stream's bytes read so far minus the low end
 ; of the range), starting at 1 and 0, so that the first bit's renormalisation reads three
 ; bytes.
@@ -79,6 +82,7 @@ unpack:
         mov     [rsp+rbp+16], edx       ; the check (the 16 bits below the slot base) << 16
         shr     rax, 16
         mov     [rsp+rbp+20], eax       ; the slot base: the hash's top bits
+        prefetcht0 [r11+rax*4]          ; the line of the byte's first four bits' slots
         sub     ebp, 32
         jnc     .hash
 .bit:                                   ; renormalise: below 2^24 the range takes a byte
@@ -105,6 +109,9 @@ unpack:
         shr     byte [rax], 1
         neg     dl
         adc     byte [rax], 0           ; n / 2 + 1, or 0
+        lea     edx, [r15+r15]
+        xor     edx, [rsp+rbp+20]
+        prefetcht0 [r11+rdx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
         mov     eax, [rsp+rbp+20]
         xor     eax, r15d
         lea     rax, [r11+rax*4]        ; this bit's slot

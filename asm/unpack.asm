@@ -109,10 +109,10 @@ unpack:
         shr     byte [rax], 1
         neg     dl
         adc     byte [rax], 0           ; n / 2 + 1, or 0
-        lea     edx, [r15+r15]
-        xor     edx, [rsp+rbp+20]
-        prefetcht0 [r11+rdx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
         mov     eax, [rsp+rbp+20]
+        lea     edx, [r15+r15]
+        xor     edx, eax
+        prefetcht0 [r11+rdx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
         xor     eax, r15d
         lea     rax, [r11+rax*4]        ; this bit's slot
         mov     [rsp+rbp+8], rax

@@ -18,13 +18,15 @@
 ; matmul_q8_avx2: the same with W in Q8_0 blocks (kernels.asm: matmul_q8), n a multiple of
 ; 32: each 16 weights d q (exact in float32) go through the very same fused multiply-adds, so
 ; its results are matmul_f16_avx2's on those weights, bit for bit.
-; Decode (k = 1) with d even reads two rows at once, i and i + d/2, by a straight loop (.pair16,
-; .pair: each row's chains and order unchanged, its sums those of k = 2), so a thread streams
-; from two places in memory; mm_share gives it its whole share of rows in one call, so the two
-; are far apart. Against one row at a time on the 2b shapes: Q8_0 12-20% faster, FP16 25%
-; (AVX2 host; rows 8 apart, within a 16-row chunk, gained nothing). d odd: one row at a time.
+; Decode (k = 1) reads several rows at once by a straight loop, each row's chains and order
+; unchanged (its sums those of k = 2 or 4): FP16 with d a multiple of 4 rows i, i + d/4,
+; i + d/2, i + 3d/4 (.quad), Q8_0 with d even rows i and i + d/2 (.pair); other d one row at a
+; time. mm_share gives a thread its whole share of rows in one call, so it streams from 4 (2)
+; places megabytes apart. Against one row at a time on the 2b shapes: Q8_0 12-20% faster; FP16
+; two rows 25%, four rows 1.08x two on 2 threads and 1.20x on 1 (AVX2 host; rows 8 apart,
+; within a 16-row chunk, gained nothing).
 ; The weights are prefetched 8 KB ahead (4 and 16 KB measured no better); without it Q8_0
-; decode runs ~25% slower, with the model in 4 KB or in 2 MB pages. FP16 decode pairs are not
+; decode runs ~25% slower, with the model in 4 KB or in 2 MB pages. FP16 decode is not
 ; prefetched: A/B runs with it went 0.94-1.17x, no gain beyond the noise (AVX2 host).
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
 ;   r9d accumulate; stack: k (1..4, low dword), ostride (a qword)
@@ -37,24 +39,33 @@ matmul_q8_avx2:
         lea     rax, [matmul_f16_avx2.q8]
         imul    r11d, ecx, Q8_0_BLOCK / 2
         shr     r11d, 4                 ; bytes of a row (n/32 blocks)
-        lea     r10, [matmul_f16_avx2.pair]
-        jmp     matmul_f16_avx2.decode
-matmul_f16_avx2:
-        lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
-        lea     r11d, [rcx+rcx]         ; bytes of a row
-        lea     r10, [.pair16]          ; the decode pass (matmul_q8_avx2: .pair)
-.decode:
         cmp     dword [rsp+8], 1        ; k
-        jne     .go
+        jne     matmul_f16_avx2.go
         test    r8b, 1
-        jnz     .go                     ; decode, d odd: one row at a time
+        jnz     matmul_f16_avx2.go      ; decode, d odd: one row at a time
         shr     r8d, 1                  ; decode, d even: d/2 pairs, row i with row i + d/2
         imul    r11, r8
-        push    r11                     ; the second rows' weights, bytes on (.pair16, .pair)
+        push    r11                     ; the second rows' weights, bytes on (.pair)
         imul    eax, r8d, 4
         push    rax                     ; ostride: the second rows' outputs, bytes on
         push    2                       ; k: .sum stores the pair's two sums
-        xchg    rax, r10
+        lea     rax, [matmul_f16_avx2.pair]
+        jmp     matmul_f16_avx2.rows_apart
+matmul_f16_avx2:
+        lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
+        lea     r11d, [rcx+rcx]         ; bytes of a row
+        cmp     dword [rsp+8], 1        ; k
+        jne     .go
+        test    r8b, 3
+        jnz     .go                     ; decode, d not a multiple of 4: one row at a time
+        shr     r8d, 2                  ; decode: d/4 passes, rows i + j d/4 for j < 4
+        imul    r11, r8
+        push    r11                     ; the next row's weights, bytes on (.quad)
+        imul    eax, r8d, 4
+        push    rax                     ; ostride: the next row's outputs, bytes on
+        push    4                       ; k: .sum stores the four sums
+        lea     rax, [.quad]
+.rows_apart:
         call    .go
         add     rsp, 24
         ret
@@ -108,9 +119,10 @@ matmul_f16_avx2:
         vmulps  ymm8, ymm8, ymm10       ; d q: exact (11 by 8 significant bits)
         vmulps  ymm9, ymm9, ymm10
         jmp     r9
-.pair16:                                ; FP16 decode pairs, to the rows' end: 16 halves
-        mov     r9, [rsp+32]            ; of row i and of row i + d/2 (r9 bytes on) a pass
-.p16:                                   ; (chains: row i ymm0, ymm4; row i + d/2 ymm1, ymm5)
+.quad:                                  ; FP16 decode, to the rows' end: 16 halves of rows
+        mov     r9, [rsp+32]            ; i, i + q, i + 2q, i + 3q (q = d/4, r9 bytes a row
+        lea     r11, [r9+r9*2]          ; on) a pass; row i + jq: chains ymm j, ymm 4+j
+.q16:
         vcvtph2ps ymm8, [rdx]
         vcvtph2ps ymm9, [rdx+16]
         vfmadd231ps ymm0, ymm8, [rsi]
@@ -119,10 +131,18 @@ matmul_f16_avx2:
         vcvtph2ps ymm9, [rdx+r9+16]
         vfmadd231ps ymm1, ymm8, [rsi]
         vfmadd231ps ymm5, ymm9, [rsi+32]
+        vcvtph2ps ymm8, [rdx+r9*2]
+        vcvtph2ps ymm9, [rdx+r9*2+16]
+        vfmadd231ps ymm2, ymm8, [rsi]
+        vfmadd231ps ymm6, ymm9, [rsi+32]
+        vcvtph2ps ymm8, [rdx+r11]
+        vcvtph2ps ymm9, [rdx+r11+16]
+        vfmadd231ps ymm3, ymm8, [rsi]
+        vfmadd231ps ymm7, ymm9, [rsi+32]
         add     rdx, 32
         add     rsi, 64
         sub     eax, 64
-        jnb     .p16
+        jnb     .q16
         jmp     .sum
 .pair:                                  ; decode pairs (matmul_q8_avx2), to the rows' end:
         mov     r9, [rsp+32]            ; row i + d/2 is r9 bytes on; 16 weights of each a

@@ -8,8 +8,9 @@ on every host; where this CPU has AVX-512F, natively too.
 
 Shapes are small (Unicorn with the model runs ~20k instructions/s) and cover what the code
 branches on: k = 1..4 tokens (the computed jump into the unrolled tokens), accumulate or not,
-an output row stride with gaps, FP16 edge values (65504, denormals, signed zeros); for Q8_0
-the decode pairs (k = 1, d even: rows i and i + d/2 together), d odd (one row at a time),
+an output row stride with gaps, FP16 edge values (65504, denormals, signed zeros); for FP16
+decode four rows at once (k = 1, d a multiple of 4: rows i + j d/4) or one; for Q8_0 the
+decode pairs (k = 1, d even: rows i and i + d/2 together), d odd (one row at a time),
 edge blocks (zero, denormal and largest scales, q = -128); one Gemma-sized n each.
 """
 from __future__ import annotations
@@ -46,7 +47,7 @@ def native(image):
 
 @pytest.mark.parametrize("d,n,k,accumulate", [
     (1, 16, 1, 0), (2, 32, 4, 1), (3, 48, 3, 0), (5, 16, 2, 1), (4, 64, 1, 1), (3, 2048, 2, 0),
-    (16, 2048, 4, 1), (6, 32, 1, 0), (3, 64, 1, 1), (2, 2048, 1, 1),
+    (16, 2048, 4, 1), (6, 32, 1, 0), (3, 64, 1, 1), (2, 2048, 1, 1), (8, 32, 1, 1),
 ])
 def test_matmul_f16_avx2_in_the_model(model, native, d, n, k, accumulate):
     w, x, old = kernel_case(d, n, k, d * 101 + n + k)

@@ -120,11 +120,12 @@ def test_fast_kernel_against_float64(cpu, d, n, k, accumulate):
                                   f"the bound at {np.unravel_index(np.argmax(err - bound), err.shape)}")
 
 
-@pytest.mark.parametrize("d,n", [(1, 16), (5, 32), (9, 144), (16, 2048)])
+@pytest.mark.parametrize("d,n", [(1, 16), (5, 32), (6, 48), (9, 144), (12, 64), (16, 2048)])
 def test_fast_kernel_bits_do_not_depend_on_k_or_rows(cpu, d, n):
     """A (row, token) result is the same bits whatever the other tokens of the call (k = 1..4)
     and whatever rows share the call (a split changes where a thread's rows begin):
-    what makes prompt blocks and thread counts agree bit for bit."""
+    what makes prompt blocks and thread counts agree bit for bit. k = 1 covers each decode
+    pass: four rows at once (d = 12, 16), one (d = 1, 5, 6, 9)."""
     w, x, old = kernel_case(d, n, 4, d + n)
     want = np.stack([call_fast(cpu, w, x[t:t + 1], old[t:t + 1], 1)[0] for t in range(4)])
     for k in (2, 3, 4):

@@ -162,8 +162,9 @@ wait_change:
 .ret:
         ret
 
-; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T),
-; none when k c >= d; in chunks of MM_CHUNK rows, each chunk for every token in turn, up to
+; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T)
+; rounded up to a multiple of 4 (so every share but the last decodes in the FP16 kernel's
+; four-row passes, whatever T), none when k c >= d; in chunks of MM_CHUNK rows, each chunk for every token in turn, up to
 ; job_tokens tokens per kernel call (its weights come from memory once, then from the cache);
 ; for one token (decode), all of k's rows in one chunk.
 ; With job_gate set, each chunk done then gets gate = gelu_tanh(gate) * xout on its rows, in
@@ -176,7 +177,9 @@ mm_share:
         mov     edi, [rbx+J_D]
         lea     eax, [rdi+rcx-1]
         xor     edx, edx
-        div     ecx                     ; c
+        div     ecx
+        add     eax, 3
+        and     al, -4                  ; c
         imul    esi, eax                ; the first row
         sub     edi, esi                ; rows left
         jbe     wait_change.ret         ; none for k

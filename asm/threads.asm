@@ -164,8 +164,8 @@ wait_change:
 
 ; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T)
 ; rounded up to a multiple of 4 (so every share but the last decodes in the FP16 kernel's
-; four-row passes, whatever T), none when k c >= d; in chunks of MM_CHUNK rows, each chunk for every token in turn, up to
-; job_tokens tokens per kernel call (its weights come from memory once, then from the cache);
+; four-row passes, whatever T), none when k c >= d; in chunks of MM_CHUNK rows, each chunk
+; for every token in turn, up to job_tokens tokens per kernel call (its weights come from memory once, then from the cache);
 ; for one token (decode), all of k's rows in one chunk.
 ; With job_gate set, each chunk done then gets gate = gelu_tanh(gate) * xout on its rows, in
 ; the cache and on every thread (GEGLU: the same operations as one geglu call over all).

@@ -25,9 +25,12 @@
 ; places megabytes apart. Against one row at a time on the 2b shapes: Q8_0 12-20% faster; FP16
 ; two rows 25%, four rows 1.08x two on 2 threads and 1.20x on 1 (AVX2 host; rows 8 apart,
 ; within a 16-row chunk, gained nothing).
-; The weights are prefetched 8 KB ahead (4 and 16 KB measured no better); without it Q8_0
-; decode runs ~25% slower, with the model in 4 KB or in 2 MB pages. FP16 decode is not
-; prefetched: A/B runs with it went 0.94-1.17x, no gain beyond the noise (AVX2 host).
+; Q8_0 decode pairs prefetch their weights 8 KB ahead (4 and 16 KB measured no better);
+; without it Q8_0 decode runs ~25% slower, with the model in 4 KB or in 2 MB pages. FP16
+; decode is not prefetched: A/B runs with it went 0.94-1.17x, no gain beyond the noise. Nor
+; are prompt passes: their weights come from the cache after a chunk's first call, and
+; prefetching them into L1 evicted the tokens' x (without: 2b FP16 prompt 1.11-1.20x on 2
+; threads, 1.05x on 1; Q8_0 and the real 270M unchanged; AVX2 host).
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
 ;   r9d accumulate; stack: k (1..4, low dword), ostride (a qword)
 ;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared)
@@ -94,7 +97,6 @@ matmul_f16_avx2:
         vfmadd231ps ymm0, ymm8, [rsi]
         vfmadd231ps ymm4, ymm9, [rsi+32]
         add     rsi, 64
-        prefetcht0 [rdx+PREFETCH_AHEAD]
 .top:
         sub     eax, 64
         jb      .sum

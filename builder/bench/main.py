@@ -13,7 +13,8 @@ pages where the kernel does that (the report gives the model's share, see warm);
 native SSE2 and AVX2 read loops in 1, 2 and 4 streams per thread over --bw-size bytes (2 GiB;
 256 MiB with a tiny preset, whose models fit any L2 cache: see bw_size), and over the model
 files at least half that size) and the speed of the engine's decode kernel for each
-weight type with the weights in cache (its arithmetic ceiling; see "The kernel level"), then
+weight type with the weights in cache (its arithmetic ceiling; see "The kernel level") and the
+FMA peak, then
 for each thread count each model file in the engine and each twin in llama.cpp, one after the
 other; the ceiling once more at the end. The engine is the packed program users run (./gemma
 built from the current sources, or --engine); --compare-image times its image (BINARY.elf) too, right after or before it (the
@@ -63,9 +64,10 @@ decode tokens/s x bytes per token / bandwidth at that thread count; decode / ker
 the same bytes/s over the kernel's speed with its weights in cache; prompt FLOPs per token =
 2 x every matrix weight of the layers + the attention over the prompt (average position) + the
 logits of the last position shared over P; its fraction of the FMA peak in the level's
-vectors ("FMA peak (AVX-512)" or "(AVX2)"), measured at the start on each thread count
-(builder.bench.machine: ten independent vfmadd231ps chains per thread, so at the clock the
-cores really run). llama.cpp is timed by builder.bench.llama on the
+vectors ("FMA peak (AVX-512)" or "(AVX2)"), measured on each thread count with the read
+ceiling, before each round and after the last, the best of them (builder.bench.machine: ten
+independent vfmadd231ps chains per thread, so at the clock the cores really run; measured
+once, other work on a CPU could halve the 2-thread peak and double the prompt's fraction). llama.cpp is timed by builder.bench.llama on the
 same prompt token ids, with the same thread count.
 """
 from __future__ import annotations
@@ -452,7 +454,7 @@ def bench(cfg: Config) -> Result:
     engines, jobs, peers, peer_jobs = lineup(cfg, engine, pairs, source is not None)
     level = bench_level.kernel_level(cfg.engine_args, bench_machine.cpu_flags())
     fma_level = bench_level.fma_level(level)
-    peaks = bench_machine.fma_peaks(threads, fma_level)
+    peaks: dict[int, float] = {}  # the best of every round's ({}: the CPU lacks the level)
     # the model files themselves are read too where they are big enough not to sit in a cache
     big = [f for f in dict.fromkeys([m for m, _ in pairs] + [job.path for job in peer_jobs])
            if f.stat().st_size >= cfg.bw_size // 2]
@@ -466,6 +468,8 @@ def bench(cfg: Config) -> Result:
         for t, (gbs, loop) in bench_machine.bandwidths(threads, cfg.bw_size, big).items():
             bw_runs[t].append(gbs)
             bw_loop[t] = max(bw_loop.get(t, (0.0, "")), (gbs, loop))
+        for t, gflops in bench_machine.fma_peaks(threads, fma_level).items():
+            peaks[t] = max(peaks.get(t, 0.0), gflops)
         # the level's kernels ({}: n/a at the baseline)
         speeds = bench_machine.kernel_speeds(engine, level, list(dict.fromkeys(e.wtype for e in engines)),
                                              threads)

@@ -572,6 +572,29 @@ def test_no_kernel_figures_at_the_baseline_or_without_the_levels_flags(gemma, mo
     assert bench_machine.fma_peaks([1], "avx512", iterations=2) == {}
 
 
+def test_fma_peak_is_the_best_of_every_round(gemma, tmp_path, monkeypatch):
+    """The FMA peak is measured with the read ceiling, before each round and after the last, and
+    the best of those is the peak (measured once, a busy CPU could halve the 2-thread peak and so
+    double the prompt's fraction of it)."""
+    values = iter([10.0, 30.0, 20.0])  # the best neither the first nor the last
+    calls = []
+
+    def fake_peaks(threads, level):
+        calls.append(level)
+        return {t: next(values) for t in threads}
+    monkeypatch.setattr(bench_machine, "fma_peaks", fake_peaks)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--no-llama", "--bw-size", "16M", "-t", "1", "-r", "2", "-p", str(PROMPT),
+                         "-n", str(N), "--json", str(tmp_path / "out.json")])
+    assert rc == 0, out.getvalue()
+    assert len(calls) == 3  # before each of the 2 rounds, and after the last
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert {int(t): v for t, v in res["fma_peak"].items()} == {1: 30.0}
+    assert f"; FMA peak ({FMA}), measured, GFLOP/s: 30.0 on 1 thread(s)" in out.getvalue()
+
+
 def test_baseline_runs_have_no_kernel_figures(gemma, tmp_path):
     """With --engine-args=--baseline the engine runs its SSE kernels, so the AVX2 kernels'
     speed in cache would be no ceiling of it: n/a."""

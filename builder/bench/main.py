@@ -67,8 +67,9 @@ logits of the last position shared over P; its fraction of the FMA peak in the l
 vectors ("FMA peak (AVX-512)" or "(AVX2)"), measured on each thread count with the read
 ceiling, before each round and after the last, the best of them (builder.bench.machine: ten
 independent vfmadd231ps chains per thread, so at the clock the cores really run; measured
-once, other work on a CPU could halve the 2-thread peak and double the prompt's fraction). llama.cpp is timed by builder.bench.llama on the
-same prompt token ids, with the same thread count.
+once, other work on a CPU could halve the 2-thread peak and double the prompt's fraction).
+llama.cpp is timed by builder.bench.llama on the same prompt token ids, with the same thread
+count.
 """
 from __future__ import annotations
 
@@ -464,7 +465,7 @@ def bench(cfg: Config) -> Result:
                                                          for i in range(len(engines)) for t in threads}
     llama: dict[tuple[int, int], list[Figures]] = {(i, t): [] for i in range(len(peers)) for t in threads}
 
-    def bandwidth() -> None:
+    def ceilings() -> None:  # read, kernels in cache, FMA
         for t, (gbs, loop) in bench_machine.bandwidths(threads, cfg.bw_size, big).items():
             bw_runs[t].append(gbs)
             bw_loop[t] = max(bw_loop.get(t, (0.0, "")), (gbs, loop))
@@ -480,7 +481,7 @@ def bench(cfg: Config) -> Result:
     # rounds interleave the engines, so a burst of other work on the machine hits both; the
     # packed program and its image (--compare-image) take turns at going first
     for r in tqdm(range(cfg.repeat), desc="rounds", leave=False, disable=cfg.repeat < 2):
-        bandwidth()
+        ceilings()
         for t in threads:
             for i, job in enumerate(jobs):
                 for k in (range(len(programs)) if r % 2 == 0 else reversed(range(len(programs)))):
@@ -492,7 +493,7 @@ def bench(cfg: Config) -> Result:
                         llama[i, t].append(time_llama(cfg, job.path, job.ids, t))
                     except BenchError as e:
                         p.error = str(e)
-    bandwidth()
+    ceilings()
     for i, e in enumerate(engines):
         e.rounds = [gemma[0, i, t] for t in threads]
         e.figures = [best(runs) for runs in e.rounds]

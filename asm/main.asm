@@ -14,16 +14,17 @@ LOGITS_STAT = 16                ; out_buf offset of the --logits file's struct s
 DEFAULT_CTX = 4096
 
 ; start: the ELF entry point. The kernel leaves argc at [rsp], argv after it.
-;   in: rsp -> argc, argv[], 0, envp[]   out: never returns
+;   in: rsp -> argc, argv[], 0, envp[] (every other register: anything)   out: never returns
 start:
         mov     ebp, front_base         ; for good (vars.asm)
         ; writes to a closed pipe must return EPIPE (then output.asm exits quietly)
-        ; rather than kill the process: block SIGPIPE. Linux starts an ELF program with every
-        ; general register but rsp zero (ELF_PLAT_INIT; so does qemu-user): edi = SIG_BLOCK,
-        ; rdx = no old set, and rcx's upper bytes already are.
+        ; rather than kill the process: block SIGPIPE. (No register but rsp is read before
+        ; it is written: the packed program's stub leaves its decoder's values in them.)
         lea     esi, [rbp+V_SIGSET]     ; (rbp < 2^32)
         mov     word [rsi], SIGPIPE_BIT
-        mov     cl, 8                   ; sizeof(sigset_t) as the kernel counts it
+        xor     edi, edi                ; SIG_BLOCK
+        xor     edx, edx                ; no old set
+        lea     ecx, [rdi+8]            ; sizeof(sigset_t) as the kernel counts it
         mov     al, SYS_rt_sigprocmask  ; (its only call: no wrapper)
         call    sys_call
         mov     dword [rbp+V_PROMPT], empty_text ; no -p: the empty prompt

@@ -3,8 +3,10 @@
 ; with the image's addresses as constants (fasm's -d; below) and appends the packed bytes at
 ; `payload`. At start-up the stub maps the image's pages where the image was linked, decodes
 ; it into them, makes its code read+execute, unmaps its own table and jumps to the image's
-; entry with the registers, flags and stack as Linux hands them to a new program. The second
-; file, after sys.asm, that holds `syscall`.
+; entry with the stack as Linux hands it to a new program (rsp, argc, argv, envp, auxv), DF
+; clear and the x87 and SSE state untouched; the general registers hold what the decoder and
+; the system calls left (the image reads none before writing it). The second file, after
+; sys.asm, that holds `syscall`.
 ;
 ; Constants from the build:
 ;   IMAGE_BASE      the image's first page (its link base)
@@ -38,9 +40,7 @@ MAP_STUB        = 0x108022      ; MAP_FIXED_NOREPLACE (a hint before Linux 4.17)
                                 ; MAP_POPULATE (one call faults the table's 256 pages in, faster
                                 ; than 256 faults) | MAP_ANONYMOUS | MAP_PRIVATE
 
-; stub_start: the packed program's entry point. The kernel starts it with every general
-; register but rsp zero (ELF_PLAT_INIT), and so it leaves them for the image: the decoder
-; preserves rbx rbp r12-r15 (SysV), and the rest is zeroed before the jump.
+; stub_start: the packed program's entry point.
 ;   in: rsp -> argc, argv[], 0, envp[], auxv   out: never returns (jumps to IMAGE_ENTRY)
 stub_start:
         ; mmap(IMAGE_BASE, image pages + table, read+write, private anonymous, fd 0, 0):
@@ -73,17 +73,8 @@ stub_start:
         mov     esi, PACK_SCRATCH
         push    SYS_munmap
         pop     rax
-        syscall                         ; rax = 0
-        push    IMAGE_ENTRY             ; popped by the ret below: rsp as the kernel left it
-        xor     ecx, ecx                ; (syscall's return address)
-        xor     edx, edx
-        xor     esi, esi
-        xor     edi, edi
-        xor     r8d, r8d
-        xor     r9d, r9d
-        xor     r10d, r10d
-        xor     r11d, r11d              ; (syscall's rflags)
-        ret
+        syscall
+        jmp     IMAGE_ENTRY             ; rsp as the kernel left it
 
 ; stub_no_memory: "gemma: out of memory" on stderr, exit status 1.
 stub_no_memory:

@@ -33,14 +33,8 @@ PACK_PRIOR      = 2
 ; of the range), starting at 1 and 0, so that the first bit's renormalisation reads three
 ; bytes.
 ;   in: rdi out, rsi src, rdx n (>= 1), rcx scratch (PACK_SCRATCH bytes, zero, 4-aligned)
-;   out: out   clobbers: rax rcx rdx rsi rdi r8-r11
+;   out: out   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r15 (not SysV: the stub keeps none)
 unpack:
-        push    rbx
-        push    rbp
-        push    r12
-        push    r13
-        push    r14
-        push    r15
         mov     r11, rcx                ; the table
         add     rdx, rdi
         push    rdx                     ; the end of out: [rsp + r12] below the records
@@ -152,12 +146,6 @@ unpack:
         cmp     rdi, [rsp+r12]
         jb      .byte
         lea     rsp, [rsp+r12+8]        ; drop the records and the end
-        pop     r15
-        pop     r14
-        pop     r13
-        pop     r12
-        pop     rbp
-        pop     rbx
         ret
 
 pack_hash:

@@ -12,8 +12,8 @@ kernels are tested.
 - The call runs in a forked child (a crash or hang cannot take pytest down) through a
   trampoline that loads the SysV argument registers and the two stack slots, junk in the
   others, sentinels in rbx rbp r12-r15, and records after the return: rax, xmm0, the
-  callee-saved registers, rsp, RFLAGS (DF), MXCSR, the x87 control and status words.
-  Breaches raise `KernelFault`.
+  callee-saved registers (unless `sysv=False`, as in the emulator), rsp, RFLAGS (DF), MXCSR,
+  the x87 control and status words. Breaches raise `KernelFault`.
 - Before the call, the CPU features the reachable code needs (avx.features) are compared
   with /proc/cpuinfo; a missing one makes the test skip and says which.
 """
@@ -158,7 +158,7 @@ class NativeRunner:
         insns = code.reachable(self.image, self.image.symbol(name).address)
         return avx.features(insns) - cpu_flags()
 
-    def call(self, name: str, *args) -> CallResult:
+    def call(self, name: str, *args, sysv: bool = True) -> CallResult:
         missing = self.needs(name)
         if missing:
             import pytest
@@ -173,7 +173,7 @@ class NativeRunner:
         try:
             address_of = self._fill(arena, p, layout)
             self._run(name, self.image.symbol(name).address + self.delta, p, address_of)
-            return self._collect(name, arena, p, layout, address_of)
+            return self._collect(name, arena, p, layout, address_of, sysv)
         finally:
             _libc.munmap(arena, max(size, PAGE))
 
@@ -217,11 +217,12 @@ class NativeRunner:
                    f"write to an input, or a broken stack?)")
             raise KernelFault(f"{name}: natively {why}")
 
-    def _collect(self, name: str, arena: int, p, layout, address_of) -> CallResult:
+    def _collect(self, name: str, arena: int, p, layout, address_of,
+                 sysv: bool) -> CallResult:
         ctl = ctypes.string_at(self.ctl, PAGE)
         saved = struct.unpack_from("<6Q", ctl, OUT_SAVED)
         bad = [f"{r} ({want:#x} -> {got:#x})"
-               for (r, want), got in zip(CALLEE_SAVED.items(), saved) if got != want]
+               for (r, want), got in zip(CALLEE_SAVED.items(), saved) if got != want and sysv]
         if bad:
             raise KernelFault(f"{name}: natively clobbers callee-saved {', '.join(bad)}")
         (rsp,) = struct.unpack_from("<Q", ctl, OUT_RSP)

@@ -3,7 +3,9 @@
 Contract: `run_program(image, argv, files={path: bytes}, stdin=b"", ...) -> ProgramResult`
 starts the image at its entry point with a Linux-like initial stack (argc, argv, an empty
 environment, an auxiliary vector) on the baseline CPU (see unicorn_run.new_machine) and serves
-its syscalls from memory:
+its syscalls from memory. Every general register but rsp starts with junk (a different value
+each): Linux would give zeros, but the packed program's stub hands the image the registers
+as its decoder left them, so the image must not read one before it writes it. Its syscalls:
 read write open openat close fstat lseek mmap munmap mprotect madvise rt_sigprocmask
 sched_getaffinity (one CPU: the emulated process runs one thread) exit exit_group.
 - `files` are the readable files (the model file, say); a file opened for writing is created
@@ -34,7 +36,7 @@ from unicorn import x86_const as R
 
 from . import code
 from .image import PAGE, Image, page_up
-from .unicorn_run import new_machine
+from .unicorn_run import JUNK_GPR, new_machine
 
 STACK_TOP = 0x7FFF_FFFF_0000
 STACK_SIZE = 8 << 20
@@ -52,6 +54,8 @@ SIGPIPE_BIT = 1 << 12                       # signal 13
 ARGS = (R.UC_X86_REG_RDI, R.UC_X86_REG_RSI, R.UC_X86_REG_RDX, R.UC_X86_REG_R10,
         R.UC_X86_REG_R8, R.UC_X86_REG_R9)
 MASK64 = (1 << 64) - 1
+GPRS = [getattr(R, f"UC_X86_REG_{n}") for n in
+        ("RAX", "RBX", "RCX", "RDX", "RSI", "RDI", "RBP", *(f"R{i}" for i in range(8, 16)))]
 
 
 class ProgramFault(AssertionError):
@@ -139,6 +143,8 @@ class _Process:
         sp = (sp - 8 * len(words)) & ~15
         uc.mem_write(sp, struct.pack(f"<{len(words)}Q", *words))
         uc.reg_write(R.UC_X86_REG_RSP, sp)
+        for i, reg in enumerate(GPRS):
+            uc.reg_write(reg, (JUNK_GPR + i * 0x0101_0101_0101) & MASK64)
         try:
             uc.emu_start(self.image.entry, 0, timeout=int(timeout * 1e6))
         except UcError as e:

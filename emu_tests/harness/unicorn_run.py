@@ -19,7 +19,8 @@ from the routine by direct branches, else when its block is first reached. Durin
 - at every `call` the routine makes rsp must be 16-byte aligned;
 - no more than `budget` instructions may run (the count is returned; a modelled instruction
   counts as one).
-After it returns: rbx rbp r12-r15, rsp and every register named in `preserves` (e.g. those
+After it returns: rbx rbp r12-r15 (unless `sysv=False`: a routine that keeps none of them,
+the packed program's decoder), rsp and every register named in `preserves` (e.g. those
 its header does not list as clobbered: GPR names like "rdi", or "xmm6") are as before, DF is
 clear, MXCSR and the x87 control word are unchanged, the x87 stack is empty and ymm0-15 are
 zero above bit 127 (a vzeroupper before returning to SSE code). Any breach raises
@@ -147,9 +148,9 @@ class _Call:
     is also the instruction model's port (registers and checked memory)."""
 
     def __init__(self, emu: Emulator, name: str, args: tuple, budget: int,
-                 preserves: tuple[str, ...] = ()):
+                 preserves: tuple[str, ...] = (), sysv: bool = True):
         self.emu, self.image = emu, emu.image
-        self.name, self.budget, self.preserves = name, budget, preserves
+        self.name, self.budget, self.preserves, self.sysv = name, budget, preserves, sysv
         self.sym = self.image.symbol(name)
         self.fault: str | None = None
         self.count = 0
@@ -376,7 +377,8 @@ class _Call:
     def _check_after(self) -> None:
         uc = self.uc
         bad = [f"{reg} ({want:#x} -> {uc.reg_read(REG[reg]):#x})"
-               for reg, want in CALLEE_SAVED.items() if uc.reg_read(REG[reg]) != want]
+               for reg, want in CALLEE_SAVED.items() if uc.reg_read(REG[reg]) != want
+               and self.sysv]
         if bad:
             raise KernelFault(f"{self.name}: clobbers callee-saved {', '.join(bad)}")
         rsp = uc.reg_read(REG["rsp"])
@@ -451,6 +453,6 @@ class Emulator:
         self._scanned.add(name)
 
     def call(self, name: str, *args, budget: int | None = None,
-             preserves: tuple[str, ...] = ()) -> CallResult:
+             preserves: tuple[str, ...] = (), sysv: bool = True) -> CallResult:
         self.scan(name)
-        return _Call(self, name, args, budget or self.budget, tuple(preserves)).run()
+        return _Call(self, name, args, budget or self.budget, tuple(preserves), sysv).run()

@@ -22,10 +22,12 @@ Contract: `check(path_or_bytes, budget=None)` returns None when every check pass
               .text (PROGBITS, AX), .shstrtab (STRTAB, not allocated) and, when there is an
               rw- PT_LOAD, .data (PROGBITS, WA) and .bss (NOBITS, WA) present, section
               names read from e_shstrndx
-  entry       e_entry inside the r-x PT_LOAD's file bytes after the program headers, and
+  entry       e_entry inside the r-x PT_LOAD's file bytes after the program headers (a last
+              PT_GNU_STACK counts for its p_type and p_flags), and
               inside .text when there are section headers
-  bounds      every segment's file bytes inside the file, p_filesz <= p_memsz, PT_LOADs do
-              not share a page in memory
+  bounds      every PT_LOAD's file bytes inside the file, p_filesz <= p_memsz, PT_LOADs do
+              not share a page in memory (of PT_GNU_STACK only p_type and p_flags are read:
+              the packed program's code starts over the rest, linker/layout.py)
   congruence  every PT_LOAD has p_offset == p_vaddr modulo the page size (and its p_align)
   coverage    (with section headers) .text inside a readable, executable PT_LOAD; .data and
               .bss, where present, inside a writable one; file bytes of .text/.data where the segment maps them
@@ -42,7 +44,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.constants import P_FLAGS, SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
-from .layout import PAGE
+from .layout import PAGE, STACK_READ
 
 REQUIRED = {  # name: (sh_type, flags among SHF_ALLOC|SHF_WRITE|SHF_EXECINSTR)
     ".text": ("SHT_PROGBITS", SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR),
@@ -123,7 +125,7 @@ def check(path_or_bytes: bytes | str | os.PathLike, budget: int | None = None) -
     elif hdr.e_shstrndx != 0:
         raise ElfCheckError("sections", f"no section headers, but e_shstrndx is "
                             f"{hdr.e_shstrndx}")
-    _check_entry(hdr, code, sections)
+    _check_entry(hdr, code, sections, segments[-1].p_type)
     _check_segments(segments, len(blob))
     if has_sections:
         _check_coverage(segments, sections)
@@ -169,10 +171,12 @@ def _check_sections(hdr, sections: dict, writable: bool) -> None:
                                 f"{sec.sh_flags:#x}, want {sh_type} flags {flags:#x}")
 
 
-def _check_entry(hdr, code, sections: dict) -> None:
+def _check_entry(hdr, code, sections: dict, last_type: str) -> None:
     """The 'entry' check: e_entry in the code segment's file bytes after the headers (and in
-    .text when there are sections)."""
+    .text when there are sections); of a last PT_GNU_STACK header, only the 8 bytes read."""
     phdrs_end = hdr.e_phoff + hdr.e_phnum * hdr.e_phentsize
+    if last_type == "PT_GNU_STACK":
+        phdrs_end -= hdr.e_phentsize - STACK_READ
     start = code.p_vaddr + max(0, phdrs_end - code.p_offset)
     end = code.p_vaddr + code.p_filesz
     if not start <= hdr.e_entry < end:
@@ -188,7 +192,8 @@ def _check_segments(segments: list, file_size: int) -> None:
     """The 'bounds' and 'congruence' checks."""
     loads = sorted((s for s in segments if s.p_type == "PT_LOAD"), key=lambda s: s.p_vaddr)
     for i, seg in enumerate(segments):
-        if seg.p_offset + seg.p_filesz > file_size or seg.p_filesz > seg.p_memsz:
+        if seg.p_type == "PT_LOAD" and (seg.p_offset + seg.p_filesz > file_size
+                                        or seg.p_filesz > seg.p_memsz):
             raise ElfCheckError("bounds", f"program header {i} ({seg.p_type}) file bytes "
                                 f"[{seg.p_offset:#x}, +{seg.p_filesz:#x}) memsz "
                                 f"{seg.p_memsz:#x}, file size {file_size:#x}")

@@ -16,7 +16,10 @@ File                                    Memory
 
 A program laid out with writable=False (the packed program: its stub has no writeable
 segment) has no rw segment, no .data and no .bss: two program headers (r-x and
-PT_GNU_STACK), so .text starts at file offset 0xb0.
+PT_GNU_STACK). Of PT_GNU_STACK, Linux (binfmt_elf), qemu-user and gdb read p_type and
+p_flags only, so .text starts right after those, at file offset 0x80: its first 48 bytes are
+also the header's p_offset .. p_align, which mean nothing there (48 bytes of the file). The
+r-x segment maps at least the headers: a .text under 48 bytes is followed by zeros up to 0xb0.
 
 The rw segment starts on the page after the last page of .text in memory while its file bytes
 follow .text directly: data_addr = BASE + PAGE + data_off keeps offset and address congruent
@@ -37,6 +40,7 @@ EHDR_SIZE = 64           # sizeof(Elf64_Ehdr)
 PHDR_SIZE = 56           # sizeof(Elf64_Phdr)
 SHDR_SIZE = 64           # sizeof(Elf64_Shdr)
 PHNUM = 3                # PT_LOAD r-x, PT_LOAD rw-, PT_GNU_STACK (2 without the rw-)
+STACK_READ = 8           # the bytes of PT_GNU_STACK anything reads: p_type and p_flags
 
 
 def align_up(value: int, alignment: int) -> int:
@@ -73,8 +77,14 @@ class Layout:
 
     @property
     def text_file_end(self) -> int:
-        """File offset one past the last byte of .text (end of the r-x segment's file bytes)."""
+        """File offset one past the last byte of .text."""
         return self.text_off + self.text_size
+
+    @property
+    def code_file_end(self) -> int:
+        """End of the r-x segment's file bytes: .text's end, or the program headers' end when
+        .text (starting inside them) is shorter."""
+        return max(self.text_file_end, EHDR_SIZE + self.phnum * PHDR_SIZE)
 
     @property
     def data_file_end(self) -> int:
@@ -84,7 +94,7 @@ class Layout:
     @property
     def file_end(self) -> int:
         """File offset one past the last loaded byte: the size of the file without symbols."""
-        return self.data_file_end if self.data_size else self.text_file_end
+        return self.data_file_end if self.data_size else self.code_file_end
 
     @property
     def bss_end(self) -> int:
@@ -108,7 +118,7 @@ def layout(text_size: int, data_size: int, bss_size: int, base: int = BASE,
     if not writable and (data_size or bss_size):
         raise ValueError("a program without an rw segment has no .data and no .bss")
     phnum = PHNUM if writable else PHNUM - 1
-    text_off = EHDR_SIZE + phnum * PHDR_SIZE
+    text_off = EHDR_SIZE + phnum * PHDR_SIZE - (0 if writable else PHDR_SIZE - STACK_READ)
     text_file_end = text_off + text_size
     data_off = (align_up(text_file_end, DATA_ALIGN) if data_size
                 else text_file_end & -DATA_ALIGN)

@@ -2,7 +2,8 @@
 
 File order: ELF header, program headers (PT_LOAD r-x over offset 0 .. end of .text, PT_LOAD rw-
 over .data with .bss as memory beyond its file size unless the layout has no rw segment,
-PT_GNU_STACK rw-), .text, and when .data is
+PT_GNU_STACK rw-), .text (without an rw segment: from PT_GNU_STACK's p_offset on, see
+layout.py; zeros after a .text too short to fill that header), and when .data is
 not empty, zero padding up to data_off and .data. The file ends there, at layout.file_end: no
 section header table and no .shstrtab (e_shoff, e_shnum and e_shstrndx are 0), since loading
 and running the program reads only the program headers. With `symbols` (a list, even empty)
@@ -42,6 +43,7 @@ def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
                          f"{lay.text_end:#x})")
     image = bytearray(lay.text_off)              # ELF and program headers, packed last
     image += text
+    image.extend(bytes(lay.code_file_end - len(image)))
     if data:
         image.extend(bytes(lay.data_off - len(image)))
         image.extend(data)
@@ -51,12 +53,13 @@ def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
         shoff, shnum, shstrndx = _append_sections(image, symbols, lay)
     rw = pack_phdr(PT_LOAD, PF_R | PF_W, lay.data_off, lay.data_addr, lay.data_size,
                    lay.data_size + lay.bss_size, PAGE) if lay.writable else b""
-    image[:lay.text_off] = (
+    headers = (
         pack_ehdr(entry, shoff, lay.phnum, shnum, shstrndx)
-        + pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.base, lay.text_file_end, lay.text_file_end,
+        + pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.base, lay.code_file_end, lay.code_file_end,
                     PAGE)
         + rw
         + pack_phdr(PT_GNU_STACK, PF_R | PF_W, 0, 0, 0, 0, STACK_ALIGN))
+    image[:lay.text_off] = headers[:lay.text_off]   # (without an rw segment, .text goes on)
     return bytes(image)
 
 

@@ -120,11 +120,13 @@ def test_layout_rejects_bad_sizes(sizes):
 
 @pytest.mark.parametrize("base", [0x10000, 0x200000, BASE])
 def test_layout_without_rw_segment(base):
-    """writable=False (the packed program): two program headers, .text right after them at
-    `base`, no .data or .bss allowed; `base` must be a page multiple below 2^31."""
+    """writable=False (the packed program): two program headers, .text from the second's
+    p_offset field on (after PT_GNU_STACK's p_type and p_flags) at `base`, the file at least
+    the headers; no .data or .bss allowed; `base` must be a page multiple below 2^31."""
     lay = linker.layout(100, 0, 0, base=base, writable=False)
-    assert (lay.phnum, lay.writable, lay.text_off, lay.text_addr) == (2, False, 176, base + 176)
-    assert lay.file_end == 276
+    assert (lay.phnum, lay.writable, lay.text_off, lay.text_addr) == (2, False, 128, base + 128)
+    assert lay.file_end == lay.code_file_end == 228
+    assert linker.layout(20, 0, 0, base=base, writable=False).file_end == 176
     for sizes in ((100, 1, 0), (100, 0, 1)):
         with pytest.raises(ValueError, match="no .data and no .bss"):
             linker.layout(*sizes, base=base, writable=False)
@@ -151,6 +153,12 @@ def test_code_only_program_runs(tmp_path, symbols):
         with pytest.raises(ValueError, match="unknown section '.data'"):
             linker.link(text, b"", 0, lay.text_addr, lay, [Symbol("d", lay.text_end, 0, ".data")])
     assert run(elf, tmp_path).returncode == 42
+    stack_read = 64 + 56 + 8        # the code starts after PT_GNU_STACK's p_type and p_flags
+    assert lay.text_off == stack_read and elf[120:128] == struct.pack("<II", 0x6474E551, 6)
+    bad = bytearray(elf)
+    struct.pack_into("<Q", bad, 24, lay.text_addr - 1)
+    with pytest.raises(linker.ElfCheckError, match="'entry' failed"):
+        linker.check(bytes(bad))
 
 
 # ---------------------------------------------------------------- programs the kernel runs
@@ -462,7 +470,8 @@ BAD = [  # (id, files it applies to, mutation, check name, fragment of the messa
     ("shstrtab-alloc", SYMS, patch("<Q", sh(4, 8), 2), "sections", ".shstrtab"),
     ("entry-past-text", BOTH, patch("<Q", 24, LAY.text_end), "entry", "outside the r-x"),
     ("entry-in-data", BOTH, patch("<Q", 24, LAY.data_addr), "entry", "outside the r-x"),
-    ("entry-in-headers", ALL, patch("<Q", 24, BASE + HEADERS - 1), "entry", "outside the r-x"),
+    # (the last 48 bytes of a last PT_GNU_STACK header may be code: linker/layout.py)
+    ("entry-in-headers", ALL, patch("<Q", 24, BASE + HEADERS - 49), "entry", "outside the r-x"),
     ("entry-past-text-section", SYMS, both(patch("<Q", 24, LAY.text_addr + 1),
                                            patch("<Q", sh(1, 32), 1)), "entry",
      "outside .text"),

@@ -5,15 +5,16 @@ XCR0_SSE_AVX = 6                                        ; the OS saves XMM and Y
 CPUID7_AVX512F = 1 shl 16                               ; leaf 7 ebx
 XCR0_AVX512 = 0xE0                                      ; ... and opmask, ZMM0-15 high, ZMM16-31
 
-; cpu_setup: the matrix-product kernel every thread calls and the tokens it takes per call:
-; matmul_f16_avx2 and 4 when CPUID leaf 1 reports AVX, FMA, F16C and OSXSAVE, XGETBV shows
+; cpu_setup: the matrix-product kernel every thread calls and the tokens it takes per call
+; (a kernel record per weight type, vars.asm): matmul_f16_avx2 and 3 (its prompt tiles; the
+; Q8_0 kernel 4) when CPUID leaf 1 reports AVX, FMA, F16C and OSXSAVE, XGETBV shows
 ; XCR0 bits 1 and 2 (all that kernel uses) and the model's dim, ffn and heads x head_dim are
 ; multiples of 16 (its precondition; every Gemma is), unless --baseline was given;
 ; matmul_f16_avx512 instead where CPUID leaf 7 reports AVX-512F and XCR0 has bits 5-7 too,
-; unless --avx2 was given; matmul_f16 and 1 otherwise. Q8_0 matrices: matmul_q8_avx2,
-; matmul_q8_avx512 and matmul_q8 likewise.
+; unless --avx2 was given (4 tokens); matmul_f16 and 1 otherwise. Q8_0 matrices:
+; matmul_q8_avx2, matmul_q8_avx512 and matmul_q8 likewise.
 ;   in: opt_baseline, opt_avx2, rbx the model header, rbp fwd_vars (FV_Q_DIM)
-;   out: job_kernel, job_kernel_q8, job_tokens
+;   out: job_kernel, job_tokens, job_kernel_q8, job_tokens_q8
 ;   clobbers: rax rcx rdx rsi rdi r8
 cpu_setup:
         push    rbx
@@ -58,6 +59,11 @@ cpu_setup:
 .chosen:
         mov     [job_kernel], rsi
         mov     [job_kernel_q8], r8
+        mov     [job_tokens_q8], edi
+        cmp     esi, matmul_f16_avx2
+        jne     .tokens
+        dec     edi                     ; AVX2 FP16: prompt tiles of 3 tokens (fast.asm)
+.tokens:
         mov     [job_tokens], edi
         pop     rbx
         ret

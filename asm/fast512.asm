@@ -105,7 +105,8 @@ q8_pairs:
 ; tile4: matmul_f16_avx512's and matmul_q8_avx512's prompt blocks (k = 4): four rows a-d at a
 ; time; the loader (r12) puts each row's next 16 weights in zmm20-23 and walks row a (rows b,
 ; c, d are rbx, 2 rbx and rbp bytes on); 16 accumulators: row a's tokens 0-3 in zmm0-3, b's in
-; zmm8-11, c's in zmm12-15, d's in zmm16-19. Then each row's sums (.sums), the next row's
+; zmm8-11, c's in zmm12-15, d's in zmm16-19. Then each row's sums: the upper halves (chain 1)
+; into ymm4-7 and matmul_f16_avx2.sum_row (fast.asm: its order, its stores), the next row's
 ; accumulators moved into zmm0-3. k != 4 and the last d mod 4 rows: the AVX2 kernel (r11).
 ;   in: as matmul_f16_avx512, and rax the loader, r10 bytes of a row of W, r11 the AVX2 kernel
 ;   out, clobbers: as matmul_f16_avx512
@@ -115,12 +116,15 @@ tile4:
         push    rbx
         push    rbp
         push    r12
-        push    r13
         push    r14
+        push    rax                     ; (rsp 0 mod 16 at the calls)
         mov     r12, rax
         mov     r14, r11
         mov     rbx, r10
-        mov     r13, [rsp+56]           ; ostride (past the five pushes and the return)
+        push    qword [rsp+56]          ; ostride, k, a slot and accumulate: the frame
+        push    qword [rsp+56]          ; matmul_f16_avx2.sum_row reads (its .go's: k at
+        push    rax                     ; [rsp+16], ostride at [rsp+24])
+        push    r9
         imul    r10d, ecx, 4            ; s: bytes of an x_t
         lea     r11, [r10+r10*2]        ; 3s
 .quad:
@@ -161,8 +165,12 @@ tile4:
         sub     rsi, r10                ; x again
         add     rdx, rbp                ; past rows b-d
         mov     ebp, 4                  ; rows to sum
-.row:
-        call    .sums
+.row:                                   ; a row's four results, in the fast kernels' order
+        vextractf64x4 ymm4, zmm0, 1     ; chain 1 (lanes 8-15) as fast.asm's ymm 4+t
+        vextractf64x4 ymm5, zmm1, 1
+        vextractf64x4 ymm6, zmm2, 1
+        vextractf64x4 ymm7, zmm3, 1
+        call    matmul_f16_avx2.sum_row ; stored at rdi + t ostride; rdi 4 bytes on
         vmovaps zmm0, zmm8              ; the next row's accumulators into zmm0-3
         vmovaps zmm1, zmm9
         vmovaps zmm2, zmm10
@@ -175,7 +183,6 @@ tile4:
         vmovaps zmm13, zmm17
         vmovaps zmm14, zmm18
         vmovaps zmm15, zmm19
-        add     rdi, 4
         dec     r8d
         dec     ebp
         jnz     .row
@@ -184,8 +191,8 @@ tile4:
         mov     rax, r14
         mov     ecx, r10d
         shr     ecx, 2                  ; n
+        add     rsp, 40                 ; the frame
         pop     r14
-        pop     r13
         pop     r12
         pop     rbp
         pop     rbx
@@ -197,37 +204,6 @@ tile4:
         mov     rax, r11
 .avx2:
         jmp     rax
-
-; .sums: a row's four results from its accumulators zmm0-3 (tokens 0-3), in the fast kernels'
-; order, stored at rdi + t r13 (added to what is there when r9d != 0).
-;   clobbers: rax rcx xmm0-xmm7 (ymm upper halves too)
-.sums:
-        vextractf64x4 ymm4, zmm0, 1
-        vextractf64x4 ymm5, zmm1, 1
-        vextractf64x4 ymm6, zmm2, 1
-        vextractf64x4 ymm7, zmm3, 1
-        vaddps  ymm0, ymm0, ymm4        ; l: per token, both chains
-        vaddps  ymm1, ymm1, ymm5
-        vaddps  ymm2, ymm2, ymm6
-        vaddps  ymm3, ymm3, ymm7
-        vhaddps ymm0, ymm0, ymm1
-        vhaddps ymm2, ymm2, ymm3
-        vhaddps ymm0, ymm0, ymm2        ; tokens 0-3: lanes 0-3 summed, then lanes 4-7
-        vextractf128 xmm1, ymm0, 1
-        vaddps  xmm0, xmm0, xmm1        ; the row's sums for tokens 0-3
-        mov     rax, rdi
-        mov     ecx, FAST_TOKENS
-.put:
-        test    r9d, r9d
-        jz      .store
-        vaddss  xmm0, xmm0, [rax]
-.store:
-        vmovss  [rax], xmm0
-        vpermilps xmm0, xmm0, 0x39      ; the next token's sum to lane 0
-        add     rax, r13
-        dec     ecx
-        jnz     .put
-        ret
 
 ; f16_rows4: tile4's loader for FP16 rows: zmm20-23 = 16 halves of rows a-d, exact.
 ;   in: rdx row a, rbx bytes of a row, rbp 3 rows   out: rdx 32 bytes on

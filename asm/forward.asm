@@ -492,11 +492,12 @@ matrix_pair:
 ; looks up a row of it (the embedding: matmul_f16 of the row as a (cols,1) column by [s], or
 ; dequant_q8).
 ;   in: eax rows, ecx cols (upper halves zero), rbp fwd_vars (FV_FLAGS), rsi
-;   out: rax the room, rsi + rax, r10 bytes per row, r11 the kernel, rdx the lookup
+;   out: rax the room, rsi + rax, r10 bytes per row, r11 its kernel record (vars.asm), rdx
+;   the lookup
 ;   clobbers: nothing else
 matrix_bytes:
         lea     r10d, [rcx+rcx]         ; FP16: 2 bytes a weight
-        mov     r11, [job_kernel]
+        mov     r11d, job_kernel        ; (addresses are below 2^32)
         mov     edx, matmul_f16         ; (addresses are below 2^32)
         test    byte [rbp+FV_FLAGS], FLAG_Q8_0
         jz      .room
@@ -504,7 +505,7 @@ matrix_bytes:
         jnz     .room
         imul    r10d, ecx, Q8_0_BLOCK / 2   ; Q8_0: Q8_0_BLOCK bytes per QK8_0 weights,
         shr     r10d, 4                 ; cols * 17 / 16 (exact: cols is a multiple of 32)
-        mov     r11, [job_kernel_q8]
+        mov     r11d, job_kernel_q8
         mov     edx, dequant_q8
 .room:
         imul    rax, r10

@@ -91,7 +91,7 @@ worker:
 ; par_matmul: matmul_f16's product for B tokens, by the chosen kernel (cpu.asm), rows split
 ; over T threads: xout (B,d) = rows of W (d,n) @ each of x (B,n).
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16), eax B,
-;   r10 bytes per row of W, r11 the kernel (job_kernel or job_kernel_q8), job_gate (mm_share)
+;   r10 bytes per row of W, r11 its kernel record (job_kernel or job_kernel_q8), job_gate (mm_share)
 ;   out: xout; job_gate = 0 again
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 par_matmul:
@@ -165,8 +165,10 @@ wait_change:
 ; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T)
 ; rounded up to a multiple of 4 (so every share but the last decodes in the FP16 kernel's
 ; four-row passes, whatever T), none when k c >= d; in chunks of MM_CHUNK rows, each chunk
-; for every token in turn, up to job_tokens tokens per kernel call (its weights come from memory once, then from the cache);
-; for one token (decode), all of k's rows in one chunk.
+; for every token in turn (its weights come from memory once, then from the cache), up to
+; the kernel record's tokens per call, or all that are left when a call may take them (16 =
+; 3 + 3 + 3 + 3 + 4 for the AVX2 FP16 tiles: no lone last token); for one token (decode), all
+; of k's rows in one chunk.
 ; With job_gate set, each chunk done then gets gate = gelu_tanh(gate) * xout on its rows, in
 ; the cache and on every thread (GEGLU: the same operations as one geglu call over all).
 ;   in: esi k, rbx job_vars   out: those rows of xout
@@ -219,13 +221,16 @@ mm_share:
         imul    rax, [rbx+J_ROWB]
         mov     rdx, [rbx+J_W]
         add     rdx, rax                ; W + row (bytes per row)
+        mov     r11, [rbx+J_CALL]       ; the kernel record
         mov     eax, [rbx+J_B]
-        sub     eax, ebp
-        cmp     eax, [rbx+J_TOKENS]
-        cmova   eax, [rbx+J_TOKENS]
+        sub     eax, ebp                ; tokens left: all of them if a call may take them
+        cmp     eax, [rbx+J_TOKENS_MAX] ; (FP16's 3-token tiles leave no lone last token),
+        jbe     .take
+        mov     eax, [r11+KREC_TOKENS]  ; else the record's
+.take:
         push    rax                     ; the kernel's tokens
         mov     r9d, [rbx+J_ACC]
-        call    qword [rbx+J_CALL]
+        call    qword [r11]
         pop     rax
         pop     rcx
         add     ebp, eax

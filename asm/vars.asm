@@ -126,9 +126,11 @@ V_OUT_BUF       = out_buf - front_base
 ; [job_vars + J_*].
 job_vars:
 job_share:      rq 1            ; each thread's share: mm_share or att_share (forward.asm)
-job_kernel:     rq 1            ; matmul_f16 or matmul_f16_avx2 (cpu.asm)
-job_kernel_q8:  rq 1            ; matmul_q8 or matmul_q8_avx2 (cpu.asm): Q8_0 matrices
-job_call:       rq 1            ; the current product's kernel: one of the two (par_matmul)
+job_kernel:     rq 1            ; FP16 matrices' kernel record (cpu.asm): the kernel,
+job_tokens:     rq 1            ; and the tokens it takes per call at most (KREC_TOKENS)
+job_kernel_q8:  rq 1            ; Q8_0 matrices' kernel record
+job_tokens_q8:  rq 1
+job_call:       rq 1            ; the current product's kernel record: one of the two (par_matmul)
 job_rowb:       rq 1            ; the current product's bytes per row of W
 job_out:        rq 1            ; xout
 job_x:          rq 1            ; x
@@ -141,7 +143,6 @@ job_gen:        rd 1            ; products published so far (workers sleep on it
 job_pending:    rd 1            ; workers still busy with the current product
 job_t:          rd 1            ; T, the thread count (threads_start)
 job_b:          rd 1            ; B: tokens (xout (B,d), x (B,n), row after row)
-job_tokens:     rd 1            ; tokens per kernel call at most: 1 or 4 (cpu.asm)
 job_spin:       rd 1            ; wait_change's looks before it sleeps (threads_start)
 cpu_mask:       rb 128          ; sched_getaffinity's mask (CPU_MASK_BYTES)
 
@@ -160,6 +161,7 @@ J_PENDING       = job_pending - job_vars
 J_T             = job_t - job_vars
 J_B             = job_b - job_vars
 J_SHARE         = job_share - job_vars
-J_TOKENS        = job_tokens - job_vars
+KREC_TOKENS     = job_tokens - job_kernel
+J_TOKENS_MAX    = job_tokens_q8 - job_vars  ; the most a kernel call takes (Q8_0's: 1 or 4)
 J_SPIN          = job_spin - job_vars
 

@@ -1,13 +1,14 @@
 """asm/cpu.asm's dispatch (cpu_setup) on emulated CPUs: CPUID and XGETBV answer as a baseline
 CPU, an AVX2 CPU, an AVX-512 CPU, or one of them missing a feature or OS support, and the
 kernels and tokens per call it stores must be the ones its header promises: the AVX2 kernels
-and FAST_TOKENS only with AVX, FMA, F16C, OSXSAVE, XCR0 bits 1-2 and every product's n a
-multiple of 16, and not with --baseline; the AVX-512 kernels where AVX-512F and XCR0 bits 5-7
-come on top, and not with --avx2; the baseline kernels and 1 token otherwise.
+(FP16 3 tokens a call: its prompt tiles; Q8_0 FAST_TOKENS) only with AVX, FMA, F16C, OSXSAVE,
+XCR0 bits 1-2 and every product's n a multiple of 16, and not with --baseline; the AVX-512
+kernels (FAST_TOKENS both) where AVX-512F and XCR0 bits 5-7 come on top, and not with --avx2;
+the baseline kernels and 1 token otherwise.
 
 cpu_setup takes rbx (the model header) and rbp (fwd_vars) and writes the image's job
 variables, so a SysV wrapper (test-side, assembled above the image) sets them and copies the
-three results out.
+four results out.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from emu_tests.harness import AVX2, AVX512, BASELINE, Emulator, Out, load_elf, w
 from emu_tests.harness.cpus import XCR0_AVX, XCR0_X87_SSE
 
 WRAPPER = {
-    # cpu_setup_sysv(out u64[3], header, q_dim, baseline, avx2): out = kernel, Q8_0 kernel,
-    # tokens
+    # cpu_setup_sysv(out u64[4], header, q_dim, baseline, avx2): out = kernel, Q8_0 kernel,
+    # their tokens per call
     "cpu_setup_sysv": """
         push rbx
         push rbp
@@ -38,14 +39,16 @@ WRAPPER = {
         mov qword ptr [rdi + 8], rax
         mov eax, dword ptr [{job_tokens}]
         mov qword ptr [rdi + 16], rax
+        mov eax, dword ptr [{job_tokens_q8}]
+        mov qword ptr [rdi + 24], rax
         pop rbp
         pop rbx
         ret""",
 }
 GEMMA_2B = (2048, 16384, 2048)                      # dim, ffn, heads x head_dim
-SLOW = ("matmul_f16", "matmul_q8", 1)
-FAST = ("matmul_f16_avx2", "matmul_q8_avx2", constant("FAST_TOKENS"))
-FAST512 = ("matmul_f16_avx512", "matmul_q8_avx512", constant("FAST_TOKENS"))
+SLOW = ("matmul_f16", "matmul_q8", 1, 1)
+FAST = ("matmul_f16_avx2", "matmul_q8_avx2", 3, constant("FAST_TOKENS"))
+FAST512 = ("matmul_f16_avx512", "matmul_q8_avx512", constant("FAST_TOKENS"), constant("FAST_TOKENS"))
 
 CASES = [
     (BASELINE, GEMMA_2B, "", SLOW),
@@ -82,10 +85,10 @@ def test_cpu_setup_picks_the_kernels(image, cpu, dims, flags, want):
     dim, ffn, q_dim = dims
     header = np.zeros(16, np.uint32)
     header[constant("HDR_DIM") // 4], header[constant("HDR_FFN") // 4] = dim, ffn
-    out = Emulator(image, cpu=cpu).call("cpu_setup_sysv", Out(np.zeros(3, np.uint64), "out"),
+    out = Emulator(image, cpu=cpu).call("cpu_setup_sysv", Out(np.zeros(4, np.uint64), "out"),
                                         header, q_dim, int("--baseline" in flags),
                                         int("--avx2" in flags)).out
     names = {image.symbol(s).address: s for s in SLOW[:2] + FAST[:2] + FAST512[:2]}
     got = (names.get(int(out[0]), hex(int(out[0]))), names.get(int(out[1]), hex(int(out[1]))),
-           int(out[2]))
+           int(out[2]), int(out[3]))
     assert got == want, f"{cpu.name}, dims {dims}, flags {flags!r}: chose {got}"

@@ -48,6 +48,7 @@ def native(image):
 @pytest.mark.parametrize("d,n,k,accumulate", [
     (1, 16, 1, 0), (2, 32, 4, 1), (3, 48, 3, 0), (5, 16, 2, 1), (4, 64, 1, 1), (3, 2048, 2, 0),
     (16, 2048, 4, 1), (6, 32, 1, 0), (3, 64, 1, 1), (2, 2048, 1, 1), (8, 32, 1, 1),
+    (4, 32, 3, 1), (2, 2048, 3, 0),
 ])
 def test_matmul_f16_avx2_in_the_model(model, native, d, n, k, accumulate):
     w, x, old = kernel_case(d, n, k, d * 101 + n + k)

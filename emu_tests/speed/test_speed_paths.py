@@ -102,7 +102,8 @@ def kernel_case(d: int, n: int, k: int, seed: int):
 
 @pytest.mark.parametrize("d,n,k,accumulate", [
     (1, 16, 1, 0), (1, 16, 4, 1), (2, 32, 2, 0), (3, 48, 3, 1), (5, 144, 4, 1), (7, 16, 4, 0),
-    (33, 144, 1, 1), (6, 2048, 3, 0), (64, 2048, 4, 1), (4, 16384, 2, 0),
+    (33, 144, 1, 1), (6, 2048, 3, 0), (64, 2048, 4, 1), (4, 16384, 2, 0), (4, 64, 3, 1),
+    (2, 16384, 3, 1),
 ])
 def test_fast_kernel_against_float64(cpu, d, n, k, accumulate):
     """Each result is within the float32 error bound of its exact value: two chains of n/16
@@ -125,7 +126,8 @@ def test_fast_kernel_bits_do_not_depend_on_k_or_rows(cpu, d, n):
     """A (row, token) result is the same bits whatever the other tokens of the call (k = 1..4)
     and whatever rows share the call (a split changes where a thread's rows begin):
     what makes prompt blocks and thread counts agree bit for bit. k = 1 covers each decode
-    pass: four rows at once (d = 12, 16), one (d = 1, 5, 6, 9)."""
+    pass: four rows at once (d = 12, 16), one (d = 1, 5, 6, 9); k = 3 the prompt tiles of two
+    rows (d even), one row (d odd)."""
     w, x, old = kernel_case(d, n, 4, d + n)
     want = np.stack([call_fast(cpu, w, x[t:t + 1], old[t:t + 1], 1)[0] for t in range(4)])
     for k in (2, 3, 4):

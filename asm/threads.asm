@@ -91,7 +91,8 @@ worker:
 ; par_matmul: matmul_f16's product for B tokens, by the chosen kernel (cpu.asm), rows split
 ; over T threads: xout (B,d) = rows of W (d,n) @ each of x (B,n).
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9d accumulate (as matmul_f16), eax B,
-;   r10 bytes per row of W, r11 its kernel record (job_kernel or job_kernel_q8), job_gate (mm_share)
+;   r10 bytes per row of W, r11 its kernel record (job_kernel or job_kernel_q8), job_gate
+;   (mm_share)
 ;   out: xout; job_gate = 0 again
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 par_matmul:

@@ -62,7 +62,7 @@ cpu_setup:
         mov     [job_tokens_q8], edi
         cmp     esi, matmul_f16_avx2
         jne     .tokens
-        dec     edi                     ; AVX2 FP16: prompt tiles of 3 tokens (fast.asm)
+        dec     edi                     ; AVX2 FP16: TILE_TOKENS, its prompt tiles (fast.asm)
 .tokens:
         mov     [job_tokens], edi
         pop     rbx

@@ -39,7 +39,8 @@
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
 ;   r9d accumulate; stack: k (1..4, low dword), ostride (a qword)
 ;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared)
-FAST_TOKENS = 4                         ; tokens per call at most (cpu.asm: FP16 on AVX2 3)
+FAST_TOKENS = 4                         ; tokens per call at most (cpu.asm)
+TILE_TOKENS = FAST_TOKENS - 1           ; FP16's on AVX2: its two-row tiles (.tile; cpu.asm)
 TOKEN_CODE = 13         ; bytes of each of .t3, .t2, .t1 (one token; k = 2..4 tests catch a change)
 PREFETCH_AHEAD = 8192
 
@@ -62,7 +63,7 @@ matmul_q8_avx2:
 matmul_f16_avx2:
         lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
         lea     r11d, [rcx+rcx]         ; bytes of a row
-        cmp     dword [rsp+8], 3        ; k
+        cmp     dword [rsp+8], TILE_TOKENS ; k
         jne     .k
         test    r8b, 1
         jz      .tile                   ; k = 3, d even: rows in pairs

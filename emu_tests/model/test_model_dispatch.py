@@ -47,7 +47,7 @@ WRAPPER = {
 }
 GEMMA_2B = (2048, 16384, 2048)                      # dim, ffn, heads x head_dim
 SLOW = ("matmul_f16", "matmul_q8", 1, 1)
-FAST = ("matmul_f16_avx2", "matmul_q8_avx2", 3, constant("FAST_TOKENS"))
+FAST = ("matmul_f16_avx2", "matmul_q8_avx2", constant("TILE_TOKENS"), constant("FAST_TOKENS"))
 FAST512 = ("matmul_f16_avx512", "matmul_q8_avx512", constant("FAST_TOKENS"), constant("FAST_TOKENS"))
 
 CASES = [

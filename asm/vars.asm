@@ -146,7 +146,6 @@ job_b:          rd 1            ; B: tokens (xout (B,d), x (B,n), row after row)
 job_spin:       rd 1            ; wait_change's looks before it sleeps (threads_start)
 cpu_mask:       rb 128          ; sched_getaffinity's mask (CPU_MASK_BYTES)
 
-J_KERNEL        = job_kernel - job_vars
 J_CALL          = job_call - job_vars
 J_ROWB          = job_rowb - job_vars
 J_OUT           = job_out - job_vars

@@ -10,11 +10,16 @@
 ; - after each bit its count goes up by one (at most 255) and the other count n becomes
 ;   n / 2 + 1 (0 stays 0).
 ; Integers only, so the Python mirror and this routine agree bit for bit on any input.
+; Last, the call filter: the packer wrote each call rel32 (0xE8, a dword) as its target's
+; offset in out, so that calls of one routine repeat; from the last byte whose dword is in
+; out down to the first, a byte 0xE8 before a dword below 2^16 gets that dword minus its own
+; offset + 5 (pack.py's decode_calls).
 
 PACK_TABLE_BITS = 18                    ; the table: 2^18 slots
 PACK_SCRATCH    = 4 shl PACK_TABLE_BITS ; its bytes: a slot is n0, n1, the check (word)
 PACK_HASH       = 0x9E3779B97F4A7C15    ; odd: the key times it, mod 2^64, is the hash
 PACK_PRIOR      = 2
+PACK_CALL       = 0xE8                  ; call rel32: the call filter's opcode
 
 ; unpack: out (n,) <- the packed bytes at src: the model (a count byte N, then N pairs
 ; mask, shift) and the range-coded bits of out, each byte's most significant bit first.
@@ -36,6 +41,7 @@ PACK_PRIOR      = 2
 ;   out: out   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r15 (not SysV: the stub keeps none)
 unpack:
         mov     r11, rcx                ; the table
+        push    rdi                     ; out, for the call filter
         add     rdx, rdi
         push    rdx                     ; the end of out: [rsp + r12] below the records
         lodsb
@@ -146,6 +152,22 @@ unpack:
         cmp     rdi, [rsp+r12]
         jb      .byte
         lea     rsp, [rsp+r12+8]        ; drop the records and the end
+        pop     rcx                     ; out
+        sub     rdi, 5                  ; the last byte whose dword ends in out
+.call:                                  ; the call filter, down to out's first byte: a call's
+        cmp     rdi, rcx                ; target offset (below 2^16) back to its rel32
+        jb      .done
+        cmp     byte [rdi], PACK_CALL
+        jne     .next
+        cmp     word [rdi+3], 0
+        jne     .next
+        lea     eax, [rdi+5]
+        sub     eax, ecx                ; the call's end, an offset in out
+        sub     [rdi+1], eax
+.next:
+        dec     rdi
+        jmp     .call
+.done:
         ret
 
 pack_hash:

@@ -2,10 +2,12 @@
 
 Contract: `compress(data, model=MODEL) -> bytes` packs `data` (at least one byte) into a
 payload that `asm/unpack.asm`'s `unpack` decodes back into `data` given its length;
-`decompress(payload, size) -> bytes` is that decoder in Python, step for step the asm's; every
-payload compress returns has been decoded again (see compress). Both raise PackError on what they cannot do (an empty
-input, a payload that ends too soon or has bytes left over, a bad model). Everything is
-integer arithmetic, so the two decoders agree bit for bit on any input.
+`decompress(payload, size) -> bytes` is that decoder in Python, step for step the asm's (the
+call filter, `encode_calls` / `decode_calls`, included); every payload compress returns has
+been decoded again (see compress). Both raise PackError on what they cannot do (an empty
+input, a byte 0xE8 the call filter cannot code, a payload that ends too soon or has bytes left
+over, a bad model). Everything is integer arithmetic, so the two decoders agree bit for bit on
+any input.
 
 The payload: a count byte N, N pairs (mask, shift) — the model — then the coded bits of `data`,
 each byte's most significant bit first. The model's parameters (`Model`: which of the last
@@ -25,6 +27,15 @@ bit is predicted, in one loop over the models (the first to the last, as the asm
 them): first model i's previous slot learns the previous bit — its count goes up by one, at
 most 255; the other count n becomes n // 2 + 1, 0 stays 0 — then model i reads its new slot.
 The first bit's loop teaches slot 0 a 0 (every model's previous slot starts there).
+
+Before coding, `encode_calls` rewrites each x86 `call rel32` (0xE8 and a displacement) to
+name its target as an offset from the data's start: the same target, called from many places,
+is then the same four bytes, which the contexts learn (the image: 64 bytes less). Decoding
+ends with `decode_calls`, its inverse, as asm/unpack.asm does: from the last position whose
+four bytes are inside the data down to the first, a byte 0xE8 followed by a dword below
+CALL_SPAN gets that dword minus (its position + 5). The encoder walks the other way and
+codes a 0xE8 whose target offset is below CALL_SPAN; a 0xE8 that is no such call but whose
+dword is below CALL_SPAN would be decoded wrongly, so compress refuses it (PackError).
 """
 from __future__ import annotations
 
@@ -40,6 +51,8 @@ MAX_SHIFT = 12                    # keeps the sums below 2^25: p >= 2^8, every b
 COUNT_MAX = 255
 TOP = 1 << 24                     # the range is renormalised below this
 M64 = (1 << 64) - 1
+CALL = 0xE8                       # call rel32's opcode
+CALL_SPAN = 1 << 16               # target offsets the call filter codes (asm: a zero top word)
 
 
 class PackError(Exception):
@@ -168,6 +181,37 @@ class RangeDecoder:
         return len(self.payload) - self.pos
 
 
+def _dword(data: bytearray, pos: int) -> int:
+    return int.from_bytes(data[pos:pos + 4], "little")
+
+
+def encode_calls(data: bytes) -> bytes:
+    """`data` with each call rel32 whose target offset is below CALL_SPAN naming that
+    offset (see the module docstring); decode_calls undoes it."""
+    out = bytearray(data)
+    for pos in range(len(out) - 4):
+        if out[pos] != CALL:
+            continue
+        rel = _dword(out, pos + 1)
+        target = rel + pos + 5 & 0xFFFFFFFF
+        if target < CALL_SPAN:
+            out[pos + 1:pos + 5] = target.to_bytes(4, "little")
+        elif rel < CALL_SPAN:
+            raise PackError(f"byte {pos} is 0x{CALL:X} before the dword 0x{rel:X}: the call "
+                            f"filter cannot code it (move the bytes there)")
+    return bytes(out)
+
+
+def decode_calls(data: bytes) -> bytes:
+    """The calls of encode_calls' output back, as asm/unpack.asm restores them."""
+    out = bytearray(data)
+    for pos in range(len(out) - 5, -1, -1):
+        if out[pos] == CALL and _dword(out, pos + 1) < CALL_SPAN:
+            rel = _dword(out, pos + 1) - (pos + 5) & 0xFFFFFFFF
+            out[pos + 1:pos + 5] = rel.to_bytes(4, "little")
+    return bytes(out)
+
+
 def compress(data: bytes, model: Model | None = None) -> bytes:
     """The payload for `data` (see the module docstring), checked: it is decoded again by the
     RangeDecoder, fed the model's probability for each bit, and must give every bit of `data`
@@ -177,10 +221,13 @@ def compress(data: bytes, model: Model | None = None) -> bytes:
         raise PackError("nothing to pack")
     if model is None:
         from .pack_model import MODEL as model
+    coded_data = encode_calls(data)
+    if decode_calls(coded_data) != data:
+        raise PackError("the call filter does not undo itself")
     mixer = ContextMixer(model)
     coded: list[tuple[int, int]] = []   # (probability, bit)
     low, rng, size = 0, 1, 0           # low: every byte so far, an integer of `size` bytes
-    for byte in data:
+    for byte in coded_data:
         for k in range(7, -1, -1):
             while rng < TOP:
                 rng, low, size = rng << 8, low << 8, size + 1
@@ -217,4 +264,4 @@ def decompress(payload: bytes, size: int) -> bytes:
             out.append(byte)
     if decoder.left():
         raise PackError(f"{decoder.left()} payload bytes left after {size} bytes")
-    return bytes(out)
+    return decode_calls(bytes(out))

@@ -89,7 +89,9 @@ def tune_shifts(bits: np.ndarray, counts: list, shifts: list[int]) -> tuple[floa
 
 
 def search(data: bytes, models: int, progress: bool = True) -> pack.Model:
-    """A model for `data`: greedy masks, tuned shifts (see the module docstring)."""
+    """A model for `data`: greedy masks, tuned shifts (see the module docstring), counted on
+    the bytes the model codes (pack.encode_calls')."""
+    data = pack.encode_calls(data)
     bits = bits_of(data)
     masks = range(1 << pack.HISTORY)
     table = {m: ideal_counts(data, m) for m in tqdm(masks, desc="counting contexts",

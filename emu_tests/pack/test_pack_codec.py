@@ -34,6 +34,54 @@ def test_round_trip(name):
     assert pack.decompress(payload, len(data)) == data
 
 
+def calls_to(targets: list[int], places: int, seed: int) -> tuple[bytes, list[tuple[int, int]]]:
+    """Code-like bytes: `places` call rel32s, each to one of `targets` (offsets), between runs
+    of other bytes that never hold 0xE8; and the (position, target) of every call."""
+    rng = random.Random(seed)
+    out, calls = bytearray(), []
+    for _ in range(places):
+        out += bytes(rng.choice(b"\x48\x89\xc7\x90\x0f\x00") for _ in range(rng.randrange(1, 9)))
+        target = rng.choice(targets)
+        calls.append((len(out), target))
+        out += b"\xe8" + (target - len(out) - 5 & 0xFFFFFFFF).to_bytes(4, "little")
+    return bytes(out + b"\x90"), calls
+
+
+def test_call_filter_names_the_targets():
+    """Every call's field becomes its target's offset (forward and backward calls alike), so
+    calls of one routine repeat; decode_calls restores the input; and the filter pays."""
+    data, calls = calls_to([0, 7, 300, 2000], 300, seed=1)
+    coded = pack.encode_calls(data)
+    for pos, target in calls:
+        assert coded[pos + 1:pos + 5] == target.to_bytes(4, "little")
+    assert pack.decode_calls(coded) == data
+    assert len(pack.compress(data)) < len(pack.compress(data.replace(b"\xe8", b"\xe9")))
+
+
+def test_call_filter_edges():
+    # a 0xE8 whose dword runs past the end is left alone; the last one inside is coded
+    tail = b"\x90" * 10 + b"\xe8\xf1\xff\xff\xff" + b"\xe8\x01\x00\x00"
+    coded = pack.encode_calls(tail)
+    assert coded[11:15] == (10 + 5 - 15).to_bytes(4, "little") and coded[15:] == tail[15:]
+    assert pack.decode_calls(coded) == tail
+    # a dword that is no nearby call's but below 2^16 would decode wrongly: refused
+    with pytest.raises(pack.PackError, match="byte 0 is 0xE8 before the dword 0xFFFF"):
+        pack.compress(b"\xe8\xff\xff\x00\x00")
+    # 0xE8s that are no calls, overlapping, any dwords: coded or refused, never decoded
+    # wrongly (the filter is no guess)
+    rng, refused, changed = random.Random(6), 0, 0
+    for _ in range(40):
+        data = bytes(rng.choice(b"\xe8\x00\x01\xff") for _ in range(300))
+        try:
+            coded = pack.encode_calls(data)
+        except pack.PackError:
+            refused += 1
+            continue
+        assert pack.decode_calls(coded) == data
+        changed += coded != data
+    assert refused >= 5 and changed >= 10, (refused, changed)
+
+
 def test_round_trip_of_the_image(gemma):
     """The build checks it too; here also that the image codes well: the payload is the one
     the shipped file carries, and the model pays (a random input grows, code shrinks)."""

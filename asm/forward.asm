@@ -9,8 +9,9 @@
 ; flags (FLAG_QK_NORM, FLAG_POST_NORMS), its window and rope tensors and the header's
 ; att_scale and soft-caps: Gemma 1, 2 and 3 from the file alone.
 
-BLOCK_SHIFT = 4
-BLOCK = 1 shl BLOCK_SHIFT       ; tokens per forward call at most (main.asm feeds the prompt so)
+BLOCK_SHIFT = 6                 ; 64 tokens: a matrix chunk's first call reads its weights from
+BLOCK = 1 shl BLOCK_SHIFT       ; memory, its other 21 from the cache (docs/speed.md); tokens
+                                ; per forward call at most (main.asm feeds the prompt so)
 
 ; model_setup: derived dimensions, the weights size check, weight and buffer pointers.
 ; Relies on the header validation in model.asm (dims >= 1, <= 2^16; vocab <= 2^24; layers,

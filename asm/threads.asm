@@ -167,8 +167,8 @@ wait_change:
 ; rounded up to a multiple of 4 (so every share but the last decodes in the FP16 kernel's
 ; four-row passes, whatever T), none when k c >= d; in chunks of MM_CHUNK rows, each chunk
 ; for every token in turn (its weights come from memory once, then from the cache), up to
-; the kernel record's tokens per call, or all that are left when a call may take them (16 =
-; 3 + 3 + 3 + 3 + 4 for the AVX2 FP16 tiles: no lone last token); for one token (decode), all
+; the kernel record's tokens per call, or all that are left when a call may take them (64 =
+; 20 x 3 + 4 for the AVX2 FP16 tiles: no lone last token); for one token (decode), all
 ; of k's rows in one chunk.
 ; With job_gate set, each chunk done then gets gate = gelu_tanh(gate) * xout on its rows, in
 ; the cache and on every thread (GEGLU: the same operations as one geglu call over all).

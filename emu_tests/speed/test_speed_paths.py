@@ -15,9 +15,9 @@ run, the row and the logit.
 - The real binary natively: default (fast path, all CPUs), --baseline, -t 1 2 3 and more
   threads than some products have rows, on both fixtures and an odd synthetic shape (dim 66:
   the fast kernel needs multiples of 16, so the baseline must be chosen).
-- Blocks: the prompt is fed in blocks of 16 tokens, generated tokens one by one; a prompt's
-  logits rows equal, bit for bit, those of each of its prefixes (other block boundaries), and
-  the long prompt's rows and greedy steps match the numpy twin (builder.twins.reference).
+- Blocks: the prompt is fed in blocks of BLOCK (64) tokens, generated tokens one by one; a
+  long prompt's logits rows equal, bit for bit, those of each of its prefixes (other block
+  boundaries), and its rows and greedy steps match the numpy twin (builder.twins.reference).
 - Threads at rest: with --logits blocked on a full FIFO the process has exactly T threads
   and all of them sleep (state S, no CPU time): the waits are futex waits, not spins.
 - Under qemu-user: `-cpu Nehalem` (no AVX: an AVX instruction would end the run with SIGILL)
@@ -46,15 +46,17 @@ from modelfiles import convert_fixture
 
 F32 = np.float32
 BASE, FAST = "matmul_f16", "matmul_f16_avx2"
-# 50 tokens on the fixtures, 87 on ODD: several blocks of 16 (forward.asm BLOCK) and a rest
+# 50 tokens on the fixtures, 87 on ODD: one block (forward.asm BLOCK, 64) or one and a rest
 PROMPT = "Hello world, the quick brown fox jumps over the lazy dog; then it runs home and sleeps."
 BLOCK = constant("BLOCK")
+# ~250 tokens on the fixtures, ~435 on ODD: several blocks and a rest
+LONG_PROMPT = " ".join([PROMPT] * 5)
 STEPS = 8
 # fast path vs baseline logits (both fixtures, 50 prompt rows + 8 steps): measured <= 6.4e-6 on
 # logits up to 5.5; 8x margin, still 200x below what a lost column or token moves (> 1e-2)
 PATH_TOL = 5e-5
 TIMEOUT = 120                                   # qemu-user runs are ~50x slower than native
-ODD = Dims(vocab=600, dim=66, ffn=130, layers=2, heads=6, kv_heads=2, head_dim=22, max_ctx=128)
+ODD = Dims(vocab=600, dim=66, ffn=130, layers=2, heads=6, kv_heads=2, head_dim=22, max_ctx=512)
 
 
 # --- the kernel ------------------------------------------------------------------------------
@@ -233,20 +235,20 @@ def engine_ids(binary: Path, model: Path, text: str) -> list[int]:
 @pytest.mark.parametrize("name", ["tiny_mqa", "tiny_wide", "odd"])
 def test_prompt_blocks_do_not_change_any_logit(gemma, models, tmp_path, name):
     """Position p's logits are the same bits whether p sits in a full block, a partial one or
-    at a block's start: every prefix of the prompt ending at a word (when its ids are a prefix
-    of the whole prompt's) gives the first rows of the whole prompt's run."""
+    at a block's start: every prefix of the long prompt ending at a word (when its ids are a
+    prefix of the whole prompt's) gives the first rows of the whole prompt's run."""
     model, vocab = models[name], vocab_of(models[name])
-    ids = engine_ids(gemma.binary, model, PROMPT)
+    ids = engine_ids(gemma.binary, model, LONG_PROMPT)
     assert len(ids) > 3 * BLOCK, f"{name}: {len(ids)} prompt ids, want several blocks"
     whole = np.frombuffer(run([], gemma.binary, model, [], tmp_path / "whole.f32",
-                              steps=0)[1], F32).reshape(-1, vocab)
+                              LONG_PROMPT, 0)[1], F32).reshape(-1, vocab)
     lengths = set()
-    for cut in (i for i, c in enumerate(PROMPT) if c == " "):
-        part = engine_ids(gemma.binary, model, PROMPT[:cut])
+    for cut in (i for i, c in enumerate(LONG_PROMPT) if c == " "):
+        part = engine_ids(gemma.binary, model, LONG_PROMPT[:cut])
         if part != ids[:len(part)]:
             continue                      # the cut splits a token: not a prefix in ids
         rows = np.frombuffer(run([], gemma.binary, model, [], tmp_path / "part.f32",
-                                 PROMPT[:cut], 0)[1], F32).reshape(-1, vocab)
+                                 LONG_PROMPT[:cut], 0)[1], F32).reshape(-1, vocab)
         assert len(rows) == len(part)
         for p in range(len(part)):
             same_bits(f"{name}: prompt of {len(part)} ids, position {p}", rows[p], whole[p])
@@ -256,16 +258,17 @@ def test_prompt_blocks_do_not_change_any_logit(gemma, models, tmp_path, name):
 
 
 def test_long_prompt_against_twin(gemma, models, tmp_path):
-    """ODD's 87-id prompt (5 full blocks and 7) and greedy steps against the numpy twin, with
-    test_engine_logits' TWIN_TOL and its near-tie rule for the greedy tokens."""
+    """ODD's long prompt (several full blocks and a rest) and greedy steps against the numpy
+    twin, with test_engine_logits' TWIN_TOL and its near-tie rule for the greedy tokens."""
     from emu_tests.engine.test_engine_logits import TWIN_TOL, check_rows
     from builder.models.modelfile import ModelFile
     from builder.twins.reference import Reference
     model = models["odd"]
-    ids = engine_ids(gemma.binary, model, PROMPT)
+    ids = engine_ids(gemma.binary, model, LONG_PROMPT)
     prompt_ref, step_ref, greedy = Reference(ModelFile(model)).generate(ids, STEPS)
-    rows = np.frombuffer(run([], gemma.binary, model, [], tmp_path / "l.f32")[1],
+    rows = np.frombuffer(run([], gemma.binary, model, [], tmp_path / "l.f32", LONG_PROMPT)[1],
                          F32).reshape(-1, ODD.vocab)
+    assert len(ids) > 3 * BLOCK, len(ids)
     check_rows(f"odd, {len(ids)}-id prompt", rows, ids, prompt_ref, step_ref, greedy, TWIN_TOL)
 
 

@@ -339,25 +339,39 @@ fwd_matmul:
         jmp     par_matmul              ; threads.asm
 
 ; fwd_ropes: q_t, k_t = rope(norm(q_t)), rope(norm(k_t)): q_t's H heads, k_t's K heads (in
-; the K cache) at position pos; the norms (FLAG_QK_NORM) read q_norm, k_norm from r13.
+; the K cache) at position pos, in one rope call; the norms (FLAG_QK_NORM) read q_norm, k_norm
+; from r13.
 ;   in: r15 q_t, r14 K block, ecx pos (kept), r13   out: r12 past k_norm (r13 without them)
 fwd_ropes:
         mov     r12, r13
-        push    rcx                     ; (aligns rsp for the call)
+        push    rcx
         mov     rdi, r15
         mov     esi, [rbx+HDR_HEADS]
-        call    fwd_rope
-        pop     rax
+        call    fwd_qk_norm
+        mov     eax, [rsp]
         mul     qword [rbp+FV_KV_ROW]   ; (rdx: free here)
-        lea     rdi, [r14+rax]
+        lea     rdi, [r14+rax]          ; k_t
         mov     esi, [rbx+HDR_KV_HEADS]
-; fwd_rope: with FLAG_QK_NORM each head = rmsnorm(head, the hd float32 at r12), r12 past
-; them; then rope on the n heads of x at position pos with this layer's frequencies.
-;   in: rdi x, esi n, ecx pos (kept), r12
-fwd_rope:
+        call    fwd_qk_norm
+        push    rax                     ; (aligns rsp for rope)
+        push    rsi                     ; rope's n2
+        mov     r9, rdi
+        mov     rdi, r15
+        mov     esi, [rbx+HDR_HEADS]
+        mov     edx, [rbx+HDR_HEAD_DIM]
+        mov     r8, [rbp+FV_ROPE]
+        mov     ecx, [rsp+16]           ; pos
+        call    rope
+        pop     rax
+        pop     rax
+        pop     rcx
+        ret
+; fwd_qk_norm: with FLAG_QK_NORM each of the n heads of x = rmsnorm(head, the hd float32 at
+; r12), r12 past them.
+;   in: rdi x, esi n (both kept)   clobbers: rax rcx rdx r8 r10 xmm0
+fwd_qk_norm:
         test    byte [rbp+FV_FLAGS], FLAG_QK_NORM
-        jz      .rope
-        push    rcx
+        jz      .ret
         push    rsi
         push    rdi
         mov     r10d, esi
@@ -367,11 +381,8 @@ fwd_rope:
         call    norm_rows               ; every head, in place
         pop     rdi
         pop     rsi
-        pop     rcx
-.rope:
-        mov     edx, [rbx+HDR_HEAD_DIM]
-        mov     r8, [rbp+FV_ROPE]
-        jmp     rope
+.ret:
+        ret
 
 ; att_share: thread k's attention tasks of the block forward published (a share function of
 ; par_run, threads.asm). Task i = t H + h (token t, query head h of kv head g = h / group),

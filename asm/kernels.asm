@@ -361,18 +361,20 @@ matmul_q8:
         jb      .col
         ret
 
-; rope: rotate each of the n_heads heads of x (n_heads, hd) by position pos, half-split pairs
-; (i, i + hd/2) as transformers in float32: a = float32(pos * f[i]), f the layer's hd/2
-; inverse frequencies (the model file's `rope` tensor); c, s = float32 cos a, sin a (x87
-; fsincos), once per pair for all heads; x[i] = x[i] c - x[i+hd/2] s, x[i+hd/2] = x[i+hd/2] c
-; + x[i] s (each product rounded; the four products in the lanes of one register, then one
-; hsubps and one haddps); the pairs last first, each on its own. Any f is harmless: beyond
-; fsincos's range (|a| >= 2^63, inf, NaN) the results are garbage or NaN, the x87 stack
-; stays balanced in effect (all its registers empty again).
-;   in: rdi x, esi n_heads, edx hd (even), ecx pos, r8 f   out: x
-;   clobbers: rax rdx r9 xmm0-xmm2
+; rope: rotate each of the n_heads heads of x (n_heads, hd), then each of the n2 heads of x2
+; (n2, hd), by position pos, half-split pairs (i, i + hd/2) as transformers in float32:
+; a = float32(pos * f[i]), f the layer's hd/2 inverse frequencies (the model file's `rope`
+; tensor); c, s = float32 cos a, sin a (x87 fsincos), once per pair for the heads of both (a
+; token's q and k: half the fsincos of a call each); x[i] = x[i] c - x[i+hd/2] s,
+; x[i+hd/2] = x[i+hd/2] c + x[i] s (each product rounded; the four products in the lanes of
+; one register, then one hsubps and one haddps); the pairs last first, each on its own. Any f
+; is harmless: beyond fsincos's range (|a| >= 2^63, inf, NaN) the results are garbage or NaN,
+; the x87 stack stays balanced in effect (all its registers empty again).
+;   in: rdi x, esi n_heads, edx hd (even), ecx pos, r8 f, r9 x2; stack: n2 (>= 1, low dword)
+;   out: x, x2   clobbers: rax rdx r10 xmm0-xmm2
 rope:
         add     edx, edx                ; 2hd: bytes of hd/2 floats
+        push    rcx                     ; (aligns rsp for .heads)
         push    rcx                     ; [rsp+8]: pos
         push    rcx                     ; [rsp]: scratch float32s
         lea     eax, [rdx-4]            ; 4i, the last pair first
@@ -387,8 +389,18 @@ rope:
         movq    xmm2, [rsp]
         movlhps xmm2, xmm2              ; c, s, c, s
         lea     rcx, [rdi+rax]          ; x[i] of head 0 (pos is at [rsp+8])
-        mov     r9d, esi
-.head:
+        mov     r10d, esi
+        call    .heads
+        lea     rcx, [r9+rax]           ; x2[i] of its head 0
+        mov     r10d, [rsp+32]          ; n2
+        call    .heads
+        sub     eax, 4
+        jns     .pair
+        pop     rcx
+        pop     rcx
+        pop     rcx
+        ret
+.heads:                                 ; pair i of r10d heads from rcx on
         movss   xmm0, [rcx]             ; x0
         insertps xmm0, [rcx+rdx], 0x10  ; x1 in lane 1
         shufps  xmm0, xmm0, 0x14        ; x0, x1, x1, x0
@@ -399,12 +411,8 @@ rope:
         movss   [rcx], xmm0
         movss   [rcx+rdx], xmm1
         lea     rcx, [rcx+rdx*2]        ; the next head's
-        dec     r9d
-        jnz     .head
-        sub     eax, 4
-        jns     .pair
-        pop     rcx
-        pop     rcx
+        dec     r10d
+        jnz     .heads
         ret
 
 GC_KAPPA = 4

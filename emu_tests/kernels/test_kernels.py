@@ -392,25 +392,28 @@ def rope_twin(x: np.ndarray, heads: int, hd: int, pos: int, f: np.ndarray) -> np
     return h.reshape(-1)
 
 
-@pytest.mark.parametrize("heads,hd,pos,theta,scale", [
-    (1, 2, 0, 10000.0, 1.0), (1, 2, 5, 10000.0, 1.0), (4, 16, 3, 10000.0, 1.0),
-    (3, 6, 1023, 10000.0, 1.0), (1, 16, 40000, 10000.0, 1.0), (8, 256, 77, 10000.0, 1.0),
-    (2, 22, 600, 1e6, 8.0), (4, 256, 4095, 1e6, 8.0),
+@pytest.mark.parametrize("heads,heads2,hd,pos,theta,scale", [
+    (1, 1, 2, 0, 10000.0, 1.0), (1, 2, 2, 5, 10000.0, 1.0), (4, 1, 16, 3, 10000.0, 1.0),
+    (3, 3, 6, 1023, 10000.0, 1.0), (1, 1, 16, 40000, 10000.0, 1.0), (8, 1, 256, 77, 10000.0, 1.0),
+    (2, 1, 22, 600, 1e6, 8.0), (4, 2, 256, 4095, 1e6, 8.0),
 ])
-def test_rope(emu, cpu, heads, hd, pos, theta, scale):
+def test_rope(emu, cpu, heads, heads2, hd, pos, theta, scale):
+    """Both groups of heads (a token's q and k) rotated by the same cos and sin."""
     rng = rng_for("rope", heads, hd, pos)
     x = rng.standard_normal(heads * hd).astype(F32)
+    x2 = rng.standard_normal(heads2 * hd).astype(F32)
     f = rope_freqs(hd, LayerAttn(rope_theta=theta, rope_scale=scale))  # the file's `rope`
-    what = f"rope heads={heads} hd={hd} pos={pos} theta={theta} scale={scale}"
+    what = f"rope heads={heads}+{heads2} hd={hd} pos={pos} theta={theta} scale={scale}"
 
     def twin(label, outs):
         # exact: every float32 step is fixed by the header; cos a and sin a are rounded once
         # to float32 from values good to 2^-51 or better (x87, or QEMU's double x87), which
         # round like float64's unless within 2^-51 of a float32 boundary
         check(label, outs[0], rope_twin(x, heads, hd, pos, f), 0)
+        check(label + " x2", outs[1], rope_twin(x2, heads2, hd, pos, f), 0)
 
-    run_everywhere(emu, cpu, "rope", (Out(x.copy(), "x"), heads, hd, pos, In(f, "f")), what,
-                   twin)
+    run_everywhere(emu, cpu, "rope", (Out(x.copy(), "x"), heads, hd, pos, In(f, "f"),
+                                      Out(x2.copy(), "x2"), heads2), what, twin)
 
 
 # --- exp_x87, exp2_x87 (through the SysV wrappers above) --------------------------------------

@@ -10,7 +10,7 @@
 ; att_scale and soft-caps: Gemma 1, 2 and 3 from the file alone.
 
 BLOCK_SHIFT = 6                 ; 64 tokens: a matrix chunk's first call reads its weights from
-BLOCK = 1 shl BLOCK_SHIFT       ; memory, its other 21 from the cache (docs/speed.md); tokens
+BLOCK = 1 shl BLOCK_SHIFT       ; memory, its other 20 from the cache (docs/speed.md); tokens
                                 ; per forward call at most (main.asm feeds the prompt so)
 
 ; model_setup: derived dimensions, the weights size check, weight and buffer pointers.

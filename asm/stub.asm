@@ -2,7 +2,7 @@
 ; image (gemma.elf), packs the image's bytes (builder/asm/pack.py), then assembles this file
 ; with the image's addresses as constants (fasm's -d; below) and appends the packed bytes at
 ; `payload`. At start-up the stub maps the image's pages where the image was linked, decodes
-; it into them, makes its code read+execute, unmaps its own table and jumps to the image's
+; it into them, unmaps its own table, makes its code read+execute and jumps to the image's
 ; entry with the stack as Linux hands it to a new program (rsp, argc, argv, envp, auxv), DF
 ; clear and the x87 and SSE state untouched; the general registers hold what the decoder and
 ; the system calls left (the image reads none before writing it). The second file, after
@@ -59,19 +59,19 @@ stub_start:
         mov     esi, payload
         mov     edx, IMAGE_BYTES
         mov     ecx, IMAGE_MAP_END      ; the table, after the image's pages
-        call    unpack
+        call    unpack                  ; (r11: the table)
+        ; munmap(the table, PACK_SCRATCH)
+        mov     rdi, r11
+        mov     esi, PACK_SCRATCH
+        push    SYS_munmap
+        pop     rax
+        syscall
         ; mprotect(IMAGE_BASE, the code's pages, read+execute)
         mov     edi, IMAGE_BASE
         mov     esi, IMAGE_CODE_MAP
         push    PROT_READ or PROT_EXEC
         pop     rdx
         push    SYS_mprotect
-        pop     rax
-        syscall
-        ; munmap(the table, PACK_SCRATCH)
-        mov     edi, IMAGE_MAP_END
-        mov     esi, PACK_SCRATCH
-        push    SYS_munmap
         pop     rax
         syscall
         jmp     IMAGE_ENTRY             ; rsp as the kernel left it

@@ -38,7 +38,8 @@ PACK_CALL       = 0xE8                  ; call rel32: the call filter's opcode
 ; of the range), starting at 1 and 0, so that the first bit's renormalisation reads three
 ; bytes.
 ;   in: rdi out, rsi src, rdx n (>= 1), rcx scratch (PACK_SCRATCH bytes, zero, 4-aligned)
-;   out: out   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r15 (not SysV: the stub keeps none)
+;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r10 r12-r15 (not
+;   SysV: the stub keeps none)
 unpack:
         mov     r11, rcx                ; the table
         push    rdi                     ; out, for the call filter

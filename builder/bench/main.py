@@ -20,7 +20,9 @@ other; the ceiling once more at the end. The engine is the packed program users 
 built from the current sources, or --engine); --compare-image times its image (BINARY.elf) too, right after or before it (the
 two take turns at going first, round by round), and shows each one's rounds and the
 packed/image ratios: the two run the same code, so the ratios should sit within the rounds'
-spread. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
+spread. --compare ENGINE2 does the same with another engine binary (a build of other sources:
+an A/B run), labelled B, with each round's ratio too: the two ran within seconds of each
+other, so a round's ratio is what a drifting machine disturbs least. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
 measurement fault instead of printing it. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
 
@@ -127,6 +129,7 @@ class Config:
     types: list[str] = field(default_factory=lambda: ["f16"])  # the models' weight types (not --model)
     real: bool = False  # the real Gemma 3 270M instead of a preset (real_model_paths)
     compare_image: bool = False  # time the engine's image (BINARY.elf) too, alternately
+    compare: Path | None = None  # --compare: another engine timed alternately (an A/B run)
 
 
 # ---------------------------------------------------------------- model files
@@ -444,7 +447,10 @@ def bench(cfg: Config) -> Result:
     image = bench_startup.image_of(engine)
     if cfg.compare_image and not image.is_file():
         raise BenchError(f"--compare-image: no image {image} beside the engine (a build writes one)")
-    programs = [engine, image] if cfg.compare_image else [engine]
+    if cfg.compare and not (cfg.compare.is_file() and os.access(cfg.compare, os.X_OK)):
+        raise BenchError(f"--compare: {cfg.compare} is not an executable file")
+    other = image if cfg.compare_image else cfg.compare.resolve() if cfg.compare else None
+    programs = [engine, other] if other else [engine]
     start = startup(cfg, engine)
     pairs = [model_paths(cfg)] if cfg.model else [model_paths(cfg, w) for w in cfg.types]
     context = min(read_header(m).max_ctx for m, _ in pairs)
@@ -497,7 +503,7 @@ def bench(cfg: Config) -> Result:
     for i, e in enumerate(engines):
         e.rounds = [gemma[0, i, t] for t in threads]
         e.figures = [best(runs) for runs in e.rounds]
-        if cfg.compare_image:
+        if other:
             e.image_rounds = [gemma[1, i, t] for t in threads]
             e.image = [best(runs) for runs in e.image_rounds]
     for i, p in enumerate(peers):
@@ -506,7 +512,8 @@ def bench(cfg: Config) -> Result:
                   shlex.join([str(engine), *cfg.engine_args]), level, engines, peers,
                   {t: max(bw_runs[t]) for t in threads}, bw_runs, {t: bw_loop[t][1] for t in threads},
                   peaks, fma_level if peaks else "", source or llama_missing(cfg, all_ggufs),
-                  [load, load_average()], cfg.repeat, start, str(image) if cfg.compare_image else "")
+                  [load, load_average()], cfg.repeat, start, str(other or ""),
+                  "B" if cfg.compare else "image")
 
 
 def _types(values: list[str]) -> list[str]:
@@ -594,6 +601,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--compare-image", action="store_true",
                    help="time the engine's image (ENGINE.elf, unpacked) too, alternately with the "
                         "packed engine, with each round's figures and the packed/image ratios")
+    p.add_argument("--compare", type=Path, metavar="ENGINE2",
+                   help="an A/B run: time another engine binary (e.g. a build of other sources) "
+                        "alternately with the engine on the same models and prompts; each one's "
+                        "rounds and best figures, the ratios engine/B, and each round's ratio")
     p.add_argument("--startup-only", action="store_true",
                    help="time only the packed engine's start-up against its image (-h and a "
                         "one-token run of the tiny model; a few seconds; every run does it too)")
@@ -609,15 +620,18 @@ def main(argv: list[str]) -> int:
             raise BenchError("--real and --model exclude each other")
         if a.n < 2 or a.repeat < 1:
             raise BenchError("-n must be at least 2, --repeat at least 1")
-        if a.startup_only and (a.model or a.gguf or a.real or a.type or a.plot or a.compare_image):
+        if a.startup_only and (a.model or a.gguf or a.real or a.type or a.plot or a.compare_image
+                               or a.compare):
             raise BenchError("--startup-only times the engine alone (on the tiny model): "
-                             "no --model, --gguf, --real, --type, --plot or --compare-image")
+                             "no --model, --gguf, --real, --type, --plot, --compare-image or --compare")
+        if a.compare and a.compare_image:
+            raise BenchError("--compare and --compare-image exclude each other (one second program)")
         if a.plot and importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install matplotlib")
         cfg = Config(a.preset, a.seed, a.cache, a.engine, _ints(a.threads, "--threads") if a.threads else [],
                      _ints(a.prompt_tokens, "--prompt-tokens", 2), a.n, bw_size(a), a.repeat,
                      not a.no_llama, a.llama_bench, shlex.split(a.engine_args), a.model, a.gguf,
-                     _types(a.type or ["f16"]), a.real, a.compare_image)
+                     _types(a.type or ["f16"]), a.real, a.compare_image, a.compare)
         if a.startup_only:
             load, machine, engine = load_average(), Machine.here(), engine_path(cfg)
             start = startup(cfg, engine)

@@ -1,6 +1,7 @@
 """The figures of `python -m builder bench` and how they are shown: the machine, one engine
 at one thread count (`Figures`), ./gemma on one model file at one prompt length (`Engine`:
-one per weight type and length; with --compare-image its image's figures too), llama.cpp on
+one per weight type and length; with --compare-image its image's figures too, with --compare
+another engine's), llama.cpp on
 one GGUF at one length (`Peer`, compared with one or more engines), the packed program's
 start-up against its image (`Startup`), a whole run (`Result`, with the derived decode
 efficiency and fraction of the FMA peak), the text table (one row per figure, one column per
@@ -72,7 +73,8 @@ class Engine:
     #                         the weights in cache, per thread count (bench_machine.kernel_speeds)
     rounds: list[list[Figures]] = field(default_factory=list)  # per thread count, each round's
     image: list[Figures] = field(default_factory=list)  # --compare-image: the image's best per
-    #                      thread count (the engine's own figures are the packed program's)
+    #                      thread count (the engine's own figures are the packed program's);
+    #                      --compare: the other engine's (Result.image_label says which)
     image_rounds: list[list[Figures]] = field(default_factory=list)  # and each round's
     prompt_tokens: int = 64  # the prompt length asked for (its figures give the one it got)
 
@@ -126,7 +128,9 @@ class Result:
     load: list[float]  # 1-minute load average before and after: other work on the machine
     repeat: int  # rounds; each figure is the best of them
     startup: Startup  # the packed program's start-up cost against its image
-    image: str = ""  # --compare-image: the image timed beside the engine, else ""
+    image: str = ""  # --compare-image: the image timed beside the engine (--compare: the other
+    #                  engine), else ""
+    image_label: str = "image"  # what the rows call it: "image", or "B" for --compare
 
     def efficiency(self, f: Figures, bytes_per_token: int) -> float:
         """Decode bytes/s over the bandwidth: at most 1 when the bandwidth is a ceiling."""
@@ -226,8 +230,10 @@ def table(res: Result) -> str:
     several = len(res.engines) > 1
     lines = [_machine(m), f"engine: {res.engine}",
              f"kernels: {TITLE[res.level]} ({', '.join(KERNELS[res.level].values())})"]
-    if res.image:
+    if res.image and res.image_label == "image":
         lines.append(f"image: {res.image} (--compare-image: timed too, alternately with the engine)")
+    elif res.image:
+        lines.append(f"{res.image_label}: {res.image} (--compare: timed too, alternately with the engine)")
     files = _files(res)
     for e in files:
         by = f" by gemma[{e.wtype}]" if len(files) > 1 else ""
@@ -265,13 +271,18 @@ def table(res: Result) -> str:
             (f"{name} prompt tokens/s", [_num(f.prompt_tps) for f in g]),
             (f"{name} decode tokens/s", [_num(f.decode_tps) for f in g]),
         ]
-        if e.image:  # --compare-image: the image beside the packed program, round by round
+        if e.image:  # --compare-image / --compare: the second program, round by round
+            other = f"{name} {res.image_label}"
             rows += [(f"{name} {what} tokens/s, each round", _each(e.rounds, what)) for what in ("prompt", "decode")]
-            rows += [(f"{name} image {what} tokens/s", [_num(getattr(f, f"{what}_tps")) for f in e.image])
+            rows += [(f"{other} {what} tokens/s", [_num(getattr(f, f"{what}_tps")) for f in e.image])
                      for what in ("prompt", "decode")]
-            rows += [(f"{name} image {what} tokens/s, each round", _each(e.image_rounds, what))
+            rows += [(f"{other} {what} tokens/s, each round", _each(e.image_rounds, what))
                      for what in ("prompt", "decode")]
-            rows += _ratios(name, g, f"{name} image", e.image)
+            rows += _ratios(name, g, other, e.image)
+            rows += [(f"{what} ratio {name}/{other}, each round",
+                      [" / ".join(_num(getattr(x, f"{what}_tps") / getattr(y, f"{what}_tps"), 3)
+                                  for x, y in zip(xs, ys)) for xs, ys in zip(e.rounds, e.image_rounds)])
+                     for what in ("prompt", "decode")]
         rows += [
             (f"{name} decode efficiency", [_eff(res.efficiency(f, e.bytes_per_token)) for f in g]),
             (f"{name} decode kernel in cache GB/s",

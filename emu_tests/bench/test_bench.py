@@ -273,6 +273,38 @@ def test_compare_image(gemma, tmp_path):
                             engine["figures"][0][f"{what}_tps"] / engine["image"][0][f"{what}_tps"], abs_tol=6e-4)
 
 
+def test_compare_engine(gemma, tmp_path):
+    """--compare ENGINE2 (an A/B run): a second engine binary timed alternately with the engine
+    on the same model and prompt, labelled B: each one's rounds and best figures, the ratios of
+    the best and of each round, as in the JSON. Here B is a copy of the same engine."""
+    other = tmp_path / "gemma-b"
+    other.write_bytes(gemma.binary.read_bytes())
+    other.chmod(0o755)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--compare", str(other), "--no-llama", "--bw-size", "16M", "-t", "1", "-r", "2",
+                         "-p", str(PROMPT), "-n", str(N), "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert (res["image"], res["image_label"], res["engine"]) == (str(other), "B", str(gemma.binary))
+    assert f"B: {other} (--compare: timed too, alternately with the engine)" in text
+    assert "(--compare-image" not in text
+    engine, = res["engines"]
+    rows = parse_table(text)
+    mine, theirs = engine["rounds"][0], engine["image_rounds"][0]  # one thread count
+    assert len(mine) == len(theirs) == 2
+    for what in ("prompt", "decode"):
+        assert rows[f"gemma B {what} tokens/s, each round"] == \
+            [" / ".join(f"{f[f'{what}_tps']:,.1f}" for f in theirs)]
+        assert math.isclose(number(rows[f"{what} ratio gemma/gemma B"][0]),
+                            engine["figures"][0][f"{what}_tps"] / engine["image"][0][f"{what}_tps"], abs_tol=6e-4)
+        each = [number(c) for c in rows[f"{what} ratio gemma/gemma B, each round"][0].split(" / ")]
+        assert each == pytest.approx([a[f"{what}_tps"] / b[f"{what}_tps"] for a, b in zip(mine, theirs)],
+                                     abs=6e-4)
+
+
 def test_prompt_lengths_sweep(gemma, tmp_path):
     """-p 96,192: each engine's rows at each length (labels gemma@96, gemma@192), the ratios of
     the second length to the first, and llama.cpp (when installed) at each length compared
@@ -635,6 +667,10 @@ def test_llama_bench_output_is_parsed():
     (["--preset", "tiny", "--engine", "/bin/false"], "the engine's --tokens failed: exit status 1"),
     (["--startup-only", "--type", "q8_0"], "--startup-only times the engine alone (on the tiny model): no"),
     (["--preset", "tiny", "--engine", "/bin/true", "--compare-image"], "--compare-image: no image "),
+    (["--preset", "tiny", "--engine", "/bin/true", "--compare", "/nonexistent/gemma"],
+     "--compare: /nonexistent/gemma is not an executable file"),
+    (["--compare", "/bin/true", "--compare-image"], "--compare and --compare-image exclude each other"),
+    (["--startup-only", "--compare", "/bin/true"], "--startup-only times the engine alone"),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--cache", str(tmp_path)]) == 1

@@ -22,8 +22,9 @@ two take turns at going first, round by round), and shows each one's rounds and 
 packed/image ratios: the two run the same code, so the ratios should sit within the rounds'
 spread. --compare ENGINE2 does the same with another engine binary (a build of other sources:
 an A/B run), labelled B, with each round's ratio too: the two ran within seconds of each
-other, so a round's ratio is what a drifting machine disturbs least. A decode efficiency above 1 means the ceiling was not one: the report flags it as a
-measurement fault instead of printing it. Each figure is the best over the rounds (the machine is shared: other work only ever
+other, so a round's ratio is what a drifting machine disturbs least. A decode efficiency
+above 1 means the ceiling was not one: the report flags it as a measurement fault instead of
+printing it. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
 
 The kernel level. The engine picks its kernels at start-up (asm/cpu.asm); the bench works out

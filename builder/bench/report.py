@@ -230,10 +230,9 @@ def table(res: Result) -> str:
     several = len(res.engines) > 1
     lines = [_machine(m), f"engine: {res.engine}",
              f"kernels: {TITLE[res.level]} ({', '.join(KERNELS[res.level].values())})"]
-    if res.image and res.image_label == "image":
-        lines.append(f"image: {res.image} (--compare-image: timed too, alternately with the engine)")
-    elif res.image:
-        lines.append(f"{res.image_label}: {res.image} (--compare: timed too, alternately with the engine)")
+    if res.image:
+        flag = "--compare-image" if res.image_label == "image" else "--compare"
+        lines.append(f"{res.image_label}: {res.image} ({flag}: timed too, alternately with the engine)")
     files = _files(res)
     for e in files:
         by = f" by gemma[{e.wtype}]" if len(files) > 1 else ""

@@ -41,10 +41,10 @@ from fuzz.mutate import Case, MODEL
 from fuzz.runner import judge, run
 from fuzz.shapes import SHAPES
 
-pytestmark = pytest.mark.slow  # the fuzz campaign: ~50 s on 2 cores, and its qemu runs
+pytestmark = pytest.mark.slow  # the fuzz campaign: ~100 s on 2 cores, and its qemu runs
 
 MIN_CASES = 2000    # at least this many in CI
-BUDGET = 150.0      # seconds after which no case is started (the suite takes ~50 s)
+BUDGET = 150.0      # seconds after which no case is started (the suite takes ~100 s)
 TIMEOUT = 10.0      # per case; runs take milliseconds
 
 

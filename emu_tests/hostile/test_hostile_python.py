@@ -791,26 +791,36 @@ def _asm_worker_init() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
 
 
-def asm_campaign(tmp: Path, seed: int, count: int) -> list[str]:
-    """`count` mutated builds of a copy of asm/ in tmp (a fresh child after a crash or a
-    60 s hang); what went wrong."""
-    shutil.copytree(REPO / "asm", tmp / "asm")
-    shutil.copyfile(REPO / "pyproject.toml", tmp / "pyproject.toml")
+def _asm_builds(root: Path, seed: int, cases: range) -> list[tuple[int, str]]:
+    """The mutated builds `cases` of the asm/ tree at root, one at a time in a child (a fresh
+    one after a crash or a 60 s hang); what went wrong, by case."""
     wrong, ctx = [], multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_asm_worker_init)
     try:
-        for i in range(count):
+        for i in cases:
             try:
-                problem = pool.submit(_build_mutated, str(tmp), seed, i).result(timeout=60)
+                problem = pool.submit(_build_mutated, str(root), seed, i).result(timeout=60)
             except (BrokenProcessPool, TimeoutError) as e:
                 problem = f"the builder process {type(e).__name__}"
                 pool.shutdown(cancel_futures=True)
                 pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_asm_worker_init)
             if problem:
-                wrong.append(f"case {i}: {problem}")
+                wrong.append((i, problem))
     finally:
         pool.shutdown(cancel_futures=True)
     return wrong
+
+
+def asm_campaign(tmp: Path, seed: int, count: int) -> list[str]:
+    """`count` mutated builds, two at a time, each on its own copy of asm/ in tmp (a build
+    mutates its tree); what went wrong, by case."""
+    roots = [tmp / "a", tmp / "b"]
+    for root in roots:
+        shutil.copytree(REPO / "asm", root / "asm")
+        shutil.copyfile(REPO / "pyproject.toml", root / "pyproject.toml")
+    with ThreadPoolExecutor(2) as threads:
+        halves = threads.map(_asm_builds, roots, [seed] * 2, [range(0, count, 2), range(1, count, 2)])
+        return [f"case {i}: {problem}" for i, problem in sorted(sum(halves, []))]
 
 
 def test_builder_random_asm_mutations(tmp_path):

@@ -12,7 +12,7 @@ timeout, and returns an Outcome. `judge(case, outcome)` lists what is wrong with
   - a refusal of an input the case marks valid;
   - a change to the model file (checked when the case ran on its own copy);
   - an accepted case whose second run prints or writes anything else (reads of memory
-    nothing wrote would show up so: addresses differ between runs).
+    nothing wrote would show up so: addresses differ between runs), or hangs.
 Past `budget` seconds no new case is started; the Report says how many ran.
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Outcome:
     seconds: float
     model_changed: bool = False
     differs: bool = False       # a second run of an accepted case printed or wrote otherwise
+    second_hang: bool = False   # or did not exit within the timeout
 
 
 @dataclass
@@ -82,6 +83,8 @@ def judge(case: Case, o: Outcome, timeout: float) -> list[str]:
     out = ["the model file changed"] if o.model_changed else []
     if o.differs:
         out.append("a second run gave other output (stdout or --logits)")
+    if o.second_hang:
+        out.append(f"hang: the second run did not exit within {timeout:g} s")
     if o.status not in (0, 1, 2):
         out.append(f"exit status {o.status}")
     elif case.status is not None and o.status != case.status:
@@ -161,8 +164,9 @@ def run_one(case: Case, timeout: float) -> Outcome:
     if o.status == 0 and case.stdout == "pipe" and not case.closed:
         first = logits.read_bytes() if logits.exists() else None
         again, out2 = _execute(argv, case, wdir, timeout)
-        o.differs = (again.status, out2, logits.read_bytes() if logits.exists() else None) != \
-            (0, out, first)
+        o.second_hang = again.status is None
+        o.differs = not o.second_hang and (again.status, out2, logits.read_bytes()
+                                           if logits.exists() else None) != (0, out, first)
     return o
 
 

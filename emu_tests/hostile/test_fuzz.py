@@ -315,6 +315,8 @@ def test_judge_names_each_kind_of_failure():
         "the model file changed"]
     assert judge(case, Outcome(0, b"", b"", 0, differs=True), 10) == [
         "a second run gave other output (stdout or --logits)"]
+    assert judge(case, Outcome(0, b"", b"", 0, second_hang=True), 10) == [
+        "hang: the second run did not exit within 10 s"]
 
 
 # -- regressions: each finding of the fuzzer, by number ----------------------------

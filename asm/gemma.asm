@@ -1,27 +1,31 @@
 ; gemma.asm: the entry file of the engine. It lists the include order and the segments;
 ; every concern lives in its own file. Builds with `python -m builder` (keystone, verified)
 ; and with `fasm asm/gemma.asm OUT` (the independent check).
+; The order is the packer's: `python -m builder pack --order` (move one file elsewhere,
+; keep the smallest ./gemma, again) found this one 39 bytes smaller packed than the order of
+; the concerns (sys, format, main, model, tokenizer, sample, output, forward, kernels, math,
+; fast, fast512, cpu, threads, text) on 2026-12-04; docs/build.md.
 
 format ELF64 executable 3
 entry start
 
 segment readable executable
 
+include 'forward.asm'           ; model_setup, forward: the Gemma graph
+include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
 include 'sys.asm'               ; the only file that holds `syscall`
+include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
 include 'format.asm'            ; the model file's layout (constants only)
 include 'main.asm'              ; start-up, command line, generation loop
 include 'model.asm'             ; open, map and validate the model file
+include 'math.asm'              ; exp, and the rest of the float math
+include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
+include 'text.asm'              ; read-only strings
 include 'tokenizer.asm'         ; text -> ids
 include 'sample.asm'            ; logits -> next id
-include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
-include 'forward.asm'           ; model_setup, forward: the Gemma graph
 include 'kernels.asm'           ; the neural-net operations
-include 'math.asm'              ; exp, and the rest of the float math
 include 'fast.asm'              ; the AVX + FMA + F16C matrix product (W-fast)
 include 'fast512.asm'           ; the same with AVX-512F (W-fast)
-include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
-include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
-include 'text.asm'              ; read-only strings
 
 segment readable writeable
 

@@ -18,7 +18,7 @@ COMMANDS = {  # name: (module, one line)
     "synth": ("builder.models.synth", "a random model of a preset's shapes (and its GGUF twin)"),
     "bench": ("builder.bench.main", "speed against memory bandwidth and llama.cpp"),
     "demo": ("builder.demo", "run ./gemma on the real Gemma 3 270M model"),
-    "pack": ("builder.asm.pack_search", "the packer's model: measure it, search a new one"),
+    "pack": ("builder.asm.pack_search", "the packer's model: measure it, search a new one or the include order"),
 }
 
 

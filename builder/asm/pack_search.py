@@ -1,7 +1,9 @@
 """`python -m builder pack`: the packer's model, measured and searched.
 
 Contract: `main(argv)`. Without options it packs the image of the sources with the committed
-model (builder/asm/pack_model.py) and prints the payload's size. `--search` chooses a new
+model (builder/asm/pack_model.py) and prints the payload's size. `--order` searches the
+include order of asm/gemma.asm that packs smallest (builder/asm/pack_order.py; `--passes`,
+and `--write` rewrites asm/gemma.asm). `--search` chooses a new
 model for today's image: context masks greedily (each round adds the mask that lowers the
 estimated size most, up to `--models`), then each model's shift by coordinate descent; it
 prints the exact size of the committed model and of the found one, and with `--write`
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from . import pack
+from . import pack, pack_order
 from .assemble import assemble
 from .build import REPO_ROOT
 from .errors import BuildError
@@ -134,15 +136,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--models", type=int, default=8, metavar="N",
                         help=f"at most N context models (1..{pack.MAX_MODELS}; each costs "
                              "start-up time); default 8")
+    parser.add_argument("--order", action="store_true",
+                        help="search the include order of asm/gemma.asm that packs smallest "
+                             "(a build per move of one file: ~5 minutes a pass on the "
+                             "engine)")
+    parser.add_argument("--passes", type=int, default=3, metavar="N",
+                        help="with --order: at most N passes (default 3)")
     parser.add_argument("--write", action="store_true",
                         help="with --search: write the model found to "
-                             "builder/asm/pack_model.py")
+                             "builder/asm/pack_model.py; with --order: write the order "
+                             "found to asm/gemma.asm")
     parser.add_argument("--root", type=Path, default=REPO_ROOT,
                         help="project directory holding asm/")
     args = parser.parse_args(argv)
     if not 1 <= args.models <= pack.MAX_MODELS:
         parser.error(f"--models must be 1..{pack.MAX_MODELS}")
+    if args.passes < 1:
+        parser.error("--passes must be at least 1")
     try:
+        if args.order:
+            return _order(args.root, args.passes, args.write)
         data = image_bytes(assemble(parse(args.root)))
         from .pack_model import MODEL
         print(f"committed model: {len(pack.compress(data, MODEL))} bytes of payload for "
@@ -158,4 +171,16 @@ def main(argv: list[str]) -> int:
     except (BuildError, pack.PackError) as exc:
         print(f"python -m builder pack: error: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _order(root: Path, passes: int, write: bool) -> int:
+    """`--order`: search, print the order found and its size, write it with `write`."""
+    before = pack_order.packed_size(root)
+    order, size = pack_order.search_order(root, passes)
+    print(f"include order found: {size} bytes packed (now {before}):")
+    print("\n".join(order))
+    if write:
+        pack_order.write_order(root, order)
+        print(f"wrote asm/{pack_order.ENTRY}")
     return 0

@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
                              "start-up time); default 8")
     parser.add_argument("--order", action="store_true",
                         help="search the include order of asm/gemma.asm that packs smallest "
-                             "(a build per move of one file: ~5 minutes a pass on the "
+                             "(a build per move of one file: ~8 minutes a pass on the "
                              "engine)")
     parser.add_argument("--passes", type=int, default=3, metavar="N",
                         help="with --order: at most N passes (default 3)")

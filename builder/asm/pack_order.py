@@ -1,7 +1,8 @@
 """The include order of asm/gemma.asm that packs smallest: a greedy search.
 
-Contract: `search_order(root, passes) -> (lines, size)` returns the `include` lines of the
-code segment of root/asm/gemma.asm in the order found and the packed program's size with it;
+Contract: `search_order(root, passes) -> (lines, size, start)` returns the `include` lines of
+the code segment of root/asm/gemma.asm in the order found, the packed program's size with it
+and with the file's own order;
 `write_order(root, lines)` puts them in that order in the file, the rest untouched. The code
 is the same in every order; what changes is what the packer sees (which routines sit next to
 each other, every call's target offset) and which jumps stay short.
@@ -50,9 +51,10 @@ def packed_size(root: Path) -> int:
     return len(pack_program(root, assemble(parse(root))).elf)
 
 
-def search_order(root: Path, passes: int = 3, progress: bool = True) -> tuple[list[str], int]:
-    """The include lines in the order found, and the packed size (see the module
-    docstring)."""
+def search_order(root: Path, passes: int = 3,
+                 progress: bool = True) -> tuple[list[str], int, int]:
+    """The include lines in the order found, the packed size with them and with the file's
+    order (see the module docstring)."""
     text = (root / "asm" / ENTRY).read_text()
     order = [text.splitlines()[i] for i in _code_includes(text)]
     if len(order) < 2:
@@ -68,8 +70,8 @@ def search_order(root: Path, passes: int = 3, progress: bool = True) -> tuple[li
             except BuildError:
                 return None
 
-        best = size(order)
-        if best is None:
+        best = start = size(order)
+        if start is None:
             raise BuildError(f"asm/{ENTRY} does not build as it is")
         for n in range(passes):
             moves = [(i, j) for i in range(len(order)) for j in range(len(order)) if i != j]
@@ -84,7 +86,7 @@ def search_order(root: Path, passes: int = 3, progress: bool = True) -> tuple[li
             if found is None:
                 break
             best, order = found
-    return order, best
+    return order, best, start
 
 
 def write_order(root: Path, order: list[str]) -> None:

@@ -176,8 +176,7 @@ def main(argv: list[str]) -> int:
 
 def _order(root: Path, passes: int, write: bool) -> int:
     """`--order`: search, print the order found and its size, write it with `write`."""
-    before = pack_order.packed_size(root)
-    order, size = pack_order.search_order(root, passes)
+    order, size, before = pack_order.search_order(root, passes)
     print(f"include order found: {size} bytes packed (now {before}):")
     print("\n".join(order))
     if write:

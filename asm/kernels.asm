@@ -202,6 +202,22 @@ rmsnorm:
         pop     rax
         ret
 
+GC_C = -64                              ; geglu's constants, around gelu_c: each in four
+GC_KAPPA = -48                          ; lanes (SSE memory operands: aligned), then p's
+GC_MAX = -32                            ; coefficients c0 = 1 (the last lane of GC_ONE)
+GC_MIN = -16                            ; .. c6 as single floats
+GC_ONE = 0
+GC_C0 = GC_ONE + 12
+        align   16
+        dd      4 dup (-2.3022082)      ; c = -2 sqrt(2/pi) log2(e)
+        dd      4 dup (0.044715)        ; kappa
+        dd      4 dup (126.0)
+        dd      4 dup (-126.0)
+gelu_c:
+        dd      4 dup (1.0)             ; (c0)
+        dd      0.69314718, 0.24022646, 0.055503286     ; c1 .. c6: p(f) ~ 2^f on [-1/2, 1/2]
+        dd      0.0096184891, 0.0013399930, 0.00015345792    ; (a relative-error fit)
+
 ; softcap: the attention scores' and the logits' soft-cap, x (n,) -> x (n,) in place,
 ; x[i] = c tanh(s x[i] / c), or s x[i] when c = 0. tanh(z) = 1 - 2 / (e^(2z) + 1): the whole
 ; in x87 extended precision, rounded once to float32 (s x[i] is not rounded first: within
@@ -274,40 +290,46 @@ softmax:
 ; 0.044715, y clamped to [-126, 126]; 2^y = p(f) 2^n, n = round(y), f = y - n (exact) in
 ; [-1/2, 1/2], p of degree 6 (within 1.7 ulp of 2^f). Error below 4 u |z hb2| (u = 2^-24; y's
 ; rounding makes it grow with |y| relative to tiny results, as torch's); z = 0 gives 0.
-;   in: rdi hb, rsi hb2, edx n   out: hb   clobbers: rax rcx rdx xmm0-xmm3
+; Four values a pass, one per lane of the SSE registers, each lane the same operations in the
+; same order (so a value's bits do not depend on its neighbours); n a multiple of 4 (the
+; header check: ffn is, and mm_share's chunks are multiples of 4 rows).
+;   in: rdi hb, rsi hb2, edx n (4, 8, ...)   out: hb   clobbers: rax rcx rdx xmm0-xmm4
 geglu:
         mov     ecx, edx
         lea     rdx, [gelu_c]
 .unit:
-        movss   xmm0, [rdi+rcx*4-4]     ; z
+        movups  xmm0, [rdi+rcx*4-16]    ; z
         movaps  xmm1, xmm0
-        mulss   xmm1, xmm0
-        mulss   xmm1, [rdx+GC_KAPPA]
-        addss   xmm1, [rdx+GC_ONE]
-        mulss   xmm1, xmm0              ; z (1 + kappa z^2)
-        mulss   xmm1, [rdx]             ; y
-        minss   xmm1, [rdx+GC_MAX]
-        maxss   xmm1, [rdx+GC_MIN]
-        cvtss2si eax, xmm1              ; n (MXCSR: to nearest)
-        cvtsi2ss xmm2, eax
-        subss   xmm1, xmm2              ; f
-        shl     eax, 23
-        add     eax, 0x3F800000         ; + 1.0's bits: n + 127 in the exponent
-        movd    xmm3, eax               ; 2^n
-        movss   xmm2, [rdx+GC_ONE+24]   ; c6
-        push    5
-        pop     rax
+        mulps   xmm1, xmm0
+        mulps   xmm1, [rdx+GC_KAPPA]
+        addps   xmm1, [rdx+GC_ONE]
+        mulps   xmm1, xmm0              ; z (1 + kappa z^2)
+        mulps   xmm1, [rdx+GC_C]        ; y
+        minps   xmm1, [rdx+GC_MAX]
+        maxps   xmm1, [rdx+GC_MIN]
+        cvtps2dq xmm3, xmm1             ; n (MXCSR: to nearest)
+        cvtdq2ps xmm2, xmm3
+        subps   xmm1, xmm2              ; f
+        pslld   xmm3, 23
+        paddd   xmm3, [rdx+GC_ONE]      ; + 1.0's bits: n + 127 in the exponent: 2^n
+        push    6
+        pop     rax                     ; c6 .. c0 (as scalars from GC_C0)
+        xorps   xmm2, xmm2
 .horner:
-        mulss   xmm2, xmm1
-        addss   xmm2, [rdx+rax*4+GC_ONE] ; c5 .. c0
+        mulps   xmm2, xmm1
+        movss   xmm4, [rdx+rax*4+GC_C0]
+        shufps  xmm4, xmm4, 0
+        addps   xmm2, xmm4
         dec     eax
         jns     .horner
-        mulss   xmm2, xmm3              ; 2^y
-        addss   xmm2, [rdx+GC_ONE]
-        divss   xmm0, xmm2              ; gelu_tanh(z)
-        mulss   xmm0, [rsi+rcx*4-4]
-        movss   [rdi+rcx*4-4], xmm0
-        loop    .unit
+        mulps   xmm2, xmm3              ; 2^y
+        addps   xmm2, [rdx+GC_ONE]
+        divps   xmm0, xmm2              ; gelu_tanh(z)
+        movups  xmm2, [rsi+rcx*4-16]
+        mulps   xmm0, xmm2
+        movups  [rdi+rcx*4-16], xmm0
+        sub     ecx, 4
+        jnz     .unit
         ret
 
 ; matmul_q8: matmul_f16's product with W in Q8_0 blocks (n a multiple of 32; x 16-byte
@@ -419,15 +441,3 @@ rope:
         dec     r10d
         jnz     .heads
         ret
-
-GC_KAPPA = 4
-GC_MAX = 8
-GC_ONE = 12                             ; p's coefficients c0 = 1 .. c6 from here
-GC_MIN = 40
-gelu_c:
-        dd      -2.3022082              ; c = -2 sqrt(2/pi) log2(e)
-        dd      0.044715                ; kappa
-        dd      126.0
-        dd      1.0, 0.69314718, 0.24022646, 0.055503286     ; p(f) ~ 2^f on [-1/2, 1/2]
-        dd      0.0096184891, 0.0013399930, 0.00015345792    ; (a relative-error fit)
-        dd      -126.0

@@ -146,6 +146,8 @@ class Dims:
             raise ModelFormatError(f"heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})")
         if self.head_dim % 2:
             raise ModelFormatError(f"head_dim ({self.head_dim}) is odd")
+        if self.ffn % 4:
+            raise ModelFormatError(f"ffn ({self.ffn}) is not a multiple of 4")
         if not (self.eps > 0 and math.isfinite(self.eps)):
             raise ModelFormatError(f"eps ({self.eps}) must be positive and finite")
         if not (0 < self.att_scale <= FLT_MAX):

@@ -192,6 +192,8 @@ class Model:
         if self.experts:
             if not 1 <= self.top_k <= self.experts:
                 raise ModelFormatError(f"top_k {self.top_k} is not 1 .. experts ({self.experts})")
+            if self.expert_ffn % 4:
+                raise ModelFormatError(f"expert_ffn ({self.expert_ffn}) is not a multiple of 4")
             if not self.expert_ffn or not moe:
                 raise ModelFormatError(f"{self.experts} experts but expert_ffn {self.expert_ffn} and "
                                        f"{len(moe)} MoE layers")
@@ -209,6 +211,8 @@ class Model:
             _limit(f, getattr(layer, f), 1, where)
         if layer.head_dim % 2:
             raise ModelFormatError(f"{where}: head_dim ({layer.head_dim}) is odd")
+        if layer.ffn % 4:
+            raise ModelFormatError(f"{where}: ffn ({layer.ffn}) is not a multiple of 4")
         if self.heads % layer.kv_heads:
             raise ModelFormatError(f"{where}: heads ({self.heads}) is not a multiple of kv_heads ({layer.kv_heads})")
         if not 0 <= layer.window < 1 << 32:

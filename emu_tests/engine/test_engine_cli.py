@@ -524,7 +524,7 @@ def inconsistent_headers(h) -> list[dict]:
         dict(header_size=255), dict(vocab=0), dict(vocab=(1 << 24) + 1), dict(dim=0),
         dict(dim=(1 << 16) + 1), dict(ffn=0), dict(ffn=1 << 31), dict(layers=0),
         dict(layers=1025), dict(heads=0), dict(heads=0xFFFFFFFF), dict(kv_heads=0),
-        dict(kv_heads=3), dict(head_dim=15), dict(head_dim=0), dict(max_ctx=0),
+        dict(kv_heads=3), dict(head_dim=15), dict(head_dim=0), dict(ffn=h.ffn + 2), dict(max_ctx=0),
         dict(max_ctx=(1 << 16) + 1), dict(eps=0.0), dict(eps=-1e-6), dict(eps=float("nan")),
         dict(att_scale=float("inf")), dict(att_scale=0.0), dict(att_scale=-0.125),
         dict(att_scale=float("nan")), dict(embed_scale=-8.0), dict(bos=h.vocab),

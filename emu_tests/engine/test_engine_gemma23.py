@@ -51,7 +51,7 @@ MODELS = {
                [LayerAttn(5), LayerAttn(0), LayerAttn(9)]),
     # Gemma 3: post norms and q/k norms, local layers (theta 10000, windows) and a global one
     # (theta 1e6, scale 8); odd shape (dim 66: the baseline kernel everywhere, hd 22)
-    "gemma3-odd": (Dims(vocab=600, dim=66, ffn=130, layers=3, heads=6, kv_heads=2, head_dim=22,
+    "gemma3-odd": (Dims(vocab=600, dim=66, ffn=132, layers=3, heads=6, kv_heads=2, head_dim=22,
                         max_ctx=128, flags=3, att_scale=0.3, att_softcap=4.0,
                         final_softcap=3.0),
                    [LayerAttn(7), LayerAttn(3, 20000.0), LayerAttn(0, 1e6, 8.0)]),

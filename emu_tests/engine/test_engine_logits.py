@@ -30,7 +30,7 @@ other token and the comparison ends at that step (its text legitimately differs 
 Synthetic shapes (test_shape_against_twin, builder.models.synth's random weights, logits <= ~3): the
 synth "tiny" preset (grouped-query attention, 2 query heads per kv head, hd 24); Gemma-2B's
 vocabulary and head shape (256000 x d, H=8, K=1, hd=256, H*hd = 16 d) on a narrow model; and
-odd sizes that exercise every kernel's tail (d=66, ffn=130, hd=22, 3 query heads per kv head).
+odd sizes that exercise every kernel's tail (d=66, ffn=132, hd=22, 3 query heads per kv head).
 Measured engine vs twin: <= 4.8e-7; TWIN_TOL = 1e-5 (20x margin; a wrong kv head or a dropped
 tail element moves logits by > 1e-2).
 """
@@ -57,7 +57,7 @@ SHAPES = {
     "synth-tiny": PRESETS["tiny"].dims,
     "2b-heads": Dims(vocab=256000, dim=128, ffn=256, layers=1, heads=8, kv_heads=1,
                      head_dim=256, max_ctx=8192),
-    "odd": Dims(vocab=600, dim=66, ffn=130, layers=2, heads=6, kv_heads=2, head_dim=22,
+    "odd": Dims(vocab=600, dim=66, ffn=132, layers=2, heads=6, kv_heads=2, head_dim=22,
                 max_ctx=64),
 }
 SHAPE_STEPS = 8

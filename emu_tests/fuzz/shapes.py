@@ -1,8 +1,9 @@
 """Valid model files of unusual shapes: the engine must run them or refuse them cleanly.
 
-`SHAPES` are legal by the format (heads % kv_heads == 0, head_dim even) but far from the
-fixtures: dimensions of 1, 3, 5, 7 (no multiple of a vector width), head_dim larger than dim,
-many heads over one kv head, ffn smaller than dim, contexts of 1..7 positions. They are where
+`SHAPES` are legal by the format (heads % kv_heads == 0, head_dim even, ffn a multiple of 4)
+but far from the fixtures: dimensions of 1, 3, 5, 7 (no multiple of a vector width), head_dim
+larger than dim, many heads over one kv head, ffn smaller than dim (4: one geglu pass),
+contexts of 1..7 positions. They are where
 a kernel that assumes a multiple of 4 or 8, or a loop that assumes at least one row, reads
 past a tensor. `write_shape` writes one (builder.models.synth's vocabulary and seeded weights);
 `shape_cases` runs each with short and context-filling prompts, sampling and --logits.
@@ -24,17 +25,17 @@ from emu_tests.asm_facts import constant
 from .mutate import LOGITS, MODEL, Case
 
 SHAPES: dict[str, Dims] = {   # vocab dim ffn layers heads kv_heads head_dim max_ctx
-    "d1": Dims(400, 1, 1, 1, 1, 1, 2, 4),
-    "d2_ctx1": Dims(400, 2, 3, 1, 1, 1, 2, 1),
-    "d3_gqa": Dims(400, 3, 5, 2, 3, 1, 2, 8),
-    "d5_hd6": Dims(401, 5, 7, 1, 2, 2, 6, 16),
-    "d7_h6k3": Dims(403, 7, 9, 3, 6, 3, 10, 5),
-    "d9_ffn1": Dims(400, 9, 1, 1, 1, 1, 18, 33),
-    "d17_hd2": Dims(512, 17, 33, 1, 4, 2, 2, 3),
-    "d33_mha5": Dims(513, 33, 65, 2, 5, 5, 4, 64),
+    "d1": Dims(400, 1, 4, 1, 1, 1, 2, 4),
+    "d2_ctx1": Dims(400, 2, 4, 1, 1, 1, 2, 1),
+    "d3_gqa": Dims(400, 3, 8, 2, 3, 1, 2, 8),
+    "d5_hd6": Dims(401, 5, 8, 1, 2, 2, 6, 16),
+    "d7_h6k3": Dims(403, 7, 12, 3, 6, 3, 10, 5),
+    "d9_ffn4": Dims(400, 9, 4, 1, 1, 1, 18, 33),
+    "d17_hd2": Dims(512, 17, 36, 1, 4, 2, 2, 3),
+    "d33_mha5": Dims(513, 33, 68, 2, 5, 5, 4, 64),
     "d12_h16k1": Dims(600, 12, 40, 1, 16, 1, 64, 7),
     # version 2's features on odd shapes (their windows and rope in SHAPE_ATTN)
-    "d6_g3": Dims(400, 6, 10, 3, 2, 1, 4, 12, flags=3, att_scale=0.9, att_softcap=2.0,
+    "d6_g3": Dims(400, 6, 12, 3, 2, 1, 4, 12, flags=3, att_scale=0.9, att_softcap=2.0,
                   final_softcap=1.5),
     "d8_g2": Dims(400, 8, 12, 2, 4, 2, 6, 9, flags=1, att_scale=0.5, att_softcap=50.0,
                   final_softcap=30.0),

@@ -105,7 +105,7 @@ def test_fuzz_baseline_under_qemu(engine, models, tmp_path):
 @pytest.mark.parametrize("how", ["-t 1", "-t 3", "-t 256", "-t 3 --baseline"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_odd_shapes_compute_the_reference_logits(engine, models, shape, how, tmp_path):
-    """Valid odd shapes (dims 1..33, head_dim > dim, ffn 1), on 1, 3 and 256 threads (more
+    """Valid odd shapes (dims 1..33, head_dim > dim, ffn 4), on 1, 3 and 256 threads (more
     threads than rows), on the host's fast path and the baseline one: --logits of a prompt
     filling most of the context equal builder.twins.reference's. A read past a tensor's end that
     does not crash, or rows no thread computes, show here as wrong numbers."""

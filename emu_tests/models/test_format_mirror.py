@@ -88,12 +88,18 @@ def test_buffers_have_their_constants_size(gemma):
 
 
 def test_geglu_table_offsets(gemma):
-    """kernels.asm's GC_* offsets name the right entries of the gelu_c table in the shipped
-    bytes: kappa, the clamp bounds +-126, p's coefficients c0 = 1 .. c6."""
+    """kernels.asm's GC_* offsets (from gelu_c) name the right entries of geglu's table in the
+    shipped bytes: c = -2 sqrt(2/pi) log2(e), kappa and the clamp bounds +-126 in four lanes
+    each, 16-byte aligned (SSE memory operands), then 1.0 in four lanes, its last lane c0 of
+    p's coefficients c0 = 1 .. c6 as single floats."""
     image = load_elf(gemma.elf, gemma.symbols)
-    sym = gemma.symbols["gelu_c"]
-    table = np.frombuffer(image.read(sym["address"], sym["size"]), "<f4")
-    at = {name: float(table[constant(name) // 4]) for name in ("GC_KAPPA", "GC_MAX", "GC_ONE", "GC_MIN")}
-    assert at == {"GC_KAPPA": float(np.float32(0.044715)), "GC_MAX": 126.0, "GC_ONE": 1.0, "GC_MIN": -126.0}
-    assert constant("GC_MIN") == constant("GC_ONE") + 7 * 4 == sym["size"] - 4  # c0 .. c6, then min
-    assert abs(table[0] - -2 * math.sqrt(2 / math.pi) / math.log(2)) < 1e-6    # -2 sqrt(2/pi) log2(e)
+    base = gemma.symbols["gelu_c"]["address"]
+    lanes = {name: np.frombuffer(image.read(base + constant(name), 16), "<f4")
+             for name in ("GC_C", "GC_KAPPA", "GC_MAX", "GC_MIN", "GC_ONE")}
+    assert all((v == v[0]).all() for v in lanes.values()), lanes
+    assert {k: float(v[0]) for k, v in lanes.items() if k != "GC_C"} == {
+        "GC_KAPPA": float(np.float32(0.044715)), "GC_MAX": 126.0, "GC_MIN": -126.0, "GC_ONE": 1.0}
+    assert abs(lanes["GC_C"][0] - -2 * math.sqrt(2 / math.pi) / math.log(2)) < 1e-6
+    assert all((base + constant(name)) % 16 == 0 for name in lanes)
+    c = np.frombuffer(image.read(base + constant("GC_C0"), 7 * 4), "<f4")
+    assert c[0] == 1.0 and abs(c[1] - math.log(2)) < 1e-4 and (np.diff(c) < 0).all()  # 2^f's fit

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.models.modelfile import HEADER_FIELDS, ModelFile
+from builder.models.modelfile import HEADER_FIELDS, Dims, ModelFile, write_model
+from builder.models.synth import synth_source, synth_vocab
 from builder.twins.tokenizer import Tokenizer
 from modelfiles import convert_fixture, fixture_path
 
@@ -524,7 +525,7 @@ def inconsistent_headers(h) -> list[dict]:
         dict(header_size=255), dict(vocab=0), dict(vocab=(1 << 24) + 1), dict(dim=0),
         dict(dim=(1 << 16) + 1), dict(ffn=0), dict(ffn=1 << 31), dict(layers=0),
         dict(layers=1025), dict(heads=0), dict(heads=0xFFFFFFFF), dict(kv_heads=0),
-        dict(kv_heads=3), dict(head_dim=15), dict(head_dim=0), dict(ffn=h.ffn + 2), dict(max_ctx=0),
+        dict(kv_heads=3), dict(head_dim=15), dict(head_dim=0), dict(max_ctx=0),
         dict(max_ctx=(1 << 16) + 1), dict(eps=0.0), dict(eps=-1e-6), dict(eps=float("nan")),
         dict(att_scale=float("inf")), dict(att_scale=0.0), dict(att_scale=-0.125),
         dict(att_scale=float("nan")), dict(embed_scale=-8.0), dict(bos=h.vocab),
@@ -561,6 +562,22 @@ def test_weights_size_not_the_layout(engine, mqa, tmp_path):
     for flags in (1, 2, 3):
         assert_error(run(engine, "-m", mutated(mqa, tmp_path, flags=flags), "--tokens"),
                      "bad header")
+
+
+def test_ffn_not_a_multiple_of_4(engine, tmp_path, monkeypatch):
+    """A file consistent in every other way (its weights the layout of its ffn) whose ffn is
+    not a multiple of 4 (geglu takes four values a pass): bad header, where ffn + 2 runs. The
+    Python writer refuses such a file, so the check is skipped to write it."""
+    monkeypatch.setattr(Dims, "check", lambda self: None)
+    for ffn, ok in ((6, False), (10, False), (8, True), (12, True)):
+        out = tmp_path / f"ffn{ffn}.bin"
+        write_model(out, Dims(400, 16, ffn, 1, 2, 1, 8, 16), synth_vocab(400, 0), synth_source(0),
+                    progress=False)
+        r = run(engine, "-m", out, "-p", "Hello", "-n", 2)
+        if ok:
+            assert r.returncode == 0 and r.stderr == b"", f"ffn {ffn}: {r.returncode} {r.stderr!r}"
+        else:
+            assert_error(r, "bad header")
 
 
 def test_accepted_header_values(engine, mqa, tmp_path):

@@ -205,8 +205,8 @@ rmsnorm:
 GC_C = -64                              ; geglu's constants, around gelu_c: each in four
 GC_KAPPA = -48                          ; lanes (SSE memory operands: aligned), then p's
 GC_MAX = -32                            ; coefficients c0 = 1 (the last lane of GC_ONE)
-GC_MIN = -16                            ; .. c6 as single floats
-GC_ONE = 0
+GC_MIN = -16                            ; .. c6 as single floats (the table sits here, not
+GC_ONE = 0                              ; beside geglu: the place that packs smallest)
 GC_C0 = GC_ONE + 12
         align   16
         dd      4 dup (-2.3022082)      ; c = -2 sqrt(2/pi) log2(e)

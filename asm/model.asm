@@ -23,8 +23,9 @@ err_cannot_read:                        ; (before load_model: its jumps here are
 ; file_size == the real size (larger: truncated), dims nonzero and bounded (dim_bits:
 ; every product the engine forms fits in 64 bits) and eps, att_scale, embed_scale finite and
 ; > 0 (one loop, the last field first), flags known (FLAG_*), the soft-caps 0 or finite and
-; > 0, heads % kv_heads == 0, head_dim even, ffn a multiple of 4, bos/eos/eot < vocab, byte_base + 256 <= vocab,
-; sections in order and non-overlapping (pieces, index, user, blob, weights) ending at
+; > 0, heads % kv_heads == 0, head_dim even, ffn a multiple of 4, bos/eos/eot < vocab,
+; byte_base + 256 <= vocab, sections in order and non-overlapping (pieces, index, user, blob,
+; weights) ending at
 ; file_size, weights_off % 4096 == 0, every piece's bytes inside the blob, max_piece_len ==
 ; the longest piece's length (the prompt-length guard relies on it), every index and user
 ; id < vocab, user pieces not empty.
@@ -112,7 +113,7 @@ check_header:                           ; (load_model, after the magic and the v
         jnz     err_header
         test    byte [rbx+HDR_HEAD_DIM], 1
         jnz     err_header
-        test    byte [rbx+HDR_FFN], 3       ; (geglu takes four values a pass)
+        test    byte [rbx+HDR_FFN], 3   ; (geglu takes four values a pass)
         jnz     err_header
         mov     r9d, [rbx+HDR_VOCAB]
         push    3                       ; bos, eos, eot < vocab

@@ -25,10 +25,9 @@ err_cannot_read:                        ; (before load_model: its jumps here are
 ; > 0 (one loop, the last field first), flags known (FLAG_*), the soft-caps 0 or finite and
 ; > 0, heads % kv_heads == 0, head_dim even, ffn a multiple of 4, bos/eos/eot < vocab,
 ; byte_base + 256 <= vocab, sections in order and non-overlapping (pieces, index, user, blob,
-; weights) ending at
-; file_size, weights_off % 4096 == 0, every piece's bytes inside the blob, max_piece_len ==
-; the longest piece's length (the prompt-length guard relies on it), every index and user
-; id < vocab, user pieces not empty.
+; weights) ending at file_size, weights_off % 4096 == 0, every piece's bytes inside the blob,
+; max_piece_len == the longest piece's length (the prompt-length guard relies on it), every
+; index and user id < vocab, user pieces not empty.
 ;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
 ;   file's struct stat (main.asm compares st_dev, st_ino with the --logits file's)
 ;   clobbers: rax rcx rdx rsi rdi r8-r11

@@ -3,5 +3,5 @@
 byte k + 1 back) and its weight as a shift."""
 from .pack import Model
 
-MODEL = Model(masks=(1, 2, 0, 3, 5, 6, 9, 4),
-              shifts=(2, 1, 0, 4, 3, 3, 4, 0))
+MODEL = Model(masks=(1, 2, 7, 4, 3, 0, 9, 26, 57, 6, 5),
+              shifts=(2, 1, 5, 0, 4, 0, 3, 4, 7, 2, 3))

@@ -5,14 +5,17 @@ model (builder/asm/pack_model.py) and prints the payload's size. `--order` searc
 include order of asm/gemma.asm that packs smallest (builder/asm/pack_order.py; `--passes`,
 and `--write` rewrites asm/gemma.asm). `--search` chooses a new
 model for today's image: context masks greedily (each round adds the mask that lowers the
-estimated size most, up to `--models`), then each model's shift by coordinate descent; it
-prints the exact size of the committed model and of the found one, and with `--write`
-rewrites builder/asm/pack_model.py (never part of a normal build: the model stays fixed, so
+estimated size most, up to `--models`), then each model's shift by coordinate descent;
+`--refine` goes on from the model found (or the committed one) by coordinate descent on the
+exact code length: shifts, and each mask swapped for every unused one. It prints the exact
+size of the committed model and of the found one, and with `--write` rewrites
+builder/asm/pack_model.py (never part of a normal build: the model stays fixed, so
 an asm change moves the packed size by about what it should).
 
 The estimate codes every bit with counts that never collide (a dictionary per mask instead of
-the shared table) and without the one-bit lag of learning; the search's last step is the
-exact size (pack.compress) of its result.
+the shared table) and without the one-bit lag of learning; `--refine` measures each trial with
+pack's own mixer (code_length: collisions and lag included, an ideal coder); the last step is
+the exact size (pack.compress) of the result.
 """
 from __future__ import annotations
 
@@ -119,6 +122,51 @@ def search(data: bytes, models: int, progress: bool = True) -> pack.Model:
     return pack.Model(tuple(chosen), tuple(shifts))
 
 
+def code_length(data: bytes, model: pack.Model) -> float:
+    """Bytes an ideal coder takes for `data` (call-coded already) with the probabilities of
+    pack's own mixer: the shared table and its collisions, the one-bit lag of learning. The
+    payload is that, rounded up, plus the model's bytes and the range coder's last ones."""
+    mixer = pack.ContextMixer(model)
+    bits = 0.0
+    for byte in data:
+        for k in range(7, -1, -1):
+            p = mixer.predict() / 2.0 ** 32
+            bit = byte >> k & 1
+            bits -= math.log2(p if bit else 1 - p)
+            mixer.update(bit)
+    return bits / 8
+
+
+def refine(data: bytes, model: pack.Model, progress: bool = True) -> pack.Model:
+    """Coordinate descent from `model` on code_length (exact where search's estimate is
+    not): each shift one step either way, then each mask replaced by every unused one; a step
+    that saves a quarter of a byte is kept; until a pass keeps none."""
+    data = pack.encode_calls(data)
+    masks, shifts = list(model.masks), list(model.shifts)
+    best = code_length(data, model)
+    improved = True
+    while improved:
+        improved = False
+        trials = [(i, None, shifts[i] + step) for i in range(len(shifts)) for step in (-1, 1)]
+        trials += [(i, m, None) for i in range(len(masks)) for m in range(1 << pack.HISTORY)]
+        for i, mask, shift in tqdm(trials, desc=f"refining (~{best:.0f} bytes)",
+                                   disable=not progress, leave=False):
+            trial_masks, trial_shifts = list(masks), list(shifts)
+            if mask is None:
+                trial_shifts[i] = shift
+            else:
+                trial_masks[i] = mask
+            if mask in masks or not 0 <= trial_shifts[i] <= pack.MAX_SHIFT:
+                continue
+            size = code_length(data, pack.Model(tuple(trial_masks), tuple(trial_shifts)))
+            if size < best - 0.25:
+                best, masks, shifts, improved = size, trial_masks, trial_shifts, True
+        if progress:
+            print(f"refined: ~{best:.0f} bytes, masks {masks}, shifts {shifts}",
+                  file=sys.stderr)
+    return pack.Model(tuple(masks), tuple(shifts))
+
+
 def write_model(model: pack.Model, path: Path = MODEL_FILE) -> None:
     """Rewrite builder/asm/pack_model.py with `model`."""
     head = path.read_text().split("\nMODEL = ")[0]
@@ -133,9 +181,12 @@ def main(argv: list[str]) -> int:
                     "payload's size; --search looks for a better model.")
     parser.add_argument("--search", action="store_true",
                         help="search masks and shifts for today's image (about a minute)")
-    parser.add_argument("--models", type=int, default=8, metavar="N",
+    parser.add_argument("--models", type=int, default=11, metavar="N",
                         help=f"at most N context models (1..{pack.MAX_MODELS}; each costs "
-                             "start-up time); default 8")
+                             "start-up time); default 11")
+    parser.add_argument("--refine", action="store_true",
+                        help="refine the model found (or the committed one) by coordinate "
+                             "descent on its exact code length (~4 minutes a pass)")
     parser.add_argument("--order", action="store_true",
                         help="search the include order of asm/gemma.asm that packs smallest "
                              "(a build per move of one file: ~8 minutes a pass on the "
@@ -143,7 +194,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--passes", type=int, default=3, metavar="N",
                         help="with --order: at most N passes (default 3)")
     parser.add_argument("--write", action="store_true",
-                        help="with --search: write the model found to "
+                        help="with --search or --refine: write the model found to "
                              "builder/asm/pack_model.py; with --order: write the order "
                              "found to asm/gemma.asm")
     parser.add_argument("--root", type=Path, default=REPO_ROOT,
@@ -160,8 +211,10 @@ def main(argv: list[str]) -> int:
         from .pack_model import MODEL
         print(f"committed model: {len(pack.compress(data, MODEL))} bytes of payload for "
               f"{len(data)} bytes of image ({len(MODEL.masks)} context models)")
-        if args.search:
-            model = search(data, args.models)
+        if args.search or args.refine:
+            model = search(data, args.models) if args.search else MODEL
+            if args.refine:
+                model = refine(data, model)
             print(f"found: {len(pack.compress(data, model))} bytes of payload "
                   f"({len(model.masks)} context models): masks {model.masks}, shifts "
                   f"{model.shifts}")

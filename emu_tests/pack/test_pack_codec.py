@@ -5,6 +5,7 @@ The asm decoder is held to this codec in test_pack_stub.py; here the codec is he
 (every payload decodes to its input) and to its contract."""
 from __future__ import annotations
 
+import math
 import random
 import subprocess
 import sys
@@ -202,6 +203,29 @@ def test_search_finds_the_context_that_matters():
     model = pack_search.search(bytes(data), 2, progress=False)
     assert model.masks[0] == 0b10
     assert len(pack.compress(bytes(data), model)) < 150
+
+
+def test_code_length_is_the_payload_less_its_model():
+    """refine's measure, pack's own mixer with an ideal coder: the range coder's payload is
+    that rounded up plus at most 5 bytes (its last bytes: 32 bits of low end, and one byte a
+    renormalisation may leave short)."""
+    data = bytes(np.random.default_rng(5).integers(0, 4, 1500, dtype=np.uint8)) + b"\x90" * 300
+    length = pack_search.code_length(pack.encode_calls(data), MODEL)
+    coded = len(pack.compress(data)) - len(MODEL.header())
+    assert math.ceil(length) <= coded <= math.ceil(length) + 5, (length, coded)
+
+
+def test_refine_swaps_in_the_context_that_matters():
+    """Data where each byte is the one three back, refined from a model of the byte one back:
+    the mask becomes byte 3 back (0b100) and the payload shrinks."""
+    rng = np.random.default_rng(6)
+    data = bytearray(rng.integers(0, 256, 3, dtype=np.uint8).tobytes())
+    for k in range(800):
+        data.append(data[-3] if k % 40 else int(rng.integers(256)))
+    start = pack.Model((0b1,), (3,))
+    model = pack_search.refine(bytes(data), start, progress=False)
+    assert model.masks == (0b100,)
+    assert len(pack.compress(bytes(data), model)) < len(pack.compress(bytes(data), start))
 
 
 def test_pack_command(tmp_path):

@@ -153,35 +153,7 @@ tokenize:
 ; neighbours (the first's previous and the end record's next are cleared at the end).
 .segment:
         mov     r8, r14
-.symbol:
-        mov     [r8+SYM_START], rsi
-        lea     rax, [r8-SYM]
-        mov     [r8+SYM_PREV], rax
-        lea     rax, [r8+SYM]
-        mov     [r8+SYM_NEXT], rax
-        mov     rdx, [rsp+16]
-        sub     edx, esi                ; bytes left
-        jz      .text_end
-        mov     rax, [rsp+8]            ; the user pieces that start with this byte:
-        movzx   ecx, byte [rsi]
-        mov     r9d, [rax+rcx*4]
-        mov     r10d, [rax+rcx*4+4]
-        lea     r9, [rax+r9*4+FIRST_INDEX]      ; r9 -> the first id
-        lea     r10, [rax+r10*4+FIRST_INDEX]    ; r10 -> after the last
-.user:
-        cmp     r9, r10
-        jae     .character
-        mov     eax, [r9]
-        add     r9, 4
-        call    piece
-        cmp     ecx, edx
-        ja      .user                   ; longer than the text left
-        push    rsi
-        repe    cmpsb                   ; ecx >= 1 (load_model)
-        pop     rdi
-        je      .user_piece             ; rsi is past the piece
-        mov     rsi, rdi
-        jmp     .user
+        jmp     .symbol
 .character:
         ; UTF-8: the lead byte's leading ones give the length; a byte that does not start a
         ; complete, well-formed sequence is a symbol of its own. The text is followed by zero
@@ -207,7 +179,38 @@ tokenize:
         mov     [r8+SYM_LEN], edx
         add     rsi, rdx
         add     r8, SYM
-        jmp     .symbol
+.symbol:
+        mov     [r8+SYM_START], rsi
+        lea     rax, [r8-SYM]
+        mov     [r8+SYM_PREV], rax
+        lea     rax, [r8+SYM]
+        mov     [r8+SYM_NEXT], rax
+        mov     rdx, [rsp+16]
+        sub     edx, esi                ; bytes left
+        jz      .text_end
+        mov     rax, [rsp+8]            ; the user pieces that start with this byte:
+        movzx   ecx, byte [rsi]
+        mov     r9d, [rax+rcx*4]
+        mov     r10d, [rax+rcx*4+4]
+        lea     r9, [rax+r9*4+FIRST_INDEX]      ; r9 -> the first id
+        lea     r10, [rax+r10*4+FIRST_INDEX]    ; r10 -> after the last
+.user:
+        cmp     r9, r10
+        jae     .character
+        mov     eax, [r9]
+        add     r9, 4
+        call    piece
+        cmp     ecx, edx
+        ja      .user                   ; longer than the text left
+        mov     r11b, [rdi+rcx-1]       ; the last bytes first: most pieces that share the
+        cmp     r11b, [rsi+rcx-1]       ; first byte end in another (Gemma 3: 6,321 start
+        jne     .user                   ; with `<`), and a `repe cmpsb` costs its start-up
+        push    rsi
+        repe    cmpsb                   ; ecx >= 1 (load_model)
+        pop     rdi
+        je      .user_piece             ; rsi is past the piece
+        mov     rsi, rdi
+        jmp     .user
 .user_piece:                            ; eax = its id, rdi -> its first byte
         mov     edx, esi
         sub     edx, edi

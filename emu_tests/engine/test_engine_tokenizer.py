@@ -188,6 +188,28 @@ def test_user_pieces_are_found_by_their_first_byte(image, tok_a, tmp_path):
     assert a == b, f"{a} instructions with {len(tok_a.pieces)} pieces, {b} with 4,000 more"
 
 
+CANDIDATE = 40              # instructions, at most, to try a user piece that cannot match
+
+
+def test_user_pieces_with_another_last_byte_are_not_compared(image, tok_a, tmp_path):
+    """200 more user pieces `<`, k `a` and `>` (k = 1..200) at every `<` of a text of `<`
+    and 250 `a`: each is longer than the text left or ends in another byte, so trying one
+    may cost at most CANDIDATE instructions (the loop, `piece`, the two checks). Comparing
+    their bytes (Unicorn counts each step of `repe cmpsb`) would cost ~k + 1 more each:
+    ~100 on average. (Gemma 3 has 6,321 user pieces that start with `<`: a text full of `<`
+    tried them all at every one.)"""
+    small = write_vocab_model(tmp_path / "small.bin", tok_a).read_bytes()
+    extra = [b"<" + b"a" * k + b">" for k in range(1, 201)]
+    large = write_vocab_model(tmp_path / "large.bin", with_user_pieces(tok_a, extra)).read_bytes()
+    text = " ".join(["<" + "a" * 250] * 4)
+    a, err_a = tokenize_cost(image, small, text)
+    b, err_b = tokenize_cost(image, large, text)
+    assert err_a == err_b == b""
+    tries = 4 * len(extra)
+    print(f"{a} instructions without the pieces, {b} with them: {(b - a) / tries:.1f} a try")
+    assert 0 < b - a <= CANDIDATE * tries, f"{(b - a) / tries:.1f} instructions a try"
+
+
 def test_too_long_prompt_is_refused_as_soon_as_its_ids_exceed_the_context(image, tok_a,
                                                                              tmp_path):
     """Paragraphs (segments end at the user piece "\n\n") whose ids exceed -c 200 within

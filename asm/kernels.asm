@@ -112,35 +112,42 @@ matvec_t_f32:
         jmp     .oct
 ; matvec_f32: W (d,n) @ x (n,) -> xout (d,), row i of W at W + i*r9 bytes (att = K q).
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
-;   clobbers: rax rdx rdi r8 r10 r11 xmm0-xmm2
+;   clobbers: rax rdx rdi r8 r10 r11 xmm0-xmm3
 matvec_f32:
         push    4
         pop     r10                     ; column stride
 ; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes). With
-; a column stride of 4 bytes (contiguous rows) a row is summed in four float32 lanes, lane l
-; over the columns j = l mod 4 of the first n - n mod 4 in order of j, then (s0 + s1) +
-; (s2 + s3); then (any stride) the products left, in order of j.
-;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0-xmm2
+; a column stride of 4 bytes (contiguous rows) a row is summed in two chains of four float32
+; lanes (two additions in flight: 2.x the one chain's speed), lane l of chain c over the
+; columns j = 8m + 4c + l of the first n - n mod 8 in order of m, then l_i = c0_i + c1_i,
+; then (l0 + l1) + (l2 + l3); then (any stride) the products left, in order of j.
+;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0-xmm3
 matvec_strided:
 .row:
         dec     r8d
         js      matmul_f16.ret
         xorps   xmm0, xmm0
+        xorps   xmm3, xmm3
         xor     r11d, r11d
         cmp     r10, 4
         jne     .col0
-.quad:
-        lea     eax, [r11+MATVEC_LANES]
+.oct:
+        lea     eax, [r11+2*MATVEC_LANES]
         cmp     eax, ecx
         ja      .lanes
         movups  xmm1, [rdx+r11*4]
         movups  xmm2, [rsi+r11*4]
         mulps   xmm1, xmm2
-        addps   xmm0, xmm1
+        addps   xmm0, xmm1              ; chain 0
+        movups  xmm1, [rdx+r11*4+4*MATVEC_LANES]
+        movups  xmm2, [rsi+r11*4+4*MATVEC_LANES]
+        mulps   xmm1, xmm2
+        addps   xmm3, xmm1              ; chain 1
         xchg    eax, r11d
-        jmp     .quad
+        jmp     .oct
 .lanes:
-        haddps  xmm0, xmm0              ; s0 + s1, s2 + s3, ..
+        addps   xmm0, xmm3              ; l
+        haddps  xmm0, xmm0              ; l0 + l1, l2 + l3, ..
         haddps  xmm0, xmm0
 .col0:
         lea     rax, [rdx+r11*4]        ; W[i*r9 + j*r10] (j = 0 unless the stride is 4)

@@ -191,10 +191,12 @@ def sequential_f32(terms: np.ndarray) -> np.ndarray:
 
 def lanes_then_sequential(terms: np.ndarray) -> np.ndarray:
     """Row sums of terms (d, n) in the order matvec_strided takes for contiguous rows: lane l
-    sums columns j = l mod 4 of the first n - n mod 4 left to right, then (s0 + s1) + (s2 + s3),
-    then the last n mod 4 terms left to right."""
-    q = terms.shape[1] - terms.shape[1] % 4
-    s = [sequential_f32(terms[:, lane:q:4]) for lane in range(4)]
+    of chain c sums columns j = 8m + 4c + l of the first n - n mod 8 in order of m, then
+    l_i = c0_i + c1_i, then (l0 + l1) + (l2 + l3), then the last n mod 8 terms left to
+    right."""
+    q = terms.shape[1] - terms.shape[1] % 8
+    s = [sequential_f32(terms[:, lane:q:8]) + sequential_f32(terms[:, lane + 4:q:8])
+         for lane in range(4)]
     acc = (s[0] + s[1]) + (s[2] + s[3])
     for j in range(q, terms.shape[1]):
         acc = acc + terms[:, j]
@@ -202,7 +204,7 @@ def lanes_then_sequential(terms: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("d,n,pad", [(1, 1, 0), (3, 5, 0), (4, 7, 3), (9, 16, 48), (256, 33, 5),
-                                     (2, 4, 0), (3, 256, 0)])
+                                     (2, 4, 0), (3, 256, 0), (5, 12, 1), (2, 15, 0), (7, 8, 2)])
 def test_matvec_f32(emu, cpu, d, n, pad):
     rng = rng_for("matvec_f32", d, n, pad)
     stride = n + pad                                 # floats from one row to the next

@@ -5,17 +5,18 @@
 ; keep the smallest ./gemma, again) found this one 39 bytes smaller packed than the order of
 ; the concerns (sys, format, main, model, tokenizer, sample, output, forward, kernels, math,
 ; fast, fast512, cpu, threads, text) on 2026-12-04; after GEGLU's four lanes, math.asm after
-; sample.asm: 3 bytes more (a pass, 2026-12-04, evening); docs/build.md.
+; sample.asm: 3 bytes more (a pass, 2026-12-04, evening); after Vᵀ att's four chains,
+; threads.asm first and sys.asm after cpu.asm: 5 more (two passes, late evening); docs/build.md.
 
 format ELF64 executable 3
 entry start
 
 segment readable executable
 
-include 'forward.asm'           ; model_setup, forward: the Gemma graph
 include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
-include 'sys.asm'               ; the only file that holds `syscall`
+include 'forward.asm'           ; model_setup, forward: the Gemma graph
 include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
+include 'sys.asm'               ; the only file that holds `syscall`
 include 'format.asm'            ; the model file's layout (constants only)
 include 'main.asm'              ; start-up, command line, generation loop
 include 'model.asm'             ; open, map and validate the model file

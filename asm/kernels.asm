@@ -74,21 +74,23 @@ matmul_f16:
         jmp     .cvt
 
 ; matvec_t_f32: W^T (d,n) @ x (n,) -> xout (d,), xout[j] = sum_i x[i] W[i*r9 + 4j] (o = V^T att).
-; Sums in order of i, one float32 accumulator per output: eight adjacent outputs at a time in
-; the lanes of two registers (two addition chains in flight), the last d mod 8 by
+; Sums in order of i, one float32 accumulator per output: 16 adjacent outputs at a time in
+; the lanes of four registers (four addition chains in flight), the last d mod 16 by
 ; matvec_strided.
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
-;   clobbers: rax rdx rdi r8-r11 xmm0-xmm3
+;   clobbers: rax rdx rdi r8-r11 xmm0-xmm5
 MATVEC_LANES = 4                        ; float32 lanes per SSE register
 matvec_t_f32:
         mov     r10, r9
         push    4
         pop     r9
-.oct:
-        cmp     r8d, 2*MATVEC_LANES
-        jb      matvec_strided          ; the last d mod 8 outputs
+.group:
+        cmp     r8d, 4*MATVEC_LANES
+        jb      matvec_strided          ; the last d mod 16 outputs
         xorps   xmm0, xmm0
         xorps   xmm3, xmm3
+        xorps   xmm4, xmm4
+        xorps   xmm5, xmm5
         mov     rax, rdx
         xor     r11d, r11d
 .qcol:
@@ -100,16 +102,24 @@ matvec_t_f32:
         movups  xmm2, [rax+4*MATVEC_LANES]
         mulps   xmm2, xmm1
         addps   xmm3, xmm2
+        movups  xmm2, [rax+8*MATVEC_LANES]
+        mulps   xmm2, xmm1
+        addps   xmm4, xmm2
+        movups  xmm2, [rax+12*MATVEC_LANES]
+        mulps   xmm2, xmm1
+        addps   xmm5, xmm2
         add     rax, r10
         inc     r11d
         cmp     r11d, ecx
         jb      .qcol
         movups  [rdi], xmm0
         movups  [rdi+4*MATVEC_LANES], xmm3
-        add     rdi, 8*MATVEC_LANES
-        add     rdx, 8*MATVEC_LANES
-        sub     r8d, 2*MATVEC_LANES
-        jmp     .oct
+        movups  [rdi+8*MATVEC_LANES], xmm4
+        movups  [rdi+12*MATVEC_LANES], xmm5
+        add     rdi, 16*MATVEC_LANES
+        add     rdx, 16*MATVEC_LANES
+        sub     r8d, 4*MATVEC_LANES
+        jmp     .group
 ; matvec_f32: W (d,n) @ x (n,) -> xout (d,), row i of W at W + i*r9 bytes (att = K q).
 ;   in: rdi xout, rsi x, rdx W, ecx n, r8d d, r9 row stride in bytes   out: xout
 ;   clobbers: rax rdx rdi r8 r10 r11 xmm0-xmm3
@@ -298,8 +308,9 @@ softmax:
 ; [-1/2, 1/2], p of degree 6 (within 1.7 ulp of 2^f). Error below 4 u |z hb2| (u = 2^-24; y's
 ; rounding makes it grow with |y| relative to tiny results, as torch's); z = 0 gives 0.
 ; Four values a pass, one per lane of the SSE registers, each lane the same operations in the
-; same order (so a value's bits do not depend on its neighbours); n a multiple of 4 (the
-; header check: ffn is, and mm_share's chunks are multiples of 4 rows).
+; same order (so a value's bits do not depend on its neighbours); n a multiple of 4 and hb2
+; 16-byte aligned (the header check: ffn is a multiple of 4; mm_share's chunks start at
+; multiples of 4 rows of page-aligned buffers).
 ;   in: rdi hb, rsi hb2, edx n (4, 8, ...)   out: hb   clobbers: rax rcx rdx xmm0-xmm4
 geglu:
         mov     ecx, edx
@@ -332,8 +343,7 @@ geglu:
         mulps   xmm2, xmm3              ; 2^y
         addps   xmm2, [rdx+GC_ONE]
         divps   xmm0, xmm2              ; gelu_tanh(z)
-        movups  xmm2, [rsi+rcx*4-16]
-        mulps   xmm0, xmm2
+        mulps   xmm0, [rsi+rcx*4-16]
         movups  [rdi+rcx*4-16], xmm0
         sub     ecx, 4
         jnz     .unit

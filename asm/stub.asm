@@ -31,7 +31,7 @@ SYS_write       = 1
 SYS_mmap        = 9
 SYS_mprotect    = 10
 SYS_munmap      = 11
-SYS_exit_group  = 231
+SYS_exit        = 60
 
 PROT_READ       = 1
 PROT_WRITE      = 2
@@ -87,7 +87,8 @@ stub_no_memory:
         pop     rax
         syscall
         dec     edi                     ; STDERR - 1 = EXIT_ERROR
-        mov     eax, SYS_exit_group
+        push    SYS_exit                ; (one thread: exit is exit_group)
+        pop     rax
         syscall
 
 stub_msg_no_memory:

@@ -223,7 +223,7 @@ def test_matvec_f32(emu, cpu, d, n, pad):
 
 
 @pytest.mark.parametrize("d,n,pad", [(1, 1, 0), (4, 3, 0), (5, 6, 2), (16, 9, 48), (256, 40, 0),
-                                     (1, 9, 0), (12, 7, 1), (8, 5, 0)])
+                                     (1, 9, 0), (12, 7, 1), (8, 5, 0), (24, 6, 0), (37, 11, 3)])
 def test_matvec_t_f32(emu, cpu, d, n, pad):
     rng = rng_for("matvec_t_f32", d, n, pad)
     stride = d + pad                                 # floats from row i to row i+1 of W
@@ -234,9 +234,9 @@ def test_matvec_t_f32(emu, cpu, d, n, pad):
 
     def twin(label, outs):
         # exact: xout[j] = sum over i in index order, one float32 accumulator, for the outputs
-        # that fill two SSE registers; the last d mod 8 go to matvec_strided, whose column
+        # that fill four SSE registers; the last d mod 16 go to matvec_strided, whose column
         # stride is here the row stride: 4 bytes (d = 1, no padding) takes its lane order
-        terms, q = (w * x[:, None]).T, d - d % 8
+        terms, q = (w * x[:, None]).T, d - d % 16
         tail = lanes_then_sequential if stride == 1 else sequential_f32
         check(label, outs[0], np.concatenate([sequential_f32(terms[:q]), tail(terms[q:])]), 0)
 

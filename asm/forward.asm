@@ -393,7 +393,7 @@ fwd_qk_norm:
 ; into xb (where q_h is in q). Thread k's att is att + k ctx floats
 ; (room for BLOCK threads; threads k >= BLOCK get no tasks). Each task as one thread would.
 ;   in: esi k (rbx job_vars: unused)   out: o_h of those tasks
-;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm3 (keeps rbx rbp r12-r15)
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm5 (keeps rbx rbp r12-r15)
 att_share:
         call    fwd_frame
         mov     eax, [ctx_len]

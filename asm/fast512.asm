@@ -31,10 +31,11 @@ matmul_f16_avx512:
         lea     r11, [matmul_f16_avx2]
         lea     r10d, [rcx+rcx]         ; bytes of a row
         jmp     tile4
-; zmm0_sum: xmm0 = the sum of zmm0's lanes in the fast kernels' order: l_i = lane i + lane
-; i + 8, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
-;   in: zmm0   out: xmm0 (lane 0)   clobbers: zmm1
-zmm0_sum:
+; zmm0_put: the sum of zmm0's lanes in the fast kernels' order (l_i = lane i + lane i + 8,
+; then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))) stored at rdi, or added to it
+; when r9d is not 0; rdi then 4 bytes on.
+;   in: zmm0, rdi, r9d   out: [rdi]; rdi + 4   clobbers: zmm0 zmm1
+zmm0_put:
         vextractf64x4 ymm1, zmm0, 1
         vaddps  ymm0, ymm0, ymm1        ; l
         vextractf128 xmm1, ymm0, 1
@@ -42,6 +43,12 @@ zmm0_sum:
         vhaddps xmm0, xmm0, xmm0
         vpermilps xmm1, xmm0, 1
         vaddss  xmm0, xmm0, xmm1
+        test    r9d, r9d
+        jz      .store
+        vaddss  xmm0, xmm0, [rdi]
+.store:
+        vmovss  [rdi], xmm0
+        add     rdi, 4
         ret
 
 ; q8_pairs: matmul_q8_avx512 for k = 1, d even: rows i and i + d/2 (i < d/2) in one pass, each
@@ -81,21 +88,11 @@ q8_pairs:
         add     r10, 64
         sub     eax, 16
         jnz     .block
-        call    zmm0_sum
-        test    r9d, r9d
-        jz      .store_i
-        vaddss  xmm0, xmm0, [rdi]
-.store_i:
-        vmovss  [rdi], xmm0
+        call    zmm0_put                ; row i's
         vmovaps zmm0, zmm2
-        call    zmm0_sum
-        test    r9d, r9d
-        jz      .store_j
-        vaddss  xmm0, xmm0, [rbx]
-.store_j:
-        vmovss  [rbx], xmm0
-        add     rdi, 4
-        add     rbx, 4
+        xchg    rdi, rbx
+        call    zmm0_put                ; row i + d/2's
+        xchg    rdi, rbx
         dec     r8d
         jnz     .pair
         pop     rbx

@@ -33,8 +33,8 @@ matmul_f16_avx512:
         jmp     tile4
 ; zmm0_put: the sum of zmm0's lanes in the fast kernels' order (l_i = lane i + lane i + 8,
 ; then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))) stored at rdi, or added to it
-; when r9d is not 0; rdi then 4 bytes on.
-;   in: zmm0, rdi, r9d   out: [rdi]; rdi + 4   clobbers: zmm0 zmm1
+; when r9d is not 0.
+;   in: zmm0, rdi, r9d   out: [rdi]   clobbers: zmm0 zmm1
 zmm0_put:
         vextractf64x4 ymm1, zmm0, 1
         vaddps  ymm0, ymm0, ymm1        ; l
@@ -48,7 +48,6 @@ zmm0_put:
         vaddss  xmm0, xmm0, [rdi]
 .store:
         vmovss  [rdi], xmm0
-        add     rdi, 4
         ret
 
 ; q8_pairs: matmul_q8_avx512 for k = 1, d even: rows i and i + d/2 (i < d/2) in one pass, each
@@ -59,7 +58,7 @@ q8_pairs:
         shr     r11d, 4                 ; bytes of a row (n/32 blocks)
         imul    r11, r8                 ; row i + d/2 is r11 bytes on
         push    rbx
-        lea     rbx, [rdi+r8*4]         ; its output
+        imul    ebx, r8d, 4             ; its output: rbx bytes on
 .pair:
         vpxord  zmm0, zmm0, zmm0
         vpxord  zmm2, zmm2, zmm2
@@ -90,9 +89,10 @@ q8_pairs:
         jnz     .block
         call    zmm0_put                ; row i's
         vmovaps zmm0, zmm2
-        xchg    rdi, rbx
+        add     rdi, rbx
         call    zmm0_put                ; row i + d/2's
-        xchg    rdi, rbx
+        sub     rdi, rbx
+        add     rdi, 4
         dec     r8d
         jnz     .pair
         pop     rbx

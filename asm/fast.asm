@@ -30,10 +30,13 @@
 ; places megabytes apart. Against one row at a time on the 2b shapes: Q8_0 12-20% faster; FP16
 ; two rows 25%, four rows 1.08x two on 2 threads and 1.20x on 1 (AVX2 host; rows 8 apart,
 ; within a 16-row chunk, gained nothing).
-; Q8_0 decode pairs prefetch their weights 8 KB ahead (4 and 16 KB measured no better);
-; without it Q8_0 decode runs ~25% slower, with the model in 4 KB or in 2 MB pages. FP16
-; decode is not prefetched: A/B runs with it went 0.94-1.17x, no gain beyond the noise. Nor
-; are prompt passes: their weights come from the cache after a chunk's first call, and
+; Decode prefetches the rows it streams PREFETCH_AHEAD bytes ahead: Q8_0 pairs at each
+; block's scale (without it Q8_0 decode ran ~25% slower, AVX2 host, 8 KB ahead; 2 KB as fast
+; on the AVX-512 host, 1.02-1.03x), FP16's four rows every other pass (a line of each):
+; 1.08-1.14x on 2b FP16 and Gemma 3 270M decode, 1 and 2 threads (AVX-512 Intel host; 8 KB
+; ahead only 1.02-1.05x, two of the four rows 1.01-1.05x); the AVX2-only EPYC measured an
+; 8 KB prefetch on FP16 pairs at 0.94-1.17x, and has not run this one. Nor are prompt passes
+; prefetched: their weights come from the cache after a chunk's first call, and
 ; prefetching them into L1 evicted the tokens' x (without: 2b FP16 prompt 1.11-1.20x on 2
 ; threads, 1.05x on 1; Q8_0 and the real 270M unchanged; AVX2 host).
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
@@ -42,7 +45,7 @@
 FAST_TOKENS = 4                         ; tokens per call at most (cpu.asm)
 TILE_TOKENS = FAST_TOKENS - 1           ; FP16's on AVX2: its two-row tiles (.tile; cpu.asm)
 TOKEN_CODE = 13         ; bytes of each of .t3, .t2, .t1 (one token; k = 2..4 tests catch a change)
-PREFETCH_AHEAD = 8192
+PREFETCH_AHEAD = 2048
 
 matmul_q8_avx2:
         lea     rax, [matmul_f16_avx2.q8]
@@ -136,6 +139,13 @@ matmul_f16_avx2:
         mov     r9, [rsp+32]            ; i, i + q, i + 2q, i + 3q (q = d/4, r9 bytes a row
         lea     r11, [r9+r9*2]          ; on) a pass; row i + jq: chains ymm j, ymm 4+j
 .q16:
+        test    al, 64                  ; every other pass (a 64-byte line of each row):
+        jz      .q16_load               ; the four rows' lines PREFETCH_AHEAD on
+        prefetcht0 [rdx+PREFETCH_AHEAD]
+        prefetcht0 [rdx+r9+PREFETCH_AHEAD]
+        prefetcht0 [rdx+r9*2+PREFETCH_AHEAD]
+        prefetcht0 [rdx+r11+PREFETCH_AHEAD]
+.q16_load:
         vcvtph2ps ymm8, [rdx]
         vcvtph2ps ymm9, [rdx+16]
         vfmadd231ps ymm0, ymm8, [rsi]

@@ -6,22 +6,24 @@
 ; the concerns (sys, format, main, model, tokenizer, sample, output, forward, kernels, math,
 ; fast, fast512, cpu, threads, text) on 2026-12-04; after GEGLU's four lanes, math.asm after
 ; sample.asm: 3 bytes more (a pass, 2026-12-04, evening); after Vᵀ att's four chains,
-; threads.asm first and sys.asm after cpu.asm: 5 more (two passes, late evening); docs/build.md.
+; threads.asm first and sys.asm after cpu.asm: 5 more (two passes, late evening); after
+; FP16 decode's prefetch, text.asm first and output.asm before sys.asm: 2 more (two passes,
+; night); docs/build.md.
 
 format ELF64 executable 3
 entry start
 
 segment readable executable
 
+include 'text.asm'              ; read-only strings
 include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
 include 'forward.asm'           ; model_setup, forward: the Gemma graph
 include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
+include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
 include 'sys.asm'               ; the only file that holds `syscall`
 include 'format.asm'            ; the model file's layout (constants only)
 include 'main.asm'              ; start-up, command line, generation loop
 include 'model.asm'             ; open, map and validate the model file
-include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
-include 'text.asm'              ; read-only strings
 include 'tokenizer.asm'         ; text -> ids
 include 'sample.asm'            ; logits -> next id
 include 'math.asm'              ; exp, and the rest of the float math

@@ -44,14 +44,14 @@ MAP_STUB        = 0x108022      ; MAP_FIXED_NOREPLACE (a hint before Linux 4.17)
 ;   in: rsp -> argc, argv[], 0, envp[], auxv   out: never returns (jumps to IMAGE_ENTRY)
 stub_start:
         ; mmap(IMAGE_BASE, image pages + table, read+write, private anonymous, fd 0, 0):
-        ; Linux ignores fd with MAP_ANONYMOUS; r8 and r9 are zero
+        ; Linux ignores fd with MAP_ANONYMOUS; every general register but rsp is zero at a
+        ; program's first instruction (the x86-64 ELF loader clears them), so byte moves
+        ; set rdx and rax
         mov     edi, IMAGE_BASE
         mov     esi, IMAGE_MAP_END - IMAGE_BASE + PACK_SCRATCH
-        push    PROT_READ or PROT_WRITE
-        pop     rdx
+        mov     dl, PROT_READ or PROT_WRITE
         mov     r10d, MAP_STUB
-        push    SYS_mmap
-        pop     rax
+        mov     al, SYS_mmap
         syscall
         cmp     rax, rdi                ; -errno, or elsewhere (a hint not taken)
         jne     stub_no_memory

@@ -76,7 +76,8 @@ unpack:
 .hash:
         mov     rax, rbx
         and     rax, [rsp+rbp]          ; the key
-        imul    rax, [pack_hash]
+        mov     rcx, PACK_HASH
+        imul    rax, rcx
         shr     rax, 48 - PACK_TABLE_BITS
         mov     edx, eax
         shl     edx, 16
@@ -171,5 +172,3 @@ unpack:
 .done:
         ret
 
-pack_hash:
-        dq      PACK_HASH

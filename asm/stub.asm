@@ -41,7 +41,8 @@ MAP_STUB        = 0x108022      ; MAP_FIXED_NOREPLACE (a hint before Linux 4.17)
                                 ; than 256 faults) | MAP_ANONYMOUS | MAP_PRIVATE
 
 ; stub_start: the packed program's entry point.
-;   in: rsp -> argc, argv[], 0, envp[], auxv   out: never returns (jumps to IMAGE_ENTRY)
+;   in: rsp -> argc, argv[], 0, envp[], auxv; every other general register 0 (Linux's ELF
+;   loader; rdx and rax are set by byte moves)   out: never returns (jumps to IMAGE_ENTRY)
 stub_start:
         ; mmap(IMAGE_BASE, image pages + table, read+write, private anonymous, fd 0, 0):
         ; Linux ignores fd with MAP_ANONYMOUS; every general register but rsp is zero at a

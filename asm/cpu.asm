@@ -11,7 +11,7 @@ XCR0_AVX512 = 0xE0                                      ; ... and opmask, ZMM0-1
 ; XCR0 bits 1 and 2 (all that kernel uses) and the model's dim, ffn and heads x head_dim are
 ; multiples of 16 (its precondition; every Gemma is), unless --baseline was given;
 ; matmul_f16_avx512 instead where CPUID leaf 7 reports AVX-512F and XCR0 has bits 5-7 too,
-; unless --avx2 was given (4 tokens); matmul_f16 and 1 otherwise. Q8_0 matrices:
+; unless --avx2 was given (8 tokens: its 3 x 8 tiles, both types); matmul_f16 and 1 otherwise. Q8_0 matrices:
 ; matmul_q8_avx2, matmul_q8_avx512 and matmul_q8 likewise.
 ;   in: opt_baseline, opt_avx2, rbx the model header, rbp fwd_vars (FV_Q_DIM)
 ;   out: job_kernel, job_tokens, job_kernel_q8, job_tokens_q8
@@ -56,6 +56,7 @@ cpu_setup:
         jz      .chosen
         mov     esi, matmul_f16_avx512
         mov     r8d, matmul_q8_avx512
+        add     edi, edi                ; TILE8_TOKENS (fast512.asm)
 .chosen:
         mov     [job_kernel], rsi
         mov     [job_kernel_q8], r8

@@ -42,7 +42,8 @@
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
 ;   r9d accumulate; stack: k (1..4, low dword), ostride (a qword)
 ;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared)
-FAST_TOKENS = 4                         ; tokens per call at most (cpu.asm)
+FAST_TOKENS = 4                         ; tokens per call at most (cpu.asm; AVX-512: TILE8_TOKENS)
+TILE8_TOKENS = 2 * FAST_TOKENS          ; the AVX-512 kernels' (fast512.asm; cpu.asm)
 TILE_TOKENS = FAST_TOKENS - 1           ; FP16's on AVX2: its two-row tiles (.tile; cpu.asm)
 TOKEN_CODE = 13         ; bytes of each of .t3, .t2, .t1 (one token; k = 2..4 tests catch a change)
 PREFETCH_AHEAD = 2048

@@ -15,15 +15,15 @@ entry start
 
 segment readable executable
 
-include 'text.asm'              ; read-only strings
+include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
 include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
 include 'forward.asm'           ; model_setup, forward: the Gemma graph
-include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
 include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
 include 'sys.asm'               ; the only file that holds `syscall`
 include 'format.asm'            ; the model file's layout (constants only)
 include 'main.asm'              ; start-up, command line, generation loop
 include 'model.asm'             ; open, map and validate the model file
+include 'text.asm'              ; read-only strings
 include 'tokenizer.asm'         ; text -> ids
 include 'sample.asm'            ; logits -> next id
 include 'math.asm'              ; exp, and the rest of the float math

@@ -166,17 +166,19 @@ wait_change:
 ; mm_share: thread k's rows of the published product: [k c, min(d, (k+1) c)), c = ceil(d/T)
 ; rounded up to a multiple of 4 (so every share but the last decodes in the FP16 kernel's
 ; four-row passes, whatever T), none when k c >= d; in chunks of MM_CHUNK rows, each chunk
-; for every token in turn (its weights come from memory once, then from the cache; four
-; tokens' x from L1 for 32 four-row passes: 128 rows ran the 2b FP16 prompt 1.05-1.07x and
-; Q8_0 1.02-1.03x 16 rows, 1 and 2 threads, AVX-512 Intel host; 256 no faster), up to
-; the kernel record's tokens per call, or all that are left when a call may take them (64 =
-; 20 x 3 + 4 for the AVX2 FP16 tiles: no lone last token); for one token (decode), all
-; of k's rows in one chunk.
+; for every token in turn (its weights come from memory once, then from the cache; a call's
+; x stays in the cache for all its rows: against 16 rows, 128 ran the 2b FP16 prompt
+; 1.05-1.07x and Q8_0 1.02-1.03x on 1 and 2 threads with 4-token calls, AVX-512 Intel host;
+; 256 no faster; with the AVX-512 kernels' 8-token calls 96 and 128 alike, and 96 = 32 of
+; their 3-row tiles); the kernel record's tokens a call while as many are left, then the
+; rest, FAST_TOKENS at most a call (AVX-512: 5-7 left go 4 + 1-3; AVX2 FP16: 21 x 3 + 1
+; for 64, its lone last token as fast as 20 x 3 + 4 was); for one token (decode), all of k's
+; rows in one chunk.
 ; With job_gate set, each chunk done then gets gate = gelu_tanh(gate) * xout on its rows, in
 ; the cache and on every thread (GEGLU: the same operations as one geglu call over all).
 ;   in: esi k, rbx job_vars   out: those rows of xout
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
-MM_CHUNK = 128
+MM_CHUNK = 96
 mm_share:
         mov     ecx, [rbx+J_T]
         mov     edi, [rbx+J_D]
@@ -226,10 +228,15 @@ mm_share:
         add     rdx, rax                ; W + row (bytes per row)
         mov     r11, [rbx+J_CALL]       ; the kernel record
         mov     eax, [rbx+J_B]
-        sub     eax, ebp                ; tokens left: all of them if a call may take them
-        cmp     eax, [rbx+J_TOKENS_MAX] ; (FP16's 3-token tiles leave no lone last token),
+        sub     eax, ebp                ; tokens left: the record's tokens if as many are
+        cmp     eax, [r11+KREC_TOKENS]  ; left, else all of them, at most FAST_TOKENS
+        jae     .record
+        cmp     al, FAST_TOKENS
         jbe     .take
-        mov     eax, [r11+KREC_TOKENS]  ; else the record's
+        mov     al, FAST_TOKENS
+        jmp     .take
+.record:
+        mov     eax, [r11+KREC_TOKENS]
 .take:
         push    rax                     ; the kernel's tokens
         mov     r9d, [rbx+J_ACC]

@@ -161,6 +161,5 @@ J_T             = job_t - job_vars
 J_B             = job_b - job_vars
 J_SHARE         = job_share - job_vars
 KREC_TOKENS     = job_tokens - job_kernel
-J_TOKENS_MAX    = job_tokens_q8 - job_vars  ; the most a kernel call takes (Q8_0's: 1 or 4)
 J_SPIN          = job_spin - job_vars
 

@@ -3,7 +3,7 @@ CPU, an AVX2 CPU, an AVX-512 CPU, or one of them missing a feature or OS support
 kernels and tokens per call it stores must be the ones its header promises: the AVX2 kernels
 (FP16 3 tokens a call: its prompt tiles; Q8_0 FAST_TOKENS) only with AVX, FMA, F16C, OSXSAVE,
 XCR0 bits 1-2 and every product's n a multiple of 16, and not with --baseline; the AVX-512
-kernels (FAST_TOKENS both) where AVX-512F and XCR0 bits 5-7 come on top, and not with --avx2;
+kernels (TILE8_TOKENS both: their 3 x 8 tiles) where AVX-512F and XCR0 bits 5-7 come on top, and not with --avx2;
 the baseline kernels and 1 token otherwise.
 
 cpu_setup takes rbx (the model header) and rbp (fwd_vars) and writes the image's job
@@ -48,7 +48,7 @@ WRAPPER = {
 GEMMA_2B = (2048, 16384, 2048)                      # dim, ffn, heads x head_dim
 SLOW = ("matmul_f16", "matmul_q8", 1, 1)
 FAST = ("matmul_f16_avx2", "matmul_q8_avx2", constant("TILE_TOKENS"), constant("FAST_TOKENS"))
-FAST512 = ("matmul_f16_avx512", "matmul_q8_avx512", constant("FAST_TOKENS"), constant("FAST_TOKENS"))
+FAST512 = ("matmul_f16_avx512", "matmul_q8_avx512", constant("TILE8_TOKENS"), constant("TILE8_TOKENS"))
 
 CASES = [
     (BASELINE, GEMMA_2B, "", SLOW),

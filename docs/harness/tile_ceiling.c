@@ -3,7 +3,7 @@
  *
  *   gcc -O3 -march=native -o /tmp/tile_ceiling docs/harness/tile_ceiling.c && /tmp/tile_ceiling
  *
- * Needs AVX-512F (zmm tiles, as asm/fast512.asm's tile4). One thread. Each figure is the
+ * Needs AVX-512F (zmm tiles, as asm/fast512.asm's tile8). One thread. Each figure is the
  * fused multiply-adds a second of one sweep (24 rows x 48 tokens of n columns, each (row,
  * token) summed into one zmm accumulator and reduced at the end, as the engine's tiles do),
  * the fastest of 100 sweeps, over the peak of ten independent vfmadd231ps zmm chains on

@@ -39,6 +39,7 @@ matmul_f16_avx512:
 ; kernel (r11).
 ;   in: as matmul_f16_avx512, and rax the loader, r10 bytes of a row of W, r11 the AVX2 kernel
 ;   out, clobbers: as matmul_f16_avx512
+TILE8_ROWS = 3                          ; rows a tile8 pass takes
 tile8:
         cmp     dword [rsp+8], TILE8_TOKENS
         jne     .avx2
@@ -118,11 +119,11 @@ tile8:
         jnz     .col
         sub     rsi, r10                ; x again
         add     rdx, rbp                ; past rows b, c
-        push    3
+        push    TILE8_ROWS
         pop     r13                     ; rows to sum
 .row:                                   ; a row's eight results, in the fast kernels' order
         call    .half                   ; tokens 0-3 at rdi + t ostride; rdi 4 bytes on
-        imul    r9, [rsp+24], 4         ; 4 ostride
+        imul    r9, [rsp+24], FAST_TOKENS ; tokens 4-7: FAST_TOKENS ostride on
         lea     rdi, [rdi+r9-4]
         vmovaps zmm0, zmm16
         vmovaps zmm1, zmm17

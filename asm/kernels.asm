@@ -141,10 +141,8 @@ matvec_strided:
         xor     r11d, r11d
         cmp     r10, 4
         jne     .col0
+        jmp     .more
 .oct:
-        lea     eax, [r11+2*MATVEC_LANES]
-        cmp     eax, ecx
-        ja      .lanes
         movups  xmm1, [rdx+r11*4]
         movups  xmm2, [rsi+r11*4]
         mulps   xmm1, xmm2
@@ -153,8 +151,11 @@ matvec_strided:
         movups  xmm2, [rsi+r11*4+4*MATVEC_LANES]
         mulps   xmm1, xmm2
         addps   xmm3, xmm1              ; chain 1
-        xchg    eax, r11d
-        jmp     .oct
+        add     r11d, 2*MATVEC_LANES
+.more:
+        lea     eax, [r11+2*MATVEC_LANES]
+        cmp     eax, ecx
+        jbe     .oct
 .lanes:
         addps   xmm0, xmm3              ; l
         haddps  xmm0, xmm0              ; l0 + l1, l2 + l3, ..
@@ -219,13 +220,15 @@ rmsnorm:
         pop     rax
         ret
 
-GC_C = -64                              ; geglu's constants, around gelu_c: each in four
-GC_KAPPA = -48                          ; lanes (SSE memory operands: aligned), then p's
-GC_MAX = -32                            ; coefficients c0 = 1 (the last lane of GC_ONE)
-GC_MIN = -16                            ; .. c6 as single floats (the table sits here, not
-GC_ONE = 0                              ; beside geglu: the place that packs smallest)
+GC_LOG2E = -80                          ; softmax's, geglu's and exp2ps's constants, around
+GC_C = -64                              ; gelu_c: each in four lanes (SSE memory operands:
+GC_KAPPA = -48                          ; aligned), then p's coefficients c0 = 1 (the last
+GC_MAX = -32                            ; lane of GC_ONE) .. c6 as single floats (the table
+GC_MIN = -16                            ; sits here, not beside geglu: the place that packs
+GC_ONE = 0                              ; smallest)
 GC_C0 = GC_ONE + 12
         align   16
+        dd      4 dup (1.44269504)      ; log2(e)
         dd      4 dup (-2.3022082)      ; c = -2 sqrt(2/pi) log2(e)
         dd      4 dup (0.044715)        ; kappa
         dd      4 dup (126.0)
@@ -268,27 +271,36 @@ softcap:
         pop     rax
         ret
 
-; softmax: x (n,) -> x (n,) in place, x[i] = exp(x[i] - max x) / sum. Exponentials and their
-; sum in x87 extended precision; each exponential is stored as float32, then multiplied by
-; 1 / sum and rounded again: every result within 2u relative (u = 2^-24). x finite.
-;   in: rdi x, esi n   out: x   clobbers: rax rcx xmm1 (calls exp_x87)
+; softmax: x (n,) -> x (n,) in place, x[i] = e_i / sum, e_i = 2^y_i by exp2ps, y_i =
+; float32((x[i] - max x) log2(e)) (float32 steps, as torch's exp(x - max)), four lanes a pass
+; over n rounded up to 4 (x has room for them; the lanes past n are computed and left there);
+; the sum of the e_i in x87 extended precision, then each e_i times 1 / sum rounded once.
+; Every result within (6.5 + 1.5 |y_i|) u relative (u = 2^-24; |y_i| multiplies the two
+; roundings before exp2ps) of the exact value, plus 2^-126 where it is below that. x finite.
+;   in: rdi x, esi n   out: x   clobbers: rax rcx rdx xmm0-xmm4
 softmax:
-        movss   xmm1, [rdi]
+        movss   xmm0, [rdi]
         mov     ecx, esi
 .max:
-        maxss   xmm1, [rdi+rcx*4-4]
+        maxss   xmm0, [rdi+rcx*4-4]
         loop    .max
-        movd    eax, xmm1
-        push    rax                     ; [rsp]: max; aligns rsp for the call
+        shufps  xmm0, xmm0, 0           ; max in every lane
+        lea     rdx, [gelu_c]
+        push    rax                     ; aligns rsp for the calls
+.exp:                                   ; (ecx = 0)
+        movups  xmm1, [rdi+rcx*4]
+        subps   xmm1, xmm0
+        mulps   xmm1, [rdx+GC_LOG2E]    ; y
+        call    exp2ps
+        movups  [rdi+rcx*4], xmm2       ; e
+        add     ecx, 4
+        cmp     ecx, esi
+        jb      .exp
         fldz                            ; sum
         mov     ecx, esi
-.exp:
-        fld     dword [rdi+rcx*4-4]
-        fsub    dword [rsp]
-        call    exp_x87
-        fst     dword [rdi+rcx*4-4]
-        faddp
-        loop    .exp
+.sum:
+        fadd    dword [rdi+rcx*4-4]
+        loop    .sum
         fld1
         fdivrp                          ; 1 / sum
         mov     ecx, esi
@@ -313,6 +325,7 @@ softmax:
 ; multiples of 4 rows of page-aligned buffers).
 ;   in: rdi hb, rsi hb2, edx n (4, 8, ...)   out: hb   clobbers: rax rcx rdx xmm0-xmm4
 geglu:
+        push    rax                     ; aligns rsp for the calls
         mov     ecx, edx
         lea     rdx, [gelu_c]
 .unit:
@@ -323,6 +336,20 @@ geglu:
         addps   xmm1, [rdx+GC_ONE]
         mulps   xmm1, xmm0              ; z (1 + kappa z^2)
         mulps   xmm1, [rdx+GC_C]        ; y
+        call    exp2ps                  ; 2^y
+        addps   xmm2, [rdx+GC_ONE]
+        divps   xmm0, xmm2              ; gelu_tanh(z)
+        mulps   xmm0, [rsi+rcx*4-16]
+        movups  [rdi+rcx*4-16], xmm0
+        sub     ecx, 4
+        jnz     .unit
+        pop     rax
+        ret
+; exp2ps: 2^y in each lane, y clamped to [-126, 126]: p(f) 2^n, n = round(y), f = y - n
+; (exact) in [-1/2, 1/2], p of degree 6 within 1.7 ulp of 2^f; the same operations in every
+; lane (geglu's and softmax's exponentials).
+;   in: xmm1 y, rdx gelu_c   out: xmm2 2^y   clobbers: rax xmm1 xmm3 xmm4
+exp2ps:
         minps   xmm1, [rdx+GC_MAX]
         maxps   xmm1, [rdx+GC_MIN]
         cvtps2dq xmm3, xmm1             ; n (MXCSR: to nearest)
@@ -341,12 +368,6 @@ geglu:
         dec     eax
         jns     .horner
         mulps   xmm2, xmm3              ; 2^y
-        addps   xmm2, [rdx+GC_ONE]
-        divps   xmm0, xmm2              ; gelu_tanh(z)
-        mulps   xmm0, [rsi+rcx*4-16]
-        movups  [rdi+rcx*4-16], xmm0
-        sub     ecx, 4
-        jnz     .unit
         ret
 
 ; matmul_q8: matmul_f16's product with W in Q8_0 blocks (n a multiple of 32; x 16-byte

@@ -89,15 +89,16 @@ def test_buffers_have_their_constants_size(gemma):
 
 def test_geglu_table_offsets(gemma):
     """kernels.asm's GC_* offsets (from gelu_c) name the right entries of geglu's table in the
-    shipped bytes: c = -2 sqrt(2/pi) log2(e), kappa and the clamp bounds +-126 in four lanes
-    each, 16-byte aligned (SSE memory operands), then 1.0 in four lanes, its last lane c0 of
+    shipped bytes: softmax's log2(e) (float32, rounded to nearest), c = -2 sqrt(2/pi) log2(e),
+    kappa and the clamp bounds +-126 in four lanes each, 16-byte aligned (SSE memory operands), then 1.0 in four lanes, its last lane c0 of
     p's coefficients c0 = 1 .. c6 as single floats."""
     image = load_elf(gemma.elf, gemma.symbols)
     base = gemma.symbols["gelu_c"]["address"]
     lanes = {name: np.frombuffer(image.read(base + constant(name), 16), "<f4")
-             for name in ("GC_C", "GC_KAPPA", "GC_MAX", "GC_MIN", "GC_ONE")}
+             for name in ("GC_LOG2E", "GC_C", "GC_KAPPA", "GC_MAX", "GC_MIN", "GC_ONE")}
     assert all((v == v[0]).all() for v in lanes.values()), lanes
     assert {k: float(v[0]) for k, v in lanes.items() if k != "GC_C"} == {
+        "GC_LOG2E": float(np.float32(math.log2(math.e))),
         "GC_KAPPA": float(np.float32(0.044715)), "GC_MAX": 126.0, "GC_MIN": -126.0, "GC_ONE": 1.0}
     assert abs(lanes["GC_C"][0] - -2 * math.sqrt(2 / math.pi) / math.log(2)) < 1e-6
     assert all((base + constant(name)) % 16 == 0 for name in lanes)

@@ -390,8 +390,9 @@ fwd_qk_norm:
 ; over the positions attended, the last n_t = pos + t + 1 (the block's earlier rows are in
 ; the cache, roped), or the last min(n_t, w) with the layer's window w > 0 (from position
 ; n_t - w: never outside the cache), att = softmax(softcap(att att_scale)), o_h = V_g^T att
-; into xb (where q_h is in q). Thread k's att is att + k (ctx + 3) floats
-; (softmax's lanes past n_t; room for BLOCK threads; threads k >= BLOCK get no tasks). Each task as one thread would.
+; into xb (where q_h is in q). Thread k's att is att + k (ctx + 3) floats (softmax's lanes
+; past n_t; room for BLOCK threads; threads k >= BLOCK get no tasks). Each task as one
+; thread would.
 ;   in: esi k (rbx job_vars: unused)   out: o_h of those tasks
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm5 (keeps rbx rbp r12-r15)
 att_share:

@@ -275,8 +275,9 @@ softcap:
 ; float32((x[i] - max x) log2(e)) (float32 steps, as torch's exp(x - max)), four lanes a pass
 ; over n rounded up to 4 (x has room for them; the lanes past n are computed and left there);
 ; the sum of the e_i in x87 extended precision, then each e_i times 1 / sum rounded once.
-; Every result within (6.5 + 1.5 |y_i|) u relative (u = 2^-24; |y_i| multiplies the two
-; roundings before exp2ps) of the exact value, plus 2^-126 where it is below that. x finite.
+; Every result within (7.8 + 1.6 (|y_i| + ybar)) u relative of the exact value (u = 2^-24;
+; |y| scales the roundings before exp2ps; ybar = sum |y_j| x[j], as the sum carries its
+; terms' errors), plus 2^-126 where it is below that (y clamped at -126). x finite.
 ;   in: rdi x, esi n   out: x   clobbers: rax rcx rdx xmm0-xmm4
 softmax:
         movss   xmm0, [rdi]

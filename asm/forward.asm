@@ -398,7 +398,7 @@ fwd_qk_norm:
 att_share:
         call    fwd_frame
         mov     eax, [ctx_len]
-        add     eax, 3                  ; (softmax's lanes past n_t)
+        add     eax, MATVEC_LANES - 1   ; (softmax's lanes past n_t)
         mul     esi                     ; (edx: free here)
         mov     r15, [rbp+FV_ATT]
         lea     r15, [r15+rax*4]        ; thread k's att

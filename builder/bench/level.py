@@ -8,7 +8,8 @@ lists avx2, fma and f16c only where the OS saves the ymm state and avx512f only 
 the zmm and opmask state (XCR0 bits 5-7), so the flags say the same. (cpu.asm also takes the
 baseline for a model whose dim, ffn or heads x head_dim is not a multiple of 16: no Gemma.)
 NEEDS gives the flags the code of each fast level (avx2, avx512) needs, TITLE a level's name
-in the report, KERNELS its decode kernels by weight type (symbols of the engine's image),
+in the report, KERNELS its kernels by weight type (symbols of the engine's image; decode
+calls them with one token, prompt blocks with PROMPT_TOKENS, as cpu.asm's kernel records say),
 FMA_VECTORS the name of the vectors of a fast level's FMA peak loop (fma_level: the baseline
 has no FMA, so its prompt is set against the AVX2 peak, what the CPU offers the fast path).
 """
@@ -20,6 +21,10 @@ TITLE = {"baseline": "SSE baseline", "avx2": "AVX2+FMA+F16C", "avx512": "AVX-512
 KERNELS = {"baseline": {"f16": "matmul_f16", "q8_0": "matmul_q8"},
            "avx2": {"f16": "matmul_f16_avx2", "q8_0": "matmul_q8_avx2"},
            "avx512": {"f16": "matmul_f16_avx512", "q8_0": "matmul_q8_avx512"}}
+# tokens a prompt call takes (asm/cpu.asm): AVX2 FP16 its two-row tiles' TILE_TOKENS, AVX2
+# Q8_0 FAST_TOKENS, AVX-512 both TILE8_TOKENS (their 3 x 8 tiles); the bench does not time
+# the baseline's kernels
+PROMPT_TOKENS = {"avx2": {"f16": 3, "q8_0": 4}, "avx512": {"f16": 8, "q8_0": 8}}
 FMA_VECTORS = {"avx2": "AVX2", "avx512": "AVX-512"}  # the FMA loop's levels: ymm, zmm
 
 

@@ -1,5 +1,5 @@
-"""This machine's memory read bandwidth, FMA peak and the engine's decode kernels' speed in
-cache, measured natively, for `python -m builder bench`.
+"""This machine's memory read bandwidth, FMA peak and the engine's kernels' speed in cache
+(decode and prompt calls), measured natively, for `python -m builder bench`.
 
 `bandwidths(thread_counts, size, files)` measures the read ceiling: the best GB/s (10^9 bytes
 per second), per thread count, of several read-only vector loops over a buffer of `size`
@@ -30,7 +30,12 @@ at once, each over its own 128 KB matrix of 2,048 columns (Gemma-2B's width), wh
 the core's own cache, and returns the best GB/s of weights consumed: the kernel's arithmetic
 ceiling. Decode cannot read weights from memory faster than its kernel consumes them from the
 cache, so where that speed is below the read ceiling, the arithmetic, not the memory, bounds
-decode.
+decode. With `prompt=True` it calls the same kernels as a prompt block does: the tokens a call
+takes at that level (level.PROMPT_TOKENS) over a chunk of PROMPT_ROWS rows (as
+asm/threads.asm's MM_CHUNK) of 2,048 columns, again in the core's cache, and returns the best
+GFLOP/s (2 per weight and token): the prompt's arithmetic ceiling, to set against the FMA peak.
+Every buffer starts on a 64-byte boundary, as the engine's do (a zmm load across two cache
+lines costs the AVX-512 prompt kernel ~1.3x).
 
 The loops are machine code (eight aligned loads per iteration), assembled with keystone,
 checked instruction by instruction with capstone (keystone is untrusted, see docs/build.md),
@@ -57,7 +62,7 @@ import numpy as np
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from builder.bench.level import KERNELS, NEEDS
+from builder.bench.level import KERNELS, NEEDS, PROMPT_TOKENS
 from builder.models.modelfile import Q8_0_BLOCK, QK8_0, quantize_q8_0
 
 UNROLL = 8  # loads per loop iteration
@@ -70,6 +75,8 @@ FMA_CHAINS = 10  # independent FMAs per loop iteration
 FMA_VECTOR = {"avx2": ("ymm", "vxorps", 8), "avx512": ("zmm", "vpxord", 16)}
 KERNEL_COLS = 2048  # columns of kernel_speeds' matrix
 KERNEL_BYTES = 128 << 10  # its weights' bytes at most: inside any x86 core's own L2 cache
+PROMPT_ROWS = 96  # the prompt kernel's rows: a chunk of asm/threads.asm (MM_CHUNK); 384 KB in FP16
+ALIGN = 64  # every buffer's alignment (a cache line)
 
 
 @dataclass(frozen=True)
@@ -127,11 +134,11 @@ def _fma_source(level: str) -> list[str]:
 
 def _kernel_caller_source() -> list[str]:
     """Call a kernel rsi times (rdi: its arguments: kernel, xout, x, W, then n and d as dwords,
-    ostride) as one decode token: k = 1 and ostride on the stack, accumulate 0; rsp is 0 mod 16
+    ostride, k) as the engine does: k and ostride on the stack, accumulate 0; rsp is 0 mod 16
     at every call instruction (SysV; r13 is pushed for that). Kernels keep rbx and r12 (they are
     SysV leaf functions)."""
     return ["push rbx", "push r12", "push r13", "mov rbx, rdi", "mov r12, rsi", "top:",
-            "push qword ptr [rbx + 0x28]", "push 1", "mov rdi, qword ptr [rbx + 8]",
+            "push qword ptr [rbx + 0x28]", "push qword ptr [rbx + 0x30]", "mov rdi, qword ptr [rbx + 8]",
             "mov rsi, qword ptr [rbx + 0x10]", "mov rdx, qword ptr [rbx + 0x18]",
             "mov ecx, dword ptr [rbx + 0x20]", "mov r8d, dword ptr [rbx + 0x24]", "xor r9d, r9d",
             "call qword ptr [rbx]", "add rsp, 0x10", "dec r12", "jne top", "pop r13", "pop r12",
@@ -249,20 +256,30 @@ def fma_peaks(thread_counts: list[int], level: str, iterations: int = 50_000_000
         mem.close()
 
 
-def _kernel_matrix(wtype: str, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """A random matrix of KERNEL_COLS columns and the most rows (an even number: decode pairs
-    rows) in KERNEL_BYTES, in the weight type's layout (FP16 rows, or Q8_0 blocks from the
-    project's quantizer), and its rows."""
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """A copy of `a` that starts on an ALIGN-byte boundary."""
+    raw = np.empty(a.nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _kernel_matrix(wtype: str, rng: np.random.Generator, rows: int = 0) -> tuple[np.ndarray, int]:
+    """A random matrix of KERNEL_COLS columns and `rows` rows, or (0) the most rows (an even
+    number: decode pairs rows) in KERNEL_BYTES, in the weight type's layout (FP16 rows, or Q8_0
+    blocks from the project's quantizer), and its rows."""
     row_bytes = 2 * KERNEL_COLS if wtype == "f16" else KERNEL_COLS // QK8_0 * Q8_0_BLOCK
-    rows = KERNEL_BYTES // row_bytes // 2 * 2
+    rows = rows or KERNEL_BYTES // row_bytes // 2 * 2
     w = rng.standard_normal((rows, KERNEL_COLS), np.float32) * np.float32(0.02)
-    return (w.astype(np.float16) if wtype == "f16" else quantize_q8_0(w)), rows
+    return _aligned(w.astype(np.float16) if wtype == "f16" else quantize_q8_0(w)), rows
 
 
 @dataclass
 class KernelJob:
-    """One thread's work in kernel_speeds: a matrix `w` (rows x KERNEL_COLS), `x`, `xout`,
-    and the argument block of the caller loop (_kernel_caller_source)."""
+    """One thread's work in kernel_speeds: a matrix `w` (rows x KERNEL_COLS), `x` (tokens x
+    KERNEL_COLS), `xout` (tokens x rows), and the argument block of the caller loop
+    (_kernel_caller_source)."""
     w: np.ndarray
     x: np.ndarray
     xout: np.ndarray
@@ -270,7 +287,7 @@ class KernelJob:
 
 
 class Kernels:
-    """The decode kernels of one level (KERNELS[level]) of a built ./gemma, callable here:
+    """The kernels of one level (KERNELS[level]) of a built ./gemma, callable here:
     the executable segment of its image (BINARY.elf, which build.py writes beside the packed
     program) copied into an executable mapping (kernels hold no absolute address, so they run
     anywhere), the kernels found through the image's symbol map (BINARY.map.json); `address`
@@ -291,16 +308,17 @@ class Kernels:
         self.call, self.mem = _callable(assemble(_kernel_caller_source(), "kernel caller"),
                                         ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t))
 
-    def job(self, wtype: str, rng: np.random.Generator) -> KernelJob:
-        w, rows = _kernel_matrix(wtype, rng)
-        x = rng.standard_normal(KERNEL_COLS).astype(np.float32)
-        xout = np.zeros(rows, np.float32)
+    def job(self, wtype: str, rng: np.random.Generator, tokens: int = 1) -> KernelJob:
+        """A decode call's work (one token), or a prompt call's (`tokens` > 1, PROMPT_ROWS)."""
+        w, rows = _kernel_matrix(wtype, rng, PROMPT_ROWS if tokens > 1 else 0)
+        x = _aligned(rng.standard_normal((tokens, KERNEL_COLS)).astype(np.float32))
+        xout = _aligned(np.zeros((tokens, rows), np.float32))
         return KernelJob(w, x, xout, np.array([self.address[wtype], xout.ctypes.data, x.ctypes.data,
-                                               w.ctypes.data, KERNEL_COLS | rows << 32, 4 * rows],
-                                              np.uint64))
+                                               w.ctypes.data, KERNEL_COLS | rows << 32, 4 * rows,
+                                               tokens], np.uint64))
 
     def run(self, job: KernelJob, calls: int) -> None:
-        """The kernel on job's matrix and x, `calls` times: job.xout = W x."""
+        """The kernel on job's matrix and x, `calls` times: job.xout[t] = W x[t]."""
         self.call(job.args.ctypes.data, calls)
 
     def gated(self, job: KernelJob, calls: int) -> tuple[int, int, int, int]:
@@ -314,12 +332,13 @@ class Kernels:
 
 
 def kernel_speeds(binary: Path, level: str, wtypes: list[str], thread_counts: list[int],
-                  calls: int = 2000, trials: int = 5) -> dict[str, dict[int, float]]:
+                  calls: int = 2000, trials: int = 5,
+                  prompt: bool = False) -> dict[str, dict[int, float]]:
     """Best GB/s of weights that the engine's decode kernel of `level` (builder.bench.level)
-    for each weight type consumes from the cache, per thread count (see the module
-    docstring). {} at the baseline (its kernels are not measured), where this CPU lacks the
-    level's flags, or when the binary or its symbol map cannot be read (Kernels); a type whose
-    kernel is not in the map is left out."""
+    for each weight type consumes from the cache, per thread count; with `prompt`, the best
+    GFLOP/s of its prompt calls (see the module docstring). {} at the baseline (its kernels are
+    not measured), where this CPU lacks the level's flags, or when the binary or its symbol map
+    cannot be read (Kernels); a type whose kernel is not in the map is left out."""
     if level == "baseline" or not NEEDS[level] <= cpu_flags():
         return {}
     try:
@@ -330,8 +349,11 @@ def kernel_speeds(binary: Path, level: str, wtypes: list[str], thread_counts: li
     try:
         out = {}
         for wtype in (w for w in wtypes if w in kernels.address):
-            jobs = [kernels.job(wtype, rng) for _ in range(max(thread_counts))]
-            out[wtype] = {t: max(t * jobs[0].w.nbytes * calls / 1e9
+            tokens = PROMPT_TOKENS[level][wtype] if prompt else 1
+            jobs = [kernels.job(wtype, rng, tokens) for _ in range(max(thread_counts))]
+            # a call's work: its weights' bytes, or 2 float operations per weight and token
+            work = 2 * jobs[0].xout.size * KERNEL_COLS if prompt else jobs[0].w.nbytes
+            out[wtype] = {t: max(t * work * calls / 1e9
                                  / _together(t, lambda k: kernels.gated(jobs[k], calls))
                                  for _ in range(trials)) for t in thread_counts}
         return out

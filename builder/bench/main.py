@@ -12,9 +12,9 @@ pages where the kernel does that (the report gives the model's share, see warm);
 --repeat rounds of: the read ceiling for each thread count (builder.bench.machine: the best of
 native SSE2 and AVX2 read loops in 1, 2 and 4 streams per thread over --bw-size bytes (2 GiB;
 256 MiB with a tiny preset, whose models fit any L2 cache: see bw_size), and over the model
-files at least half that size) and the speed of the engine's decode kernel for each
-weight type with the weights in cache (its arithmetic ceiling; see "The kernel level") and the
-FMA peak, then
+files at least half that size), the speed of the engine's kernel for each weight type with
+the weights in cache, called as decode and as a prompt block calls it (their arithmetic
+ceilings; see "The kernel level") and the FMA peak, then
 for each thread count each model file in the engine and each twin in llama.cpp, one after the
 other; the ceiling once more at the end. The engine is the packed program users run (./gemma
 built from the current sources, or --engine); --compare-image times its image (BINARY.elf) too, right after or before it (the
@@ -30,7 +30,7 @@ slows a run down), and the table shows the 1-minute load average before and afte
 The kernel level. The engine picks its kernels at start-up (asm/cpu.asm); the bench works out
 the same choice (builder.bench.level) from the engine's arguments and /proc/cpuinfo: the SSE
 baseline with --engine-args=--baseline or without AVX2, FMA and F16C; AVX2 with --avx2 or
-without AVX-512F; AVX-512F otherwise. The header names it and its decode kernels ("kernels:
+without AVX-512F; AVX-512F otherwise. The header names it and its kernels ("kernels:
 AVX-512F (matmul_f16_avx512, matmul_q8_avx512)"), the kernel-in-cache figures run that level's
 kernels (n/a at the baseline), and the FMA peak uses its vectors (zmm at AVX-512F, ymm
 otherwise: the baseline's prompt is set against the AVX2 peak); the JSON keeps both (level,
@@ -64,7 +64,9 @@ Derived figures: bytes per generated token = the bytes of every tensor in the mo
 is read once per token; the KV cache adds ~P x 37 KB on 2b, not counted), except Gemma 4's
 per-layer-input table (one row a token) and experts (the top_k chosen of each MoE layer); decode efficiency =
 decode tokens/s x bytes per token / bandwidth at that thread count; decode / kernel in cache =
-the same bytes/s over the kernel's speed with its weights in cache; prompt FLOPs per token =
+the same bytes/s over the kernel's speed with its weights in cache; prompt / kernel in cache =
+prompt FLOPs per second over the GFLOP/s of the kernel's prompt calls on a chunk of rows in the
+cache (the tokens a call takes at the level); prompt FLOPs per token =
 2 x every matrix weight of the layers + the attention over the prompt (average position) + the
 logits of the last position shared over P; its fraction of the FMA peak in the level's
 vectors ("FMA peak (AVX-512)" or "(AVX2)"), measured on each thread count with the read
@@ -479,11 +481,14 @@ def bench(cfg: Config) -> Result:
         for t, gflops in bench_machine.fma_peaks(threads, fma_level).items():
             peaks[t] = max(peaks.get(t, 0.0), gflops)
         # the level's kernels ({}: n/a at the baseline)
-        speeds = bench_machine.kernel_speeds(engine, level, list(dict.fromkeys(e.wtype for e in engines)),
-                                             threads)
+        wtypes = list(dict.fromkeys(e.wtype for e in engines))
+        speeds = bench_machine.kernel_speeds(engine, level, wtypes, threads)
+        prompt = bench_machine.kernel_speeds(engine, level, wtypes, threads, prompt=True)
         for e in engines:
             for t, gbs in speeds.get(e.wtype, {}).items():
                 e.kernel[t] = max(e.kernel.get(t, 0.0), gbs)
+            for t, gflops in prompt.get(e.wtype, {}).items():
+                e.prompt_kernel[t] = max(e.prompt_kernel.get(t, 0.0), gflops)
 
     # rounds interleave the engines, so a burst of other work on the machine hits both; the
     # packed program and its image (--compare-image) take turns at going first

@@ -10,7 +10,8 @@ side, then the ratios, llama.cpp's rows, and the start-up block with its own col
 optional plot (matplotlib, imported only when asked for). A decode efficiency above 1 is
 shown as FAULT, with a line saying so: the bandwidth measured was then not the ceiling. Beside
 it, each engine's decode kernel with its weights in cache (the arithmetic ceiling of decode)
-and the decode's fraction of that. The table's header names the engine's kernel level and its
+and the decode's fraction of that, and the same for the prompt: the kernel's prompt calls on a
+chunk of rows in the cache (GFLOP/s) and the prompt's fraction of that. The table's header names the engine's kernel level and its
 decode kernels ("kernels: AVX-512F (matmul_f16_avx512, matmul_q8_avx512)"), and the header and
 the prompt's row name the vectors of the FMA peak: "FMA peak (AVX-512)" or "FMA peak (AVX2)".
 """
@@ -21,6 +22,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from builder.bench.level import FMA_VECTORS, KERNELS, TITLE
+
+
+def _over(rate: float, ceiling: float | None) -> float | None:
+    """`rate` (per second) over a ceiling given in 10^9 per second; None without one."""
+    return rate / (ceiling * 1e9) if ceiling else None
 
 
 @dataclass
@@ -71,6 +77,8 @@ class Engine:
     wtype: str = "f16"  # its matrices' weight type
     kernel: dict[int, float] = field(default_factory=dict)  # GB/s of its decode kernel with
     #                         the weights in cache, per thread count (bench_machine.kernel_speeds)
+    prompt_kernel: dict[int, float] = field(default_factory=dict)  # GFLOP/s of its prompt calls
+    #                         with the weights in cache (kernel_speeds(prompt=True))
     rounds: list[list[Figures]] = field(default_factory=list)  # per thread count, each round's
     image: list[Figures] = field(default_factory=list)  # --compare-image: the image's best per
     #                      thread count (the engine's own figures are the packed program's);
@@ -139,16 +147,19 @@ class Result:
     @staticmethod
     def kernel_fraction(f: Figures, e: Engine) -> float | None:
         """Decode bytes/s over the decode kernel's speed with the weights in cache."""
-        speed = e.kernel.get(f.threads)
-        return f.decode_tps * e.bytes_per_token / (speed * 1e9) if speed else None
+        return _over(f.decode_tps * e.bytes_per_token, e.kernel.get(f.threads))
+
+    @staticmethod
+    def prompt_kernel_fraction(f: Figures, e: Engine) -> float | None:
+        """Prompt FLOPs/s over the speed of the kernel's prompt calls with the weights in cache."""
+        return _over(f.prompt_tps * e.flops_per_prompt_token, e.prompt_kernel.get(f.threads))
 
     def fma_name(self) -> str:
         """"FMA peak (AVX-512)" or "FMA peak (AVX2)": the vectors it was measured with."""
         return f"FMA peak ({FMA_VECTORS[self.fma_level]})" if self.fma_level else "FMA peak"
 
     def fma_fraction(self, f: Figures, e: Engine) -> float | None:
-        peak = self.fma_peak.get(f.threads)
-        return f.prompt_tps * e.flops_per_prompt_token / (peak * 1e9) if peak else None
+        return _over(f.prompt_tps * e.flops_per_prompt_token, self.fma_peak.get(f.threads))
 
     def faults(self) -> list[str]:
         """Every decode efficiency above 1: a measurement fault (the bandwidth measured was
@@ -289,6 +300,9 @@ def table(res: Result) -> str:
             (f"{name} decode / kernel in cache", [_frac(res.kernel_fraction(f, e)) for f in g]),
             (f"{name} prompt / decode", [_num(f.prompt_tps / f.decode_tps, 1) for f in g]),
             (f"{name} prompt / {res.fma_name()}", [_frac(res.fma_fraction(f, e)) for f in g]),
+            (f"{name} prompt kernel in cache GFLOP/s",
+             [_num(e.prompt_kernel[f.threads]) if f.threads in e.prompt_kernel else "n/a" for f in g]),
+            (f"{name} prompt / kernel in cache", [_frac(res.prompt_kernel_fraction(f, e)) for f in g]),
             (f"{name} peak RSS MB", [_mb(f.peak_rss) for f in g]),
             (f"{name} peak anonymous MB", [_mb(f.peak_anon) for f in g]),
             ("tokens: prompt, decoded" + (f" ({name})" if several else ""),

@@ -30,6 +30,7 @@ from builder.models.gguf_meta import read_gguf_meta
 from builder.models.modelfile import Q8_0, ModelFile, dequantize_q8_0
 from builder.models import modelfile3
 from builder.models.synth import PRESETS
+from emu_tests.asm_facts import constant
 
 # prompts long enough that the tiny model's prompt outlasts the packed program's start-up
 # jitter on a busy machine (the prompt's time is the -n 0 run's minus the --tokens run's)
@@ -41,7 +42,8 @@ FMA = bench_level.FMA_VECTORS[bench_level.fma_level(LEVEL)]
 ROWS = ["threads", "memory read bandwidth GB/s", "(before each round / after)", "(fastest read loop)",
         "gemma prompt tokens/s", "gemma decode tokens/s", "gemma decode efficiency",
         "gemma decode kernel in cache GB/s", "gemma decode / kernel in cache", "gemma prompt / decode",
-        f"gemma prompt / FMA peak ({FMA})", "gemma peak RSS MB",
+        f"gemma prompt / FMA peak ({FMA})", "gemma prompt kernel in cache GFLOP/s",
+        "gemma prompt / kernel in cache", "gemma peak RSS MB",
         "gemma peak anonymous MB", "tokens: prompt, decoded", "gemma major page faults"]
 STARTUP_ROWS = ["start-up ms", "start-up -h", "start-up one token (tiny)"]
 STARTUP_RUNS = {bench_startup.HELP: 6, bench_startup.ONE_TOKEN: 4}  # the tests' counts (speed is not tested)
@@ -170,6 +172,12 @@ def test_figures_are_positive_and_consistent(report):
         assert math.isclose(number(rows["gemma decode kernel in cache GB/s"][i]), kernel, abs_tol=6e-3)
         assert math.isclose(number(rows["gemma decode / kernel in cache"][i]),
                             f["decode_tps"] * engine["bytes_per_token"] / (kernel * 1e9), abs_tol=6e-4)
+        # and its prompt calls', in GFLOP/s, against which the prompt's FLOPs are set
+        prompt = engine["prompt_kernel"][str(f["threads"])]
+        assert prompt > 0
+        assert math.isclose(number(rows["gemma prompt kernel in cache GFLOP/s"][i]), prompt, abs_tol=6e-3)
+        assert math.isclose(number(rows["gemma prompt / kernel in cache"][i]),
+                            f["prompt_tps"] * engine["flops_per_prompt_token"] / (prompt * 1e9), abs_tol=6e-4)
     for i, (g, ll) in enumerate(zip(engine["figures"], llama)):
         assert math.isclose(number(rows["decode ratio gemma/llama.cpp"][i]),
                             g["decode_tps"] / ll["decode_tps"], abs_tol=6e-4)
@@ -532,34 +540,44 @@ def image_bytes(elf, address: int, size: int) -> bytes:
         return seg.data()[address - seg["p_vaddr"]:][:size]
 
 
+@pytest.mark.parametrize("prompt", [False, True], ids=["decode", "prompt"])
 @pytest.mark.parametrize("args", [[], ["--avx2"]], ids=["default", "avx2"])
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])
-def test_kernels_run_the_engines_own_decode_kernel(gemma, wtype, args, monkeypatch):
-    """kernel_speeds runs the decode kernel of the level the engine runs with `args` here
-    (the AVX-512 one by default where this CPU has AVX-512F, else the AVX2 one): Kernels
-    copies the executable segment of the built ./gemma's image (gemma.elf, beside the packed
-    program), finds that level's kernel through the symbol map (the bytes it calls are the
-    symbol's in the image) and calls it through the verified caller loop: on kernel_speeds'
-    in-cache matrix it gives W x within test_speed_paths' float32 bound of the exact product
-    (n/16 + 5 roundings of the sum of |products|), so the speed measured is that of the real
-    kernel doing the real work."""
+def test_kernels_run_the_engines_own_kernel(gemma, wtype, args, prompt, monkeypatch):
+    """kernel_speeds runs the kernel of the level the engine runs with `args` here (the
+    AVX-512 one by default where this CPU has AVX-512F, else the AVX2 one), as decode calls it
+    (one token) or as a prompt block does (the level's PROMPT_TOKENS a call, over PROMPT_ROWS
+    rows): Kernels copies the executable segment of the built ./gemma's image (gemma.elf,
+    beside the packed program), finds that level's kernel through the symbol map (the bytes it
+    calls are the symbol's in the image) and calls it through the verified caller loop: on
+    kernel_speeds' in-cache matrix it gives W x_t for every token within test_speed_paths'
+    float32 bound of the exact product (n/16 + 5 roundings of the sum of |products|), so the
+    speed measured is that of the real kernel doing the real work. Every buffer starts on a
+    cache line, as the engine's do."""
     level = bench_level.kernel_level(args, bench_machine.cpu_flags())
     assert level == ("avx512" if not args and "avx512f" in bench_machine.cpu_flags() else "avx2")
     name = bench_level.KERNELS[level][wtype]
+    tokens = bench_level.PROMPT_TOKENS[level][wtype] if prompt else 1
     kernels = bench_machine.Kernels(gemma.binary, level)
     try:
         size = gemma.symbols[name]["size"]
         assert size > 0 and ctypes.string_at(kernels.address[wtype], size) == \
             image_bytes(gemma.elf, gemma.symbols[name]["address"], size), name
-        job = kernels.job(wtype, np.random.default_rng(3))
+        job = kernels.job(wtype, np.random.default_rng(3), tokens)
+        assert all(a.ctypes.data % 64 == 0 for a in (job.w, job.x, job.xout))
         kernels.run(job, 1)
         cols = bench_machine.KERNEL_COLS
         w = job.w.astype(np.float64) if wtype == "f16" else \
             dequantize_q8_0(job.w, cols).astype(np.float64)
-        assert w.shape == (len(job.xout), cols) and len(job.xout) % 2 == 0  # rows in pairs
-        assert job.w.nbytes <= bench_machine.KERNEL_BYTES  # fits the cache it is meant to sit in
-        exact = w @ job.x.astype(np.float64)
-        bound = (cols / 16 + 5) * 2.0 ** -24 * (np.abs(w) @ np.abs(job.x.astype(np.float64)))
+        rows = len(w)
+        assert w.shape[1] == cols and job.x.shape == (tokens, cols) and job.xout.shape == (tokens, rows)
+        if prompt:  # a chunk of mm_share's: every prompt tile fits it (3 rows, AVX2 FP16's pairs)
+            assert rows == bench_machine.PROMPT_ROWS and rows % 6 == 0
+        else:  # rows in pairs, and the cache it is meant to sit in
+            assert rows % 2 == 0 and job.w.nbytes <= bench_machine.KERNEL_BYTES
+        x = job.x.astype(np.float64)
+        exact = x @ w.T
+        bound = (cols / 16 + 5) * 2.0 ** -24 * (np.abs(x) @ np.abs(w.T))
         assert np.all(np.abs(job.xout - exact) <= bound), np.max(np.abs(job.xout - exact) / bound)
     finally:
         kernels.close()
@@ -570,9 +588,20 @@ def test_kernels_run_the_engines_own_decode_kernel(gemma, wtype, args, monkeypat
             built.append(level)
             super().__init__(binary, level)
     monkeypatch.setattr(bench_machine, "Kernels", Spy)
-    speeds = bench_machine.kernel_speeds(gemma.binary, level, [wtype, "q4_0"], [1], calls=20, trials=1)
+    speeds = bench_machine.kernel_speeds(gemma.binary, level, [wtype, "q4_0"], [1], calls=20, trials=1,
+                                         prompt=prompt)
     assert list(speeds) == [wtype] and speeds[wtype][1] > 0  # a type without a kernel: left out
     assert built == [level]
+
+
+def test_prompt_calls_mirror_the_engine():
+    """The bench's prompt calls are the engine's: the tokens a call takes at each level (asm/
+    cpu.asm's kernel records: AVX2 FP16 TILE_TOKENS, Q8_0 FAST_TOKENS, AVX-512 TILE8_TOKENS)
+    and a chunk's rows (asm/threads.asm's MM_CHUNK)."""
+    assert bench_level.PROMPT_TOKENS == {
+        "avx2": {"f16": constant("TILE_TOKENS"), "q8_0": constant("FAST_TOKENS")},
+        "avx512": {"f16": constant("TILE8_TOKENS"), "q8_0": constant("TILE8_TOKENS")}}
+    assert bench_machine.PROMPT_ROWS == constant("MM_CHUNK")
 
 
 def test_kernel_speeds_need_the_image_and_its_map(gemma, tmp_path):
@@ -638,11 +667,13 @@ def test_baseline_runs_have_no_kernel_figures(gemma, tmp_path):
     assert rc == 0, out.getvalue()
     rows = parse_table(out.getvalue())
     assert rows["gemma decode kernel in cache GB/s"] == rows["gemma decode / kernel in cache"] == ["n/a"]
+    assert rows["gemma prompt kernel in cache GFLOP/s"] == rows["gemma prompt / kernel in cache"] == ["n/a"]
     assert "\nllama.cpp: not run (--no-llama)\n" in out.getvalue()  # the prefix once
     assert "\nkernels: SSE baseline (matmul_f16, matmul_q8)\n" in out.getvalue()
     assert "gemma prompt / FMA peak (AVX2)" in rows  # the CPU's AVX2 peak: the baseline has no FMA
     res = json.loads((tmp_path / "out.json").read_text())
-    assert res["engines"][0]["kernel"] == {} and (res["level"], res["fma_level"]) == ("baseline", "avx2")
+    assert res["engines"][0]["kernel"] == res["engines"][0]["prompt_kernel"] == {}
+    assert (res["level"], res["fma_level"]) == ("baseline", "avx2")
 
 
 def test_llama_bench_output_is_parsed():
@@ -743,7 +774,8 @@ def fake_result(decode: dict[str, float], level: str = "avx2", fma_level: str = 
     def figs(tps: float) -> list[bench_report.Figures]:
         return [bench_report.Figures(t, 100.0 * t, tps * t, 64, 15, 2 << 20, 1 << 20) for t in (1, 2)]
     engines = [bench_report.Engine(f"gemma[{w}]", f"/m-{w}.bin", n, 1e9, 0.5, figs(decode[w]), w,
-                                   {1: 8.0, 2: 16.0} if w == "q8_0" else {})
+                                   {1: 8.0, 2: 16.0} if w == "q8_0" else {},
+                                   {1: 400.0, 2: 800.0} if w == "q8_0" else {})
                for w, n in (("f16", 1_000_000_000), ("q8_0", 531_250_000))]
     peers = [bench_report.Peer(f"m-{w}.gguf", n, figs(decode["llama"]), [i], 64)
              for i, (w, n) in enumerate((("f16", 999_000_000), ("q8_0", 530_000_000)))]
@@ -771,6 +803,10 @@ def test_two_weight_types_side_by_side():
     assert rows["gemma[q8_0] decode / kernel in cache"] == ["0.531", "0.531"]  # 8 x 0.53125e9 / 8e9
     assert rows["gemma[f16] decode kernel in cache GB/s"] == rows["gemma[f16] decode / kernel in cache"] \
         == ["n/a", "n/a"]  # not measured (no AVX2, or no symbol map)
+    assert rows["gemma[q8_0] prompt kernel in cache GFLOP/s"] == ["400.00", "800.00"]
+    assert rows["gemma[q8_0] prompt / kernel in cache"] == ["0.250", "0.250"]  # 100 t x 1e9 / (400 t e9)
+    assert rows["gemma[f16] prompt kernel in cache GFLOP/s"] == rows["gemma[f16] prompt / kernel in cache"] \
+        == ["n/a", "n/a"]
     assert rows["decode ratio gemma[q8_0]/llama.cpp[m-q8_0.gguf]"] == ["2.000", "2.000"]
     assert rows["(fastest read loop)"] == ["256-bit x2 file", "128-bit x4 buffer"]
     assert "bytes read per generated token by gemma[q8_0]: 531,250,000" in text

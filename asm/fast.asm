@@ -35,10 +35,14 @@
 ; on the AVX-512 host, 1.02-1.03x), FP16's four rows every other pass (a line of each):
 ; 1.08-1.14x on 2b FP16 and Gemma 3 270M decode, 1 and 2 threads (AVX-512 Intel host; 8 KB
 ; ahead only 1.02-1.05x, two of the four rows 1.01-1.05x); the AVX2-only EPYC measured an
-; 8 KB prefetch on FP16 pairs at 0.94-1.17x, and has not run this one. Nor are prompt passes
-; prefetched: their weights come from the cache after a chunk's first call, and
-; prefetching them into L1 evicted the tokens' x (without: 2b FP16 prompt 1.11-1.20x on 2
-; threads, 1.05x on 1; Q8_0 and the real 270M unchanged; AVX2 host).
+; 8 KB prefetch on FP16 pairs at 0.94-1.17x, and has not run this one. The one-row passes
+; (k = 1..4: short prompts, a block's last tokens, AVX2 Q8_0 prompts) prefetch their row as
+; well, FP16 every 16 weights, Q8_0 at each block: a short prompt's calls read the weights
+; from memory one row at a time (2b FP16 1.21x, Q8_0 1.90x on a 2-token prompt, 1.29x and
+; 1.49x on 6 tokens, 2 threads; 64-token prompts unchanged, --avx2 Q8_0 1.04x; AVX-512
+; Intel host). FP16's two-row prompt tiles do not: their weights come from the cache after a
+; chunk's first call, and prefetching them into L1 evicted the tokens' x (without: 2b FP16
+; prompt 1.11-1.20x on 2 threads, 1.05x on 1; Q8_0 and the real 270M unchanged; AVX2 host).
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
 ;   r9d accumulate; stack: k (1..4, low dword), ostride (a qword)
 ;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared)
@@ -117,6 +121,7 @@ matmul_f16_avx2:
         jb      .sum
         jmp     rcx
 .f16:                                   ; ymm8, ymm9: the next 16 FP16 weights
+        prefetcht0 [rdx+PREFETCH_AHEAD] ; (twice a line: no test; see the header)
         vcvtph2ps ymm8, [rdx]           ; exact
         vcvtph2ps ymm9, [rdx+16]
         add     rdx, 32
@@ -124,6 +129,7 @@ matmul_f16_avx2:
 .q8:                                    ; the same from Q8_0 blocks (n a multiple of 32)
         test    al, 64                  ; a block's first 16 (eax = s - 64 mod 128): its d
         jz      .half
+        prefetcht0 [rdx+PREFETCH_AHEAD]
         vpbroadcastw xmm10, [rdx]
         vcvtph2ps ymm10, xmm10          ; d in every lane, exact
         add     rdx, 2

@@ -7,13 +7,14 @@ start-up against its image (`Startup`), a whole run (`Result`, with the derived 
 efficiency and fraction of the FMA peak), the text table (one row per figure, one column per
 thread count; the rows of each engine one block after another, so FP16 and Q8_0 sit side by
 side, then the ratios, llama.cpp's rows, and the start-up block with its own columns) and the
-optional plot (matplotlib, imported only when asked for). A decode efficiency above 1 is
-shown as FAULT, with a line saying so: the bandwidth measured was then not the ceiling. Beside
-it, each engine's decode kernel with its weights in cache (the arithmetic ceiling of decode)
-and the decode's fraction of that, and the same for the prompt: the kernel's prompt calls on a
-chunk of rows in the cache (GFLOP/s) and the prompt's fraction of that. The table's header names the engine's kernel level and its
-decode kernels ("kernels: AVX-512F (matmul_f16_avx512, matmul_q8_avx512)"), and the header and
-the prompt's row name the vectors of the FMA peak: "FMA peak (AVX-512)" or "FMA peak (AVX2)".
+optional plot (matplotlib, imported only when asked for). A decode efficiency above 1 is shown
+as FAULT, with a line saying so: the bandwidth measured was then not the ceiling. Beside it,
+each engine's decode kernel with its weights in cache (the arithmetic ceiling of decode) and
+the decode's fraction of that, and the same for the prompt: the kernel's prompt calls on a
+chunk of rows in the cache (GFLOP/s) and the prompt's fraction of that. The table's header
+names the engine's kernel level and its kernels ("kernels: AVX-512F (matmul_f16_avx512,
+matmul_q8_avx512)"), and the header and the prompt's row name the vectors of the FMA peak: "FMA
+peak (AVX-512)" or "FMA peak (AVX2)".
 """
 from __future__ import annotations
 

@@ -8,12 +8,12 @@ XCR0_AVX512 = 0xE0                                      ; ... and opmask, ZMM0-1
 ; cpu_setup: the matrix-product kernel every thread calls and the tokens it takes per call
 ; (a kernel record per weight type, vars.asm): matmul_f16_avx2 and 3 (its prompt tiles; the
 ; Q8_0 kernel 4) when CPUID leaf 1 reports AVX, FMA, F16C and OSXSAVE, XGETBV shows
-; XCR0 bits 1 and 2 (all that kernel uses) and the model's dim, ffn and heads x head_dim are
-; multiples of 16 (its precondition; every Gemma is), unless --baseline was given;
+; XCR0 bits 1 and 2 (all that kernel uses) and every product's n (the columns of its
+; weights, fv_cols: check_program) is a multiple of 16 (its precondition; every Gemma's is), unless --baseline was given;
 ; matmul_f16_avx512 instead where CPUID leaf 7 reports AVX-512F and XCR0 has bits 5-7 too,
 ; unless --avx2 was given (8 tokens: its 3 x 8 tiles, both types); matmul_f16 and 1 otherwise. Q8_0 matrices:
 ; matmul_q8_avx2, matmul_q8_avx512 and matmul_q8 likewise.
-;   in: opt_baseline, opt_avx2, rbx the model header, rbp fwd_vars (FV_Q_DIM)
+;   in: opt_baseline, opt_avx2, fv_cols, rbx the model header
 ;   out: job_kernel, job_tokens, job_kernel_q8, job_tokens_q8
 ;   clobbers: rax rcx rdx rsi rdi r8
 cpu_setup:
@@ -24,10 +24,7 @@ cpu_setup:
         pop     rdi
         cmp     byte [opt_baseline], 0
         jne     .chosen
-        mov     ecx, [rbx+HDR_DIM]
-        or      ecx, [rbx+HDR_FFN]
-        or      ecx, [rbp+FV_Q_DIM]
-        test    cl, 15
+        test    byte [fv_cols], 15
         jnz     .chosen                 ; a product's n (dim, ffn, heads x head_dim) is not
                                         ; a multiple of 16
         push    1

@@ -1,11 +1,13 @@
-; format.asm: the model file's layout, mirrored from builder/models/modelfile.py
-; (HEADER_FIELDS); emu_tests/models/test_format_mirror.py checks every constant here against it.
+; format.asm: the model file's layout (version 4), mirrored from builder/models/modelfile4.py;
+; emu_tests/models/test_format_mirror.py checks every constant here against it.
 
 MODEL_MAGIC     = 0x4D5341414D4D4547        ; "GEMMAASM" read as a little-endian qword
-MODEL_VERSION   = 2
+MODEL_VERSION   = 4
 HEADER_SIZE     = 256
 PIECE_REC       = 16            ; per piece: u32 blob_off, u32 len, f32 score, u32 type
-TENSOR_ALIGN    = 64            ; every tensor offset (relative to weights_off)
+SLOT_REC        = 8             ; per slot: u32 width, u32 flags
+OP_REC          = 48            ; per op: the fields OP_* below
+TENSOR_ALIGN    = 64            ; every weight offset (relative to weights_off)
 WEIGHTS_ALIGN   = 4096          ; weights_off
 
 ; header fields: byte offsets (u32 unless noted)
@@ -13,39 +15,72 @@ HDR_MAGIC       = 0             ; 8 bytes
 HDR_VERSION     = 8
 HDR_HEADER_SIZE = 12
 HDR_VOCAB       = 16
-HDR_DIM         = 20
-HDR_FFN         = 24
-HDR_LAYERS      = 28
-HDR_HEADS       = 32
-HDR_KV_HEADS    = 36
-HDR_HEAD_DIM    = 40
-HDR_MAX_CTX     = 44
-HDR_EPS         = 48            ; f32
-HDR_ATT_SCALE   = 52            ; f32: multiplies q.k
-HDR_EMBED_SCALE = 56            ; f32
-HDR_BOS         = 60
-HDR_EOS         = 64
-HDR_EOT         = 68
-HDR_BYTE_BASE   = 72            ; id of <0x00>; <0x00>..<0xFF> are contiguous
-HDR_N_INDEX     = 76
-HDR_N_USER      = 80
-HDR_MAX_PIECE_LEN = 84
-HDR_PIECES_OFF  = 88            ; u64 offsets and sizes from here on
-HDR_INDEX_OFF   = 96
-HDR_USER_OFF    = 104
-HDR_BLOB_OFF    = 112
-HDR_BLOB_SIZE   = 120
-HDR_WEIGHTS_OFF = 128
-HDR_WEIGHTS_SIZE = 136
-HDR_FILE_SIZE   = 144
-HDR_FLAGS       = 152           ; u32: FLAG_* below
-HDR_ATT_SOFTCAP = 156           ; f32: 0 = none, else c: scores s -> c tanh(s / c)
-HDR_FINAL_SOFTCAP = 160         ; f32: the same on the logits
+HDR_MAX_CTX     = 20
+HDR_FLAGS       = 24            ; FLAG_* below
+HDR_BOS         = 28
+HDR_EOS         = 32
+HDR_EOT         = 36
+HDR_BYTE_BASE   = 40            ; id of <0x00>; <0x00>..<0xFF> are contiguous
+HDR_N_INDEX     = 44
+HDR_N_USER      = 48
+HDR_N_MERGES    = 52
+HDR_MAX_PIECE_LEN = 56
+HDR_N_SLOTS     = 60
+HDR_N_OPS       = 64
+HDR_GENERATION  = 68            ; informational: the engine never reads it
+HDR_SLOTS_OFF   = 72            ; u64: the sections' offsets in file order, then sizes
+HDR_PROGRAM_OFF = 80
+HDR_STRINGS_OFF = 88
+HDR_PIECES_OFF  = 96
+HDR_INDEX_OFF   = 104
+HDR_USER_OFF    = 112
+HDR_MERGES_OFF  = 120
+HDR_BLOB_OFF    = 128
+HDR_WEIGHTS_OFF = 136
+HDR_STRINGS_SIZE = 144
+HDR_BLOB_SIZE   = 152
+HDR_WEIGHTS_SIZE = 160
+HDR_FILE_SIZE   = 168
 
-; header flags: the optional norms every layer has, and the matrices' type
-FLAG_POST_NORMS = 1             ; post_attn_norm, post_ffn_norm (ffn_norm is then the pre-norm)
-FLAG_QK_NORM    = 2             ; q_norm, k_norm (head_dim each), on every head before rope
-FLAG_Q8_0       = 4             ; a matrix with rows of a multiple of QK8_0 weights: Q8_0 blocks
+FLAG_MERGES     = 8             ; the tokenizer merges by rank (merge records)
+MERGE_REC       = 16            ; per merge: u32 left, u32 right, u32 result, f32 score
+
+; slot record fields and flags
+SLOT_WIDTH      = 0             ; floats a token's row holds at most (1 .. MAX_WIDTH)
+SLOT_FLAGS      = 4
+SLOT_CACHE      = 1             ; ctx rows, indexed by position (a K or V cache), not BLOCK
+MAX_WIDTH       = 65536
+
+; op record fields
+OP_OP           = 0             ; opcode (OPC_*)
+OP_S0           = 4             ; u8 slot operands 0 .. 3 (slots count from 1; 0: none)
+OP_N            = 8
+OP_M            = 12
+OP_K            = 16
+OP_J            = 20
+OP_A            = 24            ; f32
+OP_C            = 28            ; f32
+OP_W            = 32            ; u64: weight offset from weights_off
+OP_WTYPE        = 40            ; WT_*
+OP_FLAGS        = 44            ; OPF_*
+OPF_ACC         = 1             ; the destination is added to
+
+; opcodes
+OPC_EMBED       = 1
+OPC_NORM        = 2
+OPC_MATMUL      = 3
+OPC_ROPE        = 4
+OPC_ATTN        = 5
+OPC_GEGLU       = 6
+OPC_SCALE       = 7
+OPC_ADD         = 8
+OPC_LOGITS      = 9
+N_OPCODES       = 9
+
+; weight types
+WT_F32          = 0
+WT_F16          = 1
+WT_Q8_0         = 2
 QK8_0           = 32            ; weights per Q8_0 block: an FP16 scale d, QK8_0 int8 q
 Q8_0_BLOCK      = 2 + QK8_0     ; its bytes
 

@@ -17,7 +17,8 @@ segment readable executable
 
 include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
 include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
-include 'forward.asm'           ; model_setup, forward: the Gemma graph
+include 'forward.asm'           ; forward: the op program's interpreter
+include 'program.asm'           ; the program's validation and buffers (model_setup)
 include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
 include 'sys.asm'               ; the only file that holds `syscall`
 include 'format.asm'            ; the model file's layout (constants only)

@@ -436,7 +436,8 @@ matmul_q8:
 ; one register, then one hsubps and one haddps); the pairs last first, each on its own. Any f
 ; is harmless: beyond fsincos's range (|a| >= 2^63, inf, NaN) the results are garbage or NaN,
 ; the x87 stack stays balanced in effect (all its registers empty again).
-;   in: rdi x, esi n_heads, edx hd (even), ecx pos, r8 f, r9 x2; stack: n2 (>= 1, low dword)
+;   in: rdi x, esi n_heads (>= 1), edx hd (even), ecx pos, r8 f, r9 x2; stack: n2 (low dword;
+;   0: no x2)
 ;   out: x, x2   clobbers: rax rdx r10 xmm0-xmm2
 rope:
         add     edx, edx                ; 2hd: bytes of hd/2 floats
@@ -459,7 +460,10 @@ rope:
         call    .heads
         lea     rcx, [r9+rax]           ; x2[i] of its head 0
         mov     r10d, [rsp+32]          ; n2
+        test    r10d, r10d
+        jz      .next                   ; (none)
         call    .heads
+.next:
         sub     eax, 4
         jns     .pair
         pop     rcx

@@ -17,20 +17,19 @@ err_cannot_read:                        ; (before load_model: its jumps here are
         call    fatal_arg_here
         db      'cannot read ', 0
 
-; load_model: map the file named by -m (asking for huge pages) and validate it; sets
-; model_base, model_size and pieces_ptr, index_ptr, user_ptr, blob_ptr.
-; Checks, in order: size >= the header (else truncated), magic, version, header_size,
-; file_size == the real size (larger: truncated), dims nonzero and bounded (dim_bits:
-; every product the engine forms fits in 64 bits) and eps, att_scale, embed_scale finite and
-; > 0 (one loop, the last field first), flags known (FLAG_*), the soft-caps 0 or finite and
-; > 0, heads % kv_heads == 0, head_dim even, ffn a multiple of 4, bos/eos/eot < vocab,
-; byte_base + 256 <= vocab, sections in order and non-overlapping (pieces, index, user, blob,
-; weights) ending at file_size, weights_off % 4096 == 0, every piece's bytes inside the blob,
+; load_model: map the file named by -m (asking for huge pages) and validate it (docs/format.md,
+; "Version 4"): sets model_base, model_size and the sections' pointers (slots_ptr ..
+; weights_ptr). Checks, in order: size >= the header (else truncated), magic, version,
+; header_size, file_size == the real size (larger: truncated), vocab 1 .. 2^24, max_ctx
+; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag and no merge (this engine tokenizes
+; by scores only), bos/eos/eot < vocab, byte_base + 256 <= vocab, the sections in order and
+; non-overlapping (slots, program, strings, pieces, index, user, merges, blob, weights)
+; ending at file_size, weights_off % 4096 == 0, every piece's bytes inside the blob,
 ; max_piece_len == the longest piece's length (the prompt-length guard relies on it), every
-; index and user id < vocab, user pieces not empty.
+; index and user id < vocab, user pieces not empty; then the program (check_program).
 ;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
 ;   file's struct stat (main.asm compares st_dev, st_ino with the --logits file's)
-;   clobbers: rax rcx rdx rsi rdi r8-r11
+;   clobbers: rax rcx rdx rsi rdi r8-r15
 load_model:
         push    rbx
         pop     rdi
@@ -72,7 +71,7 @@ load_model:
         je      check_header
 err_bad_version:
         call    fatal_here
-        db      'bad version', 0
+        db      'not a version 4 model file: convert it again', 0
 err_bad_magic:
         call    fatal_here
         db      'bad magic', 0
@@ -85,36 +84,25 @@ check_header:                           ; (load_model, after the magic and the v
         cmp     [rbx+HDR_FILE_SIZE], rsi
         ja      err_truncated
         jne     err_header
-
-        push    10                      ; the 11 fields vocab .. embed_scale, last first:
-        pop     rdx                     ; 0 < bits <= FLT_MAX, and for vocab .. max_ctx
-.field:                                 ; 1 <= field <= 2^dim_bits (the floats shift by 31)
-        mov     eax, [rbx+HDR_VOCAB+rdx*4]
-        dec     eax
-        cmp     eax, 0x7F7FFFFF
-        jae     err_header
-        mov     cl, [dim_bits+rdx]
-        shr     eax, cl
-        jnz     err_header
-        dec     edx
-        jns     .field
-        cmp     dword [rbx+HDR_FLAGS], FLAG_POST_NORMS or FLAG_QK_NORM or FLAG_Q8_0
-        ja      err_header
-        mov     eax, 0x7F7FFFFF         ; FLT_MAX's bits: a soft-cap's bits must not exceed
-        cmp     [rbx+HDR_ATT_SOFTCAP], eax      ; them (0: none; no sign, inf or NaN)
-        ja      err_header
-        cmp     [rbx+HDR_FINAL_SOFTCAP], eax
-        ja      err_header
-        mov     eax, [rbx+HDR_HEADS]
-        xor     edx, edx
-        div     dword [rbx+HDR_KV_HEADS]
-        test    edx, edx
-        jnz     err_header
-        test    byte [rbx+HDR_HEAD_DIM], 1
-        jnz     err_header
-        test    byte [rbx+HDR_FFN], 3   ; (geglu takes four values a pass)
-        jnz     err_header
         mov     r9d, [rbx+HDR_VOCAB]
+        lea     eax, [r9-1]
+        shr     eax, 24                 ; vocab 1 .. 2^24
+        jnz     err_header
+        mov     eax, [rbx+HDR_MAX_CTX]
+        dec     eax
+        shr     eax, 16                 ; max_ctx 1 .. 2^16
+        jnz     err_header
+        mov     eax, [rbx+HDR_N_OPS]
+        dec     eax
+        shr     eax, 16                 ; n_ops 1 .. 2^16
+        jnz     err_header
+        mov     eax, [rbx+HDR_N_SLOTS]
+        dec     eax
+        cmp     eax, 254                ; n_slots 1 .. 255 (slot operands are bytes)
+        ja      err_header
+        mov     eax, [rbx+HDR_FLAGS]
+        or      eax, [rbx+HDR_N_MERGES] ; (MERGES: a tokenizer this engine lacks)
+        jnz     err_header
         push    3                       ; bos, eos, eot < vocab
         pop     rcx
 .special:
@@ -131,11 +119,14 @@ err_header:
         call    fatal_here
         db      'bad header', 0
 
-; check_tables: load_model's second half: the sections and the tokenizer tables.
+; check_tables: load_model's second half: the sections, the tokenizer tables, the program.
 ;   in: rbx header, r9d vocab
 check_tables:
         mov     r8d, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
-        push    qword [rbx+HDR_BLOB_SIZE]
+        push    qword [rbx+HDR_BLOB_SIZE]       ; the sections' sizes, the last first
+        mov     eax, [rbx+HDR_N_MERGES]
+        shl     rax, 4                  ; MERGE_REC bytes each (0 here: no merges)
+        push    rax
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2
         push    rax
@@ -144,23 +135,29 @@ check_tables:
         push    rax
         imul    eax, r9d, PIECE_REC     ; vocab records (vocab <= 2^24: no overflow)
         push    rax
-        lea     rsi, [rbx+HDR_PIECES_OFF]
-        lea     rdi, [rbp+V_PIECES]
-        push    4
+        push    qword [rbx+HDR_STRINGS_SIZE]
+        imul    eax, [rbx+HDR_N_OPS], OP_REC
+        push    rax
+        mov     eax, [rbx+HDR_N_SLOTS]
+        shl     eax, 3                  ; SLOT_REC bytes each
+        push    rax
+        lea     rsi, [rbx+HDR_SLOTS_OFF]
+        lea     rdi, [rbp+V_SLOTS]
+        push    8
         pop     rcx
-.section:                               ; pieces, index, user, blob: offsets and pointers in
-        lodsq                           ; the same order in the header and in vars.asm
+.section:                               ; slots .. blob: offsets and pointers in the same
+        lodsq                           ; order in the header and in vars.asm
         pop     rdx
         call    check_section
         stosq
         loop    .section
-        lodsq                           ; (blob_size)
         lodsq                           ; weights_off
         test    ax, WEIGHTS_ALIGN - 1
         jnz     err_header
-        mov     rdx, [rsi]              ; weights_size
+        mov     rdx, [rbx+HDR_WEIGHTS_SIZE]
         call    check_section
-        cmp     r8, [rsi+HDR_FILE_SIZE-HDR_WEIGHTS_SIZE]
+        stosq                           ; weights_ptr
+        cmp     r8, [rbx+HDR_FILE_SIZE]
         jne     err_header
 
         mov     rsi, [rbp+V_PIECES]
@@ -223,10 +220,3 @@ piece:
         add     rdi, [rbp+V_BLOB]
         mov     ecx, [r11+PIECE_LEN]
         ret
-
-; dim_bits: vocab .. max_ctx may be at most 2^bits. These bounds keep every size the engine
-; computes (weights, KV cache, scratch) far below 2^64. (31 for eps, att_scale, embed_scale:
-; no bound beyond FLT_MAX.)
-dim_bits:
-        db      24, 16, 16, 10, 10, 10, 16, 16  ; vocab dim ffn layers heads kv_heads head_dim max_ctx
-        db      31, 31, 31                      ; eps att_scale embed_scale

@@ -4,58 +4,46 @@
 ; Keep qwords first, then dwords.
 
 ; ---- forward ----------------------------------------------------------------------------
-; The first eight qwords are set in this order by model_setup's pointer loop. fwd_vars (rbp
-; in forward.asm) is 32 bytes into the record, so that [rbp + FV_*] reaches every field, and
-; model_base just after the record, with a one-byte displacement (-32 .. 127).
-fv_x:           rq 1            ; x (d,): the residual stream
-fv_xb:          rq 1            ; xb (max(d, H*hd),): normed x, then the heads' outputs
-fv_q:           rq 1            ; q (H*hd,)
-fv_att:         rq 1            ; att (BLOCK, ctx): per attention thread, scores then probabilities
+; fwd_vars (rbp in forward.asm) is 96 bytes into the record, so that [rbp + FV_*] reaches
+; every field with a one-byte displacement, and model_base (the front's first qword, just
+; after the record) too.
+fv_p:           rq 4            ; the op's slot operands: token 0's row (0: none)
+fv_st:          rq 4            ; ... and their rows' bytes
+fv_att:         rq 1            ; att (BLOCK, ctx + 3): per attention thread, scores then
+                                ; probabilities (softmax's lanes past n_t)
+fv_logits:      rq 1            ; logits (BLOCK, vocab)
+fv_rec:         rq 1            ; the op being run (its record in the program)
+fv_ids:         rq 1            ; the block's ids
 fwd_vars:
-fv_hb:          rq 1            ; hb (ffn,)
-fv_hb2:         rq 1            ; hb2 (ffn,)
-fv_logits:      rq 1            ; logits (vocab,)
-fv_kv:          rq 1            ; KV cache: per layer K (ctx, K*hd), then V (ctx, K*hd)
-fv_embed:       rq 1            ; embedding f16 (vocab, d), the first tensor
-fv_layer0:      rq 1            ; layer 0's attn_norm, the second tensor
-fv_kv_block:    rq 1            ; bytes of one K or V block: ctx * K*hd * 4
-fv_kv_row:      rq 1            ; bytes of one cache row: K*hd * 4
-fv_klayer:      rq 1            ; this layer's K block (for att_share)
-fv_rope:        rq 1            ; this layer's rope tensor: hd/2 inverse frequencies
-fv_q_dim:       rd 1            ; H*hd
-fv_kv_dim:      rd 1            ; K*hd
-fv_group:       rd 1            ; H/K: query heads per kv head
-fv_window:      rd 1            ; this layer's window w - 1 (w = 0, none: 2^32 - 1)
+fv_w:           rq 1            ; the op's weight: weights_ptr + w
+fv_kv:          rq 1            ; ATTN: V's rows - K's rows (bytes)
+fv_out:         rq 3            ; LOGITS: -> the last row, -> the rows written, their bytes
+fv_group:       rd 1            ; ATTN: query heads per kv head (m / k)
+fv_window:      rd 1            ; ATTN: the window w - 1 (w = 0, none: 2^32 - 1)
 fv_n_t:         rd 1            ; pos + B: the end of the block's positions
-fv_layers_left: rd 1            ; layer countdown in forward
 fv_b:           rd 1            ; B: tokens in this block
 fv_pos:         rd 1            ; the block's first position
-fv_flags:       rd 1            ; the header's flags (FLAG_*), copied by model_setup
+fv_prompt:      rd 1            ; the prompt's length
+fv_cols:        rd 1            ; every product's n or-ed together (cpu.asm: the fast kernels
+                                ; need multiples of 16)
                 rd 1            ; (the front's qwords stay 8-aligned)
 
-FV_X            = fv_x - fwd_vars
-FV_XB           = fv_xb - fwd_vars
-FV_Q            = fv_q - fwd_vars
 FV_ATT          = fv_att - fwd_vars
-FV_HB           = fv_hb - fwd_vars
-FV_HB2          = fv_hb2 - fwd_vars
 FV_LOGITS       = fv_logits - fwd_vars
+FV_REC          = fv_rec - fwd_vars
+FV_IDS          = fv_ids - fwd_vars
+FV_P            = fv_p - fwd_vars
+FV_ST           = fv_st - fwd_vars
+FV_W            = fv_w - fwd_vars
 FV_KV           = fv_kv - fwd_vars
-FV_EMBED        = fv_embed - fwd_vars
-FV_LAYER0       = fv_layer0 - fwd_vars
-FV_KV_BLOCK     = fv_kv_block - fwd_vars
-FV_KV_ROW       = fv_kv_row - fwd_vars
-FV_Q_DIM        = fv_q_dim - fwd_vars
-FV_KV_DIM       = fv_kv_dim - fwd_vars
+FV_OUT          = fv_out - fwd_vars
 FV_GROUP        = fv_group - fwd_vars
 FV_WINDOW       = fv_window - fwd_vars
 FV_N_T          = fv_n_t - fwd_vars
-FV_LAYERS_LEFT  = fv_layers_left - fwd_vars
 FV_B            = fv_b - fwd_vars
 FV_POS          = fv_pos - fwd_vars
-FV_KLAYER       = fv_klayer - fwd_vars
-FV_ROPE         = fv_rope - fwd_vars
-FV_FLAGS        = fv_flags - fwd_vars
+FV_PROMPT       = fv_prompt - fwd_vars
+FV_COLS         = fv_cols - fwd_vars
 FV_MODEL_BASE   = model_base - fwd_vars
 
 ; ---- front ------------------------------------------------------------------------------
@@ -75,22 +63,26 @@ opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
 opt_tokens:     rq 1            ; --tokens, low byte
 model_size:     rq 1            ; its length in bytes
-pieces_ptr:     rq 1            ; model_base + pieces_off (PIECE_REC records); these four in
-                                ; the header's order of their offsets (model.asm loops)
-index_ptr:      rq 1            ; model_base + index_off (u32 normal ids, sorted by bytes)
-user_ptr:       rq 1            ; model_base + user_off (u32 user-defined ids, longest first)
-blob_ptr:       rq 1            ; model_base + blob_off (piece bytes)
+slots_ptr:      rq 1            ; model_base + slots_off .. weights_off: the sections, in
+program_ptr:    rq 1            ; file order (model.asm's loop stores them so)
+strings_ptr:    rq 1
+pieces_ptr:     rq 1            ; PIECE_REC records
 front_base:
-ctx_len:        rd 1            ; context length (from -c or the header)
-logits_fd:      rd 1            ; --logits file descriptor (0: none)
-out_len:        rd 1            ; bytes waiting in out_buf
-wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
+index_ptr:      rq 1            ; u32 normal ids, sorted by bytes
+user_ptr:       rq 1            ; u32 user-defined ids, longest first
+merges_ptr:     rq 1            ; MERGE_REC records
+blob_ptr:       rq 1            ; piece bytes
+weights_ptr:    rq 1            ; the weights region
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 opt_help:       rq 1            ; -h / --help, low byte
 sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
 memo_ptr:       rq 1            ; the tokenizer's memo of lookups (tokenizer.asm)
 opt_baseline:   rq 1            ; --baseline, low byte (cpu.asm)
 opt_avx2:       rq 1            ; --avx2, low byte (cpu.asm)
+ctx_len:        rd 1            ; context length (from -c or the header)
+logits_fd:      rd 1            ; --logits file descriptor (0: none)
+out_len:        rd 1            ; bytes waiting in out_buf
+wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -105,6 +97,7 @@ V_THREADS       = n_threads - front_base
 V_TOKENS        = opt_tokens - front_base
 V_BASE          = model_base - front_base
 V_SIZE          = model_size - front_base
+V_SLOTS         = slots_ptr - front_base
 V_PIECES        = pieces_ptr - front_base
 V_INDEX         = index_ptr - front_base
 V_USER          = user_ptr - front_base
@@ -163,3 +156,7 @@ J_SHARE         = job_share - job_vars
 KREC_TOKENS     = job_tokens - job_kernel
 J_SPIN          = job_spin - job_vars
 
+; ---- the program's slots (forward.asm) ---------------------------------------------------
+slot_ptr:       rq 256          ; slot s's buffer (slot 0, none: 0)
+slot_cache:     rb 256          ; slot s's flags (SLOT_CACHE: rows by position)
+slot_written:   rb 256 / 8      ; check_program: the slots an earlier op wrote, a bit each

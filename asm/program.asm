@@ -1,0 +1,312 @@
+; program.asm: the model file's program (docs/format.md, "Version 4"): what each opcode's
+; operands are (op_table), check_program's validation of the slots and of every op before
+; anything runs, and model_setup, which gives every slot its buffer. forward.asm runs it.
+
+; op_table: 8 bytes per opcode (OPC_EMBED first): the width codes of the slot operands s0 ..
+; s3 (OPW_*, 0: the op has no such operand), the kind of its weight (WK_*, 0: none), OPT_*,
+; and its handler's address minus forward's (a word).
+OPW_N           = 1             ; a row of n floats
+OPW_M           = 2             ; m
+OPW_NM          = 3             ; n m
+OPW_NK          = 4             ; n k (k may be 0: then the operand is not touched)
+OPW_OPTIONAL    = 8             ; + slot 0 (none) allowed
+OPW_KV          = 16            ; + a CACHE slot that an earlier op wrote (its s0)
+WK_VEC          = 1             ; [n] F32
+WK_HALF         = 2             ; [n/2] F32
+WK_MAT          = 3             ; [m, n] F16 or Q8_0
+WK_TABLE        = 4             ; [vocab, k] F16 or Q8_0
+OPT_TOKEN       = 1             ; the handler runs once per token (else once per block)
+
+op_table:
+        db      OPW_N, 0, 0, 0, WK_TABLE, OPT_TOKEN                     ; EMBED
+        dw      h_embed - forward
+        db      OPW_NM, OPW_NM, 0, 0, WK_VEC, 0                         ; NORM
+        dw      h_norm - forward
+        db      OPW_M, OPW_N, OPW_M + OPW_OPTIONAL, 0, WK_MAT, 0        ; MATMUL
+        dw      h_matmul - forward
+        db      OPW_NM, OPW_NK, 0, 0, WK_HALF, OPT_TOKEN                ; ROPE
+        dw      h_rope - forward
+        db      OPW_NM, OPW_NM, OPW_NK + OPW_KV, OPW_NK + OPW_KV, 0, 0  ; ATTN
+        dw      h_attn - forward
+        db      OPW_N, OPW_N, 0, 0, 0, 0                                ; GEGLU
+        dw      geglu - forward
+        db      OPW_N, 0, 0, 0, 0, 0                                    ; SCALE
+        dw      h_scale - forward
+        db      OPW_N, OPW_N, 0, 0, 0, 0                                ; ADD
+        dw      h_add - forward
+        db      0, OPW_N, 0, 0, WK_MAT, 0                               ; LOGITS
+        dw      h_logits - forward
+
+; op_width: the floats of an operand's row, from its width code and the op's n, m, k.
+;   in: al the code (OPW_* and flags), r12 the op   out: rax (0 for code 0)
+;   clobbers: rcx rdx
+op_width:
+        and     eax, 7
+        jz      .ret
+        mov     ecx, [r12+OP_N]
+        cmp     al, OPW_M
+        jne     .first
+        mov     ecx, [r12+OP_M]
+.first:
+        xchg    eax, ecx                ; eax: n (or m), cl: the code
+        cmp     cl, OPW_NM
+        jb      .ret                    ; n, m
+        mov     edx, [r12+OP_M]
+        je      .times                  ; n m
+        mov     edx, [r12+OP_K]         ; n k
+.times:
+        imul    rax, rdx                ; (<= 2^16 2^24)
+.ret:
+        ret
+
+; weight_row: the bytes of a row of ecx weights of type eax (WT_*: F32 4 each, F16 2, Q8_0
+; Q8_0_BLOCK per QK8_0), the kernel record of products with such rows (cpu.asm's choice
+; for the type) and the routine that looks up one (an embedding row: matmul_f16 of the row
+; as a (cols,1) column by [s], or dequant_q8).
+;   in: eax type (F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a multiple of
+;   QK8_0)   out: r10 bytes, r11 kernel record, rdx lookup   clobbers: -
+weight_row:
+        lea     r10d, [rcx*4]
+        cmp     al, WT_F16
+        jb      .ret                    ; F32
+        shr     r10d, 1
+        mov     r11d, job_kernel        ; (addresses are below 2^32)
+        mov     edx, matmul_f16
+        je      .ret                    ; F16
+        imul    r10d, ecx, Q8_0_BLOCK / 2
+        shr     r10d, 4                 ; cols * 17 / 16 (exact: a multiple of 32)
+        mov     r11d, job_kernel_q8
+        mov     edx, dequant_q8
+.ret:
+        ret
+
+; check_program: validate the slots and the program (docs/format.md, "Version 4"): every
+; slot's width 1 .. MAX_WIDTH and flags known (copied to slot_cache); every op: opcode
+; known, n and k <= MAX_WIDTH, m <= 2^24; each slot operand 1 .. n_slots (0 only where
+; optional) and its row (op_width) within the slot's width and >= 1 (n k may be 0); ATTN's
+; K and V CACHE slots that an earlier op wrote; the weight inside the weights region, at a
+; multiple of TENSOR_ALIGN, of a type its kind allows (Q8_0 only on rows of a multiple of
+; QK8_0); then what each handler assumes: EMBED's columns j + n <= k (Q8_0: j and n
+; multiples of QK8_0), a gated MATMUL's m a multiple of 4, ROPE's n even, ATTN's k >= 1
+; dividing m, GEGLU's n a multiple of 4, LOGITS' m = vocab and LOGITS the last op, and
+; only there. After it, no op reaches outside its buffers. It also ors every product's n
+; into fv_cols (cpu.asm).
+;   in: rbx header   out: slot_cache, slot_written, fv_cols   (fatal "bad program")
+;   clobbers: rax rcx rdx rsi rdi r8-r15
+check_program:
+        mov     rsi, [slots_ptr]
+        mov     ecx, [rbx+HDR_N_SLOTS]
+        mov     edi, slot_cache+1       ; (addresses are below 2^32)
+.slot:
+        lodsd                           ; width
+        dec     eax
+        shr     eax, 16
+        jnz     err_program
+        lodsd                           ; flags
+        cmp     eax, SLOT_CACHE
+        ja      err_program
+        stosb
+        loop    .slot
+        mov     r12, [program_ptr]
+        mov     r13d, [rbx+HDR_N_OPS]
+.op:
+        mov     eax, [r12+OP_OP]
+        dec     eax
+        cmp     eax, N_OPCODES-1
+        ja      err_program
+        lea     r14, [op_table+rax*8]
+        cmp     dword [r12+OP_N], MAX_WIDTH
+        ja      err_program
+        cmp     dword [r12+OP_K], MAX_WIDTH
+        ja      err_program
+        cmp     dword [r12+OP_M], 1 shl 24
+        ja      err_program
+        xor     r15d, r15d
+.operand:                               ; s0 .. s3
+        movzx   eax, byte [r14+r15]
+        mov     r8d, eax
+        call    op_width
+        test    r8b, 7
+        jz      .next                   ; no such operand
+        movzx   ecx, byte [r12+OP_S0+r15]
+        jrcxz   .none
+        cmp     ecx, [rbx+HDR_N_SLOTS]
+        ja      err_program
+        mov     rdx, [slots_ptr]
+        mov     edx, [rdx+rcx*8-SLOT_REC+SLOT_WIDTH]
+        cmp     rax, rdx
+        ja      err_program
+        test    rax, rax
+        jnz     .kv
+        and     r8b, 7
+        cmp     r8b, OPW_NK
+        jne     err_program             ; an empty row (only n k may be)
+.kv:
+        test    r8b, OPW_KV
+        jz      .next
+        test    byte [slot_cache+rcx], SLOT_CACHE
+        jz      err_program
+        bt      dword [slot_written], ecx
+        jc      .next
+        jmp     err_program
+.none:
+        test    r8b, OPW_OPTIONAL
+        jz      err_program
+.next:
+        inc     r15d
+        cmp     r15d, 4
+        jb      .operand
+        movzx   ecx, byte [r12+OP_S0]
+        bts     dword [slot_written], ecx
+
+        movzx   eax, byte [r14+4]       ; the weight's kind
+        test    eax, eax
+        jz      .rules
+        mov     edx, [r12+OP_WTYPE]
+        mov     ecx, [r12+OP_N]
+        push    1
+        pop     r8                      ; rows
+        cmp     al, WK_HALF
+        ja      .matrix
+        jb      .vector
+        shr     ecx, 1                  ; [n/2]
+.vector:
+        test    edx, edx                ; F32
+        jnz     err_program
+        jmp     .room
+.matrix:
+        mov     r8d, [r12+OP_M]         ; [m, n]
+        cmp     al, WK_TABLE
+        jb      .typed
+        mov     r8d, [rbx+HDR_VOCAB]    ; [vocab, k]
+        mov     ecx, [r12+OP_K]
+.typed:
+        or      [fv_cols], ecx
+        dec     edx
+        cmp     edx, WT_Q8_0-1
+        ja      err_program             ; neither F16 nor Q8_0
+        jb      .room
+        test    cl, QK8_0-1
+        jnz     err_program
+.room:
+        mov     eax, [r12+OP_WTYPE]
+        call    weight_row
+        imul    r10, r8
+        mov     rax, [r12+OP_W]
+        test    al, TENSOR_ALIGN-1
+        jnz     err_program
+        add     rax, r10
+        jc      err_program
+        cmp     rax, [rbx+HDR_WEIGHTS_SIZE]
+        ja      err_program
+
+.rules:                                 ; what the handlers assume
+        mov     eax, [r12+OP_OP]
+        mov     ecx, [r12+OP_N]
+        mov     edx, [r12+OP_M]
+        cmp     al, OPC_EMBED
+        jne     .matmul
+        mov     eax, [r12+OP_J]         ; columns j .. j+n-1 of k
+        add     rax, rcx
+        mov     edx, [r12+OP_K]
+        cmp     rax, rdx
+        ja      err_program
+        cmp     byte [r12+OP_WTYPE], WT_Q8_0
+        jne     .ok
+        or      ecx, [r12+OP_J]
+        test    cl, QK8_0-1             ; whole Q8_0 blocks
+        jmp     .test
+.matmul:
+        cmp     al, OPC_MATMUL
+        jne     .rope
+        cmp     byte [r12+OP_S0+2], 0
+        je      .ok
+        test    dl, 3                   ; a GEGLU gate: four values a pass
+        jmp     .test
+.rope:
+        cmp     al, OPC_ROPE
+        jne     .attn
+        test    cl, 1                   ; pairs (i, i + n/2)
+        jmp     .test
+.attn:
+        cmp     al, OPC_ATTN
+        jne     .geglu
+        mov     ecx, [r12+OP_K]
+        test    ecx, ecx
+        jz      err_program
+        xchg    eax, edx
+        xor     edx, edx
+        div     ecx                     ; m mod k
+        test    edx, edx
+        jmp     .test
+.geglu:
+        cmp     al, OPC_GEGLU
+        jne     .logits
+        test    cl, 3                   ; four values a pass
+        jmp     .test
+.logits:
+        cmp     al, OPC_LOGITS
+        jne     .ok
+        cmp     r13d, 1                 ; the last op
+        jne     err_program
+        cmp     edx, [rbx+HDR_VOCAB]
+.test:
+        jnz     err_program
+.ok:
+        add     r12, OP_REC
+        dec     r13d
+        jnz     .op
+        cmp     byte [r12+OP_OP-OP_REC], OPC_LOGITS
+        je      weight_row.ret          ; the last op is LOGITS
+err_program:
+        call    fatal_here
+        db      'bad program', 0
+
+; model_setup: validate the program (check_program), then give each slot its buffer: a
+; CACHE slot ctx_len rows of its width, any other BLOCK rows; the attention's rows (BLOCK
+; threads at most, ctx_len + MATVEC_LANES - 1 floats each: softmax's lanes past n_t) and the
+; logits' (BLOCK, vocab); choose the kernels (cpu_setup) and start the workers
+; (threads_start).
+;   in: rbx model header, ctx_len, n_threads   out: slot_ptr, fv_att, fv_logits; fatal "bad
+;   program", "out of memory", "cannot start threads"
+;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0 (preserves the rest)
+model_setup:
+        push    r12
+        push    r13
+        push    r14
+        push    r15
+        push    rbp
+        call    check_program
+        mov     r12d, [rbx+HDR_N_SLOTS]
+.buffer:
+        mov     rax, [slots_ptr]
+        mov     edi, [rax+r12*8-SLOT_REC+SLOT_WIDTH]
+        shl     edi, 2                  ; a row's bytes (<= 2^18)
+        push    BLOCK
+        pop     rax
+        test    byte [slot_cache+r12], SLOT_CACHE
+        jz      .rows
+        mov     eax, [ctx_len]
+.rows:
+        imul    rdi, rax
+        call    alloc
+        mov     [slot_ptr+r12*8], rax
+        dec     r12d
+        jnz     .buffer
+        mov     edi, [ctx_len]
+        add     edi, MATVEC_LANES-1
+        shl     rdi, 2+BLOCK_SHIFT
+        call    alloc
+        mov     [fv_att], rax
+        mov     edi, [rbx+HDR_VOCAB]
+        shl     rdi, 2+BLOCK_SHIFT
+        call    alloc
+        mov     [fv_logits], rax
+        call    cpu_setup               ; the kernel (cpu.asm; keeps rbx)
+        call    threads_start           ; the workers (threads.asm; keeps rbx)
+        pop     rbp
+        pop     r15
+        pop     r14
+        pop     r13
+        pop     r12
+        ret

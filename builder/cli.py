@@ -41,6 +41,9 @@ def model_summary(path: Path) -> Callable[[object], str]:
 
     def line(header) -> str:
         h = header
+        if h.version == 4:
+            return (f"wrote {path}: {h.file_size:,} bytes; version 4 (Gemma {h.generation}), vocab {h.vocab}, "
+                    f"{h.n_ops} ops on {h.n_slots} slots, context {h.max_ctx}")
         if h.version == 3:
             extra = (f", per-layer inputs of {h.ple_dim}" if h.ple_dim else "") + \
                 (f", {h.experts} experts of {h.expert_ffn} (top {h.top_k})" if h.experts else "")

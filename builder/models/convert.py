@@ -1,6 +1,7 @@
-"""`python -m builder convert SRC -o OUT [--format 2|3]`: a Gemma 1, 2, 3 or 4 checkpoint -> the
+"""`python -m builder convert SRC -o OUT [--format 2|3|4]`: a Gemma 1, 2, 3 or 4 checkpoint -> the
 engine's model file (version 2: Gemma 1-3, the default for them while the engine reads version 2
-only; version 3, modelfile3: every generation, the only one for Gemma 4).
+only; version 3, modelfile3: every generation, the default for Gemma 4; version 4, modelfile4:
+the forward pass as a program, compiled by builder.models.program, every generation but MoE).
 
 SRC is a Hugging Face directory (builder.models.convert_hf: model_type gemma, gemma2, gemma3_text,
 gemma3, gemma4_text or gemma4 (builder.models.gemma4); BF16/F16/F32 safetensors) or a llama.cpp
@@ -24,11 +25,14 @@ from builder.models.checkpoint import Checkpoint, ConvertError, check_shapes, so
 from builder.cli import Parser, model_summary, run
 from builder.models.convert_gguf import open_gguf
 from builder.models.convert_hf import open_hf
-from builder.models import modelfile3
+from builder.models import modelfile3, program
 from builder.models.modelfile import Q8_0, WEIGHT_TYPES, Header, ModelFormatError, tensor_layout, write_model
 from builder.models.modelfile3 import with_q8_0
 
-VERSIONS = (2, 3)
+VERSIONS = (2, 3, 4)
+# The version written when --format is not given: None keeps 2 for Gemma 1-3 and 3 for Gemma 4
+# (what the engine reads today); 4 once the engine reads version 4.
+DEFAULT_VERSION: int | None = None
 
 __all__ = ["ConvertError", "convert", "main", "open_checkpoint"]
 
@@ -44,12 +48,12 @@ def open_checkpoint(src: Path) -> Checkpoint:
 def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16", version: int | None = None) -> Header:
     """Convert src (HF directory or .gguf) to the model file out with matrices of wtype (one
     of WEIGHT_TYPES: "f16", or "q8_0": GGUF Q8_0 tensors copied as they are, every other
-    tensor quantized from its exact values), in format version (one of VERSIONS; default: 2
-    for Gemma 1-3, which the engine reads today, 3 for Gemma 4, which only version 3 holds);
-    on failure out is removed."""
+    tensor quantized from its exact values), in format version (one of VERSIONS; default:
+    DEFAULT_VERSION, else 2 for Gemma 1-3, which the engine reads today, 3 for Gemma 4); on
+    failure out is removed."""
     src, out = Path(src), Path(out)
     ckpt = open_checkpoint(src)
-    version = version or (2 if ckpt.dims is not None else 3)
+    version = version or DEFAULT_VERSION or (2 if ckpt.dims is not None else 3)
     if version == 2 and ckpt.dims is None:
         raise ConvertError(f"{src}: a Gemma 4 model needs model file version 3 (--format 3)")
     names = {e: t.name for e, t in ckpt.tensors.items()}
@@ -61,6 +65,10 @@ def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16", ver
             return write_model(out, dims, ckpt.vocab, source_for(ckpt), progress, names=names, attn=ckpt.attn)
         model, ropes = ckpt.version3()
         model = with_q8_0(model) if wtype == "q8_0" else model
+        if version == 4:
+            prog = program.compile_program(model, ropes, program.generation_of(ckpt.dims))
+            check_shapes(ckpt, prog.stored, {"embed", "ple_embed"})
+            return program.write(out, prog, ckpt.vocab, source_for(ckpt), progress, names)
         check_shapes(ckpt, [s for s in modelfile3.tensor_layout(model) if not s.name.endswith(".rope")],
                      {"embed", "ple_embed"})
         return modelfile3.write_model(out, model, ckpt.vocab, source_for(ckpt), ropes, progress, names)
@@ -80,7 +88,7 @@ def main(argv: list[str]) -> int:
                         "Q8_0 tensors copied as they are)")
     p.add_argument("--format", type=int, choices=VERSIONS,
                    help="model file version (default: 2 for Gemma 1-3, what the engine reads today; 3 for "
-                        "Gemma 4, which only version 3 holds)")
+                        "Gemma 4; 4: the forward pass as a program, every generation but MoE)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     return run(p.prog, lambda: convert(args.src, args.output, not args.quiet, args.type, args.format),

@@ -391,6 +391,38 @@ def with_q8_0(m: Model) -> Model:
     return replace(m, flags=m.flags | Q8_0)
 
 
+def check_merge_count(h) -> None:
+    """A header's n_merges (of version 3 or 4): at most 2^24, and 0 without the MERGES flag."""
+    _limit("n_merges", h.n_merges, 0)
+    if h.n_merges and not h.flags & MERGES:
+        raise ModelFormatError(f"{h.n_merges} merges without the MERGES flag")
+
+
+def read_tokenizer(target, m: np.ndarray, h) -> None:
+    """Version 2's tokenizer checks (modelfile.read_tables), then the merges a header (of
+    version 3 or 4) places in the mapped file m, set on target as merges (int array
+    [n_merges, 3]: left, right, result) and merge_scores (float32: -rank), each checked: ids
+    inside the vocabulary, sorted by (left, right), the scores -rank, each result its pieces
+    joined."""
+    read_tables(target, m, h)
+    rec = np.frombuffer(m, np.dtype([("left", "<u4"), ("right", "<u4"), ("result", "<u4"), ("score", "<f4")]),
+                        h.n_merges, h.merges_off)
+    target.merges = np.stack([rec[f].astype(np.int64) for f in ("left", "right", "result")], axis=1).reshape(-1, 3)
+    target.merge_scores = rec["score"].copy()
+    if h.n_merges:
+        if target.merges.max() >= h.vocab:
+            raise ModelFormatError("a merge holds an id outside the vocabulary")
+        keys = target.merges[:, 0] * h.vocab + target.merges[:, 1]
+        if (np.diff(keys) <= 0).any():
+            raise ModelFormatError("the merges are not sorted by (left, right), or one is listed twice")
+        if sorted((-target.merge_scores).tolist()) != list(range(h.n_merges)):
+            raise ModelFormatError("the merge scores are not -rank for ranks 0 .. n_merges - 1")
+        bad = next((k for k, (a, b, r) in enumerate(target.merges.tolist())
+                    if target.pieces[a] + target.pieces[b] != target.pieces[r]), None)
+        if bad is not None:
+            raise ModelFormatError(f"merge record {bad}: its result is not its pieces joined")
+
+
 class ModelFile3(MappedModel):
     """A validated, memory-mapped version 3 model file.
 
@@ -413,9 +445,7 @@ class ModelFile3(MappedModel):
         self.model = Model(h.vocab, h.dim, h.heads, h.max_ctx, layers, h.eps, h.ple_dim, h.experts, h.top_k,
                            h.expert_ffn, h.flags, h.att_softcap, h.final_softcap)
         self.model.check()
-        _limit("n_merges", h.n_merges, 0)
-        if h.n_merges and not h.flags & MERGES:
-            raise ModelFormatError(f"{h.n_merges} merges without the MERGES flag")
+        check_merge_count(h)
         expected = [("pieces_off", h.layers_off + LAYER_REC * h.layers),
                     ("index_off", h.pieces_off + PIECE_REC * h.vocab), ("user_off", h.index_off + 4 * h.n_index),
                     ("merges_off", h.user_off + 4 * h.n_user), ("blob_off", h.merges_off + MERGE_REC * h.n_merges),
@@ -428,23 +458,7 @@ class ModelFile3(MappedModel):
                            ("dim_rsqrt", h.dim ** -0.5)):
             if getattr(h, name) != f32(want):
                 raise ModelFormatError(f"{name} {getattr(h, name)} is not float32({want})")
-        read_tables(self, m, h)
-        rec = np.frombuffer(m, np.dtype([("left", "<u4"), ("right", "<u4"), ("result", "<u4"), ("score", "<f4")]),
-                            h.n_merges, h.merges_off)
-        self.merges = np.stack([rec[f].astype(np.int64) for f in ("left", "right", "result")], axis=1).reshape(-1, 3)
-        self.merge_scores = rec["score"].copy()
-        if h.n_merges:
-            if self.merges.max() >= h.vocab:
-                raise ModelFormatError("a merge holds an id outside the vocabulary")
-            keys = self.merges[:, 0] * h.vocab + self.merges[:, 1]
-            if (np.diff(keys) <= 0).any():
-                raise ModelFormatError("the merges are not sorted by (left, right), or one is listed twice")
-            if sorted((-self.merge_scores).tolist()) != list(range(h.n_merges)):
-                raise ModelFormatError("the merge scores are not -rank for ranks 0 .. n_merges - 1")
-            bad = next((k for k, (a, b, r) in enumerate(self.merges.tolist())
-                        if self.pieces[a] + self.pieces[b] != self.pieces[r]), None)
-            if bad is not None:
-                raise ModelFormatError(f"merge record {bad}: its result is not its pieces joined")
+        read_tokenizer(self, m, h)
         self.specs = tensor_layout(self.model)
         self._layout = {s.name: s for s in self.specs}
 

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 
 from builder.models.modelfile import BYTE, NORMAL, USER_DEFINED, ModelFile
 from builder.models.modelfile3 import MERGES, ModelFile3
+from builder.models.modelfile4 import ModelFile4
 
 SPACE = "\u2581".encode()
 
@@ -90,14 +91,14 @@ def heap_pop(heap: list[Entry]) -> Entry:
 
 
 class Tokenizer:
-    def __init__(self, model: ModelFile | ModelFile3):
+    def __init__(self, model: ModelFile | ModelFile3 | ModelFile4):
         h = model.header
         self.pieces, self.scores, self.types = model.pieces, model.scores, model.types
         self.index, self.user = model.index.tolist(), model.user.tolist()
         self.bos, self.byte_base, self.max_len = h.bos, h.byte_base, h.max_piece_len
         self.first_byte_index = [[u for u in self.user if self.pieces[u][0] == b]
                                  for b in range(256)]
-        self.by_rank = isinstance(model, ModelFile3) and bool(h.flags & MERGES)
+        self.by_rank = hasattr(model, "merges") and bool(h.flags & MERGES)  # version 3 or 4
         self.merges = model.merges.tolist() if self.by_rank else []
         self.merge_scores = model.merge_scores.tolist() if self.by_rank else []
 

@@ -1,0 +1,352 @@
+"""The compiler of model file version 4: a model (version 3's description: modelfile3.Model and
+each layer's Rope, what the checkpoint readers give) -> its forward pass as a program of ops
+(modelfile4), one builder per Gemma generation (GENERATIONS; docs/gemma.md, "The programs").
+
+    prog = compile_program(model, ropes, generation)
+    write(path, prog, vocab, source)       # source: a modelfile.TensorSource by version 3's names
+
+Slots, by name (`Program.slot_names`; the file holds only widths): x (the stream, d), xb (a
+normed copy of the stream, then the attention's output), q (H hd), hb and hb2 (the FFN's, and
+hb2 the output of a product before its post norm), K{i} and V{i} (CACHE: layer i's K/V, only for
+a layer that computes its own), and with per-layer inputs x0 (the scaled embedding) and pc, pt
+(P wide). A slot is as wide as its widest operand.
+
+Weights are version 3's tensors (same names, shapes and values: norms hold 1 + w for Gemma 1-3
+and w for Gemma 4, as the checkpoint readers give them; a matrix is Q8_0 when the model has
+Q8_0 and its rows split into 32-value blocks, FP16 otherwise) plus what the compiler computes:
+each layer's `layers.{i}.rope` table (modelfile3.rope_table), `ones` (the value norm's weight,
+one tensor for every layer) and, when a layer's rows of `ple_proj` do not start at a multiple of
+64 bytes, `ple_proj.{i}` (those rows as a tensor of their own). `ple_embed` is Q8_0 only when P
+is a multiple of 32 (EMBED reads a layer's P columns: Q8_0 blocks must not straddle layers).
+They are laid out in the order the program first reads them.
+
+Gemma 1-3 compute what version 2 computes, op for op in the version 2 engine's order (Gemma
+1's residuals are products with ACC; Gemma 2-3's go through their post norm with ACC). MoE is
+not in the op set yet: the Gemma 4 builder refuses a model with experts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from builder.models.modelfile import (POST_NORMS, QK8_0, QK_NORM, TENSOR_ALIGN, Dims, ModelFormatError,
+                                      TensorSource, TensorSpec, Vocab)
+from builder.models.modelfile3 import K_EQ_V, V_NORM, Model, Rope, f32, rope_table, tensor_shapes
+from builder.models import modelfile4 as mf4
+from builder.models.modelfile4 import ACC, CACHE, CHAT, RULES, WTYPES, Op, OpRec, Slot
+
+GEN_FLAGS = {1: 0, 2: POST_NORMS, 3: POST_NORMS | QK_NORM}  # Gemma 1-3: every layer's flags
+FIXED_SLOTS = ("x", "xb", "q", "hb", "hb2")
+PLE_SLOTS = ("x0", "pc", "pt")
+
+
+def generation_of(dims: Dims | None) -> int:
+    """A checkpoint's generation: Gemma 4 when it has no version 2 Dims, else by the norms."""
+    if dims is None:
+        return 4
+    return {v: k for k, v in GEN_FLAGS.items()}[dims.flags & (POST_NORMS | QK_NORM)]
+
+
+@dataclass
+class Program:
+    """A compiled program: its slots (with their names), ops (weight offsets laid out), the
+    tensors they read (specs, in first-read order) and the generation."""
+    generation: int
+    model: Model
+    ropes: list[Rope]
+    slots: list[Slot]
+    slot_names: list[str]
+    ops: list[OpRec]
+    specs: list[TensorSpec]
+    stored: list[TensorSpec]  # the version 3 tensors read from the source (not the rope tables)
+
+    def source(self, base: TensorSource) -> TensorSource:
+        """The tensor source of this program's layout: computed tensors made here, the rest
+        (by version 3's names) from base."""
+        full = {s.name: s for s in self.stored}
+
+        def chunks(spec: TensorSpec) -> Iterator[np.ndarray] | list[np.ndarray]:
+            if spec.name == "ones":
+                return [np.ones(spec.shape, np.float32)]
+            if spec.name.endswith(".rope"):
+                i = int(spec.name.split(".")[1])
+                return [rope_table(self.model.layers[i].head_dim, self.ropes[i])]
+            if spec.name.startswith("ple_proj."):
+                p = self.model.ple_dim
+                return rows_of(base(full["ple_proj"]), int(spec.name.split(".")[1]) * p, p)
+            return base(spec)
+        return chunks
+
+
+def rows_of(chunks: Iterator[np.ndarray], start: int, count: int) -> Iterator[np.ndarray]:
+    """Rows start .. start + count - 1 of a tensor given as chunks of whole rows."""
+    at = 0
+    for chunk in chunks:
+        lo, hi = max(start - at, 0), min(start + count - at, len(chunk))
+        if lo < hi:
+            yield chunk[lo:hi]
+        at += len(chunk)
+
+
+class Compiler:
+    """Emits ops into a program, naming slots and tensors; `finish` sizes the slots and lays out
+    the tensors."""
+
+    def __init__(self, m: Model, ropes: Sequence[Rope], generation: int):
+        if len(ropes) != len(m.layers):
+            raise ModelFormatError(f"{len(ropes)} rope settings for {len(m.layers)} layers")
+        m.check()
+        self.m, self.ropes, self.generation = m, list(ropes), generation
+        self.catalogue = {name: (shape, self._dtype(name, dtype)) for name, shape, dtype in tensor_shapes(m)}
+        self.slot_ids: dict[str, int] = {}
+        self.cache: list[bool] = []
+        self.ops: list[tuple[OpRec, str | None, int]] = []  # op (w unset), tensor name, byte offset in it
+        self.tensors: dict[str, tuple[tuple[int, ...], str]] = {}
+        for name in FIXED_SLOTS + (PLE_SLOTS if m.ple_dim else ()):
+            self.slot(name)
+
+    def _dtype(self, name: str, dtype: str) -> str:
+        if name == "ple_embed" and dtype == "q8_0" and self.m.ple_dim % QK8_0:
+            return "f16"
+        return dtype
+
+    def slot(self, name: str, cache: bool = False) -> int:
+        if name not in self.slot_ids:
+            self.slot_ids[name] = len(self.cache)
+            self.cache.append(cache)
+        return self.slot_ids[name]
+
+    def tensor(self, name: str, shape: tuple[int, ...] | None = None, dtype: str = "f32") -> tuple[tuple[int, ...], str]:
+        """A tensor the program reads (a version 3 one by name, or a computed one of shape and
+        dtype); a computed vector read again at a greater length grows."""
+        if name in self.catalogue:
+            self.tensors.setdefault(name, self.catalogue[name])
+        else:
+            old = self.tensors.get(name)
+            self.tensors[name] = (max(old[0], shape), dtype) if old else (shape, dtype)
+        return self.tensors[name]
+
+    def emit(self, op: Op, *slots: str | None, weight: str | None = None, offset: int = 0,
+             cache: Sequence[str] = (), **fields) -> None:
+        """One op: slot operands s0, s1, ... by name (None: unused; cache: the names that are
+        CACHE slots), a weight (a tensor by name, at a byte offset inside it), the other fields."""
+        ids = {f"s{i}": self.slot(s, s in cache) for i, s in enumerate(slots) if s is not None}
+        wtype = WTYPES[self.tensors[weight][1]] if weight else 0
+        self.ops.append((OpRec(int(op), **ids, **fields, wtype=int(wtype)), weight, offset))
+
+    # ---- the ops a program is made of ----
+
+    def embed(self, dst: str, table: str, a: float, j: int = 0, n: int | None = None) -> None:
+        shape, _ = self.tensor(table)
+        self.emit(Op.EMBED, dst, weight=table, n=n or shape[1], k=shape[1], j=j, a=f32(a))
+
+    def norm(self, dst: str, src: str, weight: str, n: int, m: int = 1, acc: bool = False,
+             cache: Sequence[str] = ()) -> None:
+        if weight == "ones":
+            self.tensor("ones", (n,))
+        else:
+            self.tensor(weight)
+        self.emit(Op.NORM, dst, src, weight=weight, n=n, m=m, a=f32(self.m.eps), flags=ACC if acc else 0, cache=cache)
+
+    def matmul(self, dst: str, src: str, weight: str, acc: bool = False, geglu: str | None = None,
+               cache: Sequence[str] = (), rows: tuple[int, int] | None = None) -> None:
+        """dst (+)= W src; geglu: then geglu = gelu(geglu) * dst; rows (start, count): a slice."""
+        shape, dtype = self.tensor(weight)
+        m, n = rows[1] if rows else shape[0], shape[-1]
+        offset = rows[0] * mf4.weight_bytes((1, n), WTYPES[dtype]) if rows else 0
+        extra = (geglu,) if geglu else ()
+        self.emit(Op.MATMUL, dst, src, *extra, weight=weight, offset=offset, n=n, m=m, k=1 if geglu else 0,
+                  flags=ACC if acc else 0, cache=cache)
+
+    def residual(self, weight: str, src: str, post_norm: str | None) -> None:
+        """x += W src, through post_norm when given (then via hb2)."""
+        if post_norm is None:
+            self.matmul("x", src, weight, acc=True)
+        else:
+            self.matmul("hb2", src, weight)
+            self.norm("x", "hb2", post_norm, self.m.dim, acc=True)
+
+    def ffn(self, i: int, post: bool) -> None:
+        p = f"layers.{i}."
+        self.norm("xb", "x", p + "ffn_norm", self.m.dim)
+        self.matmul("hb", "xb", p + "gate")
+        self.matmul("hb2", "xb", p + "up", geglu="hb")
+        self.residual(p + "down", "hb", p + "post_ffn_norm" if post else None)
+
+    def rope(self, i: int, k_slot: str | None) -> None:
+        layer = self.m.layers[i]
+        hd = layer.head_dim
+        self.tensor(f"layers.{i}.rope", (hd // 2,))
+        extra = (k_slot,) if k_slot else ()
+        self.emit(Op.ROPE, "q", *extra, weight=f"layers.{i}.rope", n=hd, m=self.m.heads,
+                  k=layer.kv_heads if k_slot else 0, cache=extra)
+
+    def attn(self, i: int) -> None:
+        layer = self.m.layers[i]
+        src = layer.kv_source
+        kv = (f"K{src}", f"V{src}")
+        self.emit(Op.ATTN, "xb", "q", *kv, n=layer.head_dim, m=self.m.heads, k=layer.kv_heads, j=layer.window,
+                  a=f32(layer.att_scale), c=f32(self.m.att_softcap), cache=kv)
+
+    def final(self) -> None:
+        self.norm("xb", "x", "final_norm", self.m.dim)
+        shape, _ = self.tensor("embed")
+        self.emit(Op.LOGITS, None, "xb", weight="embed", n=shape[1], m=shape[0], c=f32(self.m.final_softcap))
+
+    def finish(self) -> Program:
+        ops = [o for o, _, _ in self.ops]
+        widths = [0] * len(self.cache)
+        for o in ops:
+            for f, width, _ in RULES[Op(o.op)].slots(o):
+                widths[getattr(o, f)] = max(widths[getattr(o, f)], width)
+        unused = [n for n, i in self.slot_ids.items() if not widths[i]]
+        if unused:
+            raise ModelFormatError(f"slot {unused[0]} is never used")
+        if len(widths) > mf4.MAX_SLOTS:
+            raise ModelFormatError(f"the program needs {len(widths)} slots, at most {mf4.MAX_SLOTS} fit "
+                                   f"(each layer with its own K/V takes two)")
+        specs = mf4.layout([(name, shape, dtype) for name, (shape, dtype) in self.tensors.items()])
+        at = {s.name: s.offset for s in specs}
+        ops = [dataclasses.replace(o, w=at[t] + off) if t else o for o, t, off in self.ops]
+        slots = [Slot(w, CACHE if c else 0) for w, c in zip(widths, self.cache)]
+        stored = [TensorSpec(n, 0, *self.catalogue[n]) for n in self.tensors
+                  if n in self.catalogue and not n.endswith(".rope")]
+        if any(n.startswith("ple_proj.") for n in self.tensors):
+            stored.append(TensorSpec("ple_proj", 0, *self.catalogue["ple_proj"]))
+        return Program(self.generation, self.m, self.ropes, slots, list(self.slot_ids), ops, specs, stored)
+
+
+# ---- the programs, by generation --------------------------------------------------------------
+
+def _gemma_1_3(c: Compiler) -> None:
+    """Gemma 1, 2, 3: every layer alike but its window and rope; post norms (2, 3), q/k norms (3)."""
+    m, g = c.m, c.generation
+    for i, layer in enumerate(m.layers):
+        if layer.flags != GEN_FLAGS[g] or layer.kv_source != i or layer.layer_scalar != 1:
+            raise ModelFormatError(f"layer {i} is not a Gemma {g} layer (flags {layer.flags:#x}, "
+                                   f"reads layer {layer.kv_source}'s cache, scalar {layer.layer_scalar})")
+    if m.ple_dim or m.experts:
+        raise ModelFormatError(f"Gemma {g} has neither per-layer inputs nor experts")
+    post, qk = bool(GEN_FLAGS[g] & POST_NORMS), bool(GEN_FLAGS[g] & QK_NORM)
+    c.embed("x", "embed", math.sqrt(m.dim))
+    for i, layer in enumerate(m.layers):
+        p, hd, kv = f"layers.{i}.", layer.head_dim, layer.kv_heads
+        ks, vs = f"K{i}", f"V{i}"
+        c.norm("xb", "x", p + "attn_norm", m.dim)
+        c.matmul("q", "xb", p + "wq")
+        c.matmul(ks, "xb", p + "wk", cache=[ks])
+        c.matmul(vs, "xb", p + "wv", cache=[vs])
+        if qk:
+            c.norm("q", "q", p + "q_norm", hd, m.heads)
+            c.norm(ks, ks, p + "k_norm", hd, kv, cache=[ks])
+        c.rope(i, ks)
+        c.attn(i)
+        c.residual(p + "wo", "xb", p + "post_attn_norm" if post else None)
+        c.ffn(i, post)
+    c.final()
+
+
+def gemma1(c: Compiler) -> None:
+    """Gemma 1: no post norms, residuals added inside the products (ACC)."""
+    _gemma_1_3(c)
+
+
+def gemma2(c: Compiler) -> None:
+    """Gemma 2: each block's output through its post norm, added by the norm (ACC)."""
+    _gemma_1_3(c)
+
+
+def gemma3(c: Compiler) -> None:
+    """Gemma 3: Gemma 2 with per-head q/k norms before RoPE."""
+    _gemma_1_3(c)
+
+
+def gemma4(c: Compiler) -> None:
+    """Gemma 4 (dense): per-layer head_dim, kv heads and FFN; KV sharing; k = v; value norms;
+    per-layer inputs; layer scalars; norms holding w; attention scale 1."""
+    m = c.m
+    if m.experts:
+        raise ModelFormatError(f"a Gemma 4 MoE model ({m.experts} experts) cannot be written as model file "
+                               "version 4 yet: its op set has no experts (use --format 3)")
+    d, p = m.dim, m.ple_dim
+    c.embed("x", "embed", math.sqrt(d))
+    if p:
+        c.embed("x0", "embed", math.sqrt(d))
+    for i, layer in enumerate(m.layers):
+        if layer.flags & (POST_NORMS | QK_NORM) != POST_NORMS | QK_NORM:
+            raise ModelFormatError(f"layer {i}: a Gemma 4 layer has post norms and q/k norms")
+        pre, hd, kv, own = f"layers.{i}.", layer.head_dim, layer.kv_heads, layer.kv_source == i
+        ks, vs = f"K{i}", f"V{i}"
+        c.norm("xb", "x", pre + "attn_norm", d)
+        c.matmul("q", "xb", pre + "wq")
+        if own:
+            c.matmul(ks, "xb", pre + "wk", cache=[ks])
+            if not layer.flags & K_EQ_V:
+                c.matmul(vs, "xb", pre + "wv", cache=[vs])
+        c.norm("q", "q", pre + "q_norm", hd, m.heads)
+        if own:
+            if layer.flags & V_NORM:
+                c.norm(vs, ks if layer.flags & K_EQ_V else vs, "ones", hd, kv, cache=[ks, vs])
+            elif layer.flags & K_EQ_V:
+                raise ModelFormatError(f"layer {i}: k = v without the value norm is not a Gemma 4 layer")
+            c.norm(ks, ks, pre + "k_norm", hd, kv, cache=[ks])
+        c.rope(i, ks if own else None)
+        c.attn(i)
+        c.residual(pre + "wo", "xb", pre + "post_attn_norm")
+        c.ffn(i, post=True)
+        if p:
+            row_bytes = mf4.weight_bytes((1, d), WTYPES[c.catalogue["ple_proj"][1]])
+            if p * row_bytes % TENSOR_ALIGN == 0:
+                c.matmul("pc", "x0", "ple_proj", rows=(i * p, p))
+            else:
+                c.tensor(f"ple_proj.{i}", (p, d), c.catalogue["ple_proj"][1])
+                c.matmul("pc", "x0", f"ple_proj.{i}")
+            c.emit(Op.SCALE, "pc", n=p, a=f32(d ** -0.5))
+            c.norm("pc", "pc", "ple_norm", p)
+            c.embed("pt", "ple_embed", math.sqrt(p), j=i * p, n=p)
+            c.emit(Op.ADD, "pc", "pt", n=p)
+            c.emit(Op.SCALE, "pc", n=p, a=f32(2 ** -0.5))
+            c.matmul("pt", "x", pre + "ple_gate")
+            c.emit(Op.GEGLU, "pt", "pc", n=p)
+            c.residual(pre + "ple_out", "pt", pre + "ple_post_norm")
+        if layer.layer_scalar != 1:
+            c.emit(Op.SCALE, "x", n=d, a=f32(layer.layer_scalar))
+    c.final()
+
+
+GENERATIONS: dict[int, Callable[[Compiler], None]] = {1: gemma1, 2: gemma2, 3: gemma3, 4: gemma4}
+
+
+def compile_program(m: Model, ropes: Sequence[Rope], generation: int) -> Program:
+    """The program of a model of a generation (1 .. 4); ModelFormatError when the model is not
+    one the generation's builder compiles."""
+    if generation not in GENERATIONS:
+        raise ModelFormatError(f"generation {generation} is not 1 .. 4")
+    c = Compiler(m, ropes, generation)
+    GENERATIONS[generation](c)
+    return c.finish()
+
+
+def write(path: Path, prog: Program, vocab: Vocab, source: TensorSource, progress: bool = True,
+          names: dict[str, str] | None = None) -> mf4.Header:
+    """Write prog as a version 4 file (tensors from source by version 3's names), with its
+    generation's chat strings, then check that each string tokenizes with the file's own
+    tokenizer back to its bytes (ModelFormatError, the file removed, if not)."""
+    m = prog.model
+    strings = CHAT[prog.generation]
+    header = mf4.write_model(path, vocab, m.vocab, m.max_ctx, prog.generation, prog.slots, prog.ops, strings,
+                             prog.specs, prog.source(source), progress, names)
+    from builder.twins.tokenizer import Tokenizer
+    tok = Tokenizer(mf4.ModelFile4(path))
+    for name, s in zip(mf4.STRINGS, strings):
+        ids = tok.encode(s)[1:]
+        if b"".join(tok.decode_piece(i) or tok.pieces[i] for i in ids) != s:
+            Path(path).unlink()
+            raise ModelFormatError(f"chat string {name} {s!r} does not tokenize back to itself with the file's tokenizer")
+    return header
+

@@ -69,7 +69,7 @@ weight_row:
         lea     r10d, [rcx*4]
         cmp     al, WT_F16
         jb      .ret                    ; F32
-        shr     r10d, 1
+        lea     r10d, [rcx+rcx]
         mov     r11d, job_kernel        ; (addresses are below 2^32)
         mov     edx, matmul_f16
         je      .ret                    ; F16

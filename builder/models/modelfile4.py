@@ -110,14 +110,14 @@ HEADER_FIELDS: list[tuple[str, int, str]] = [
     ("slots_off", 72, "Q"),
     ("program_off", 80, "Q"),
     ("strings_off", 88, "Q"),
-    ("strings_size", 96, "Q"),
-    ("pieces_off", 104, "Q"),
-    ("index_off", 112, "Q"),
-    ("user_off", 120, "Q"),
-    ("merges_off", 128, "Q"),
-    ("blob_off", 136, "Q"),
-    ("blob_size", 144, "Q"),
-    ("weights_off", 152, "Q"),
+    ("pieces_off", 96, "Q"),
+    ("index_off", 104, "Q"),
+    ("user_off", 112, "Q"),
+    ("merges_off", 120, "Q"),
+    ("blob_off", 128, "Q"),
+    ("weights_off", 136, "Q"),
+    ("strings_size", 144, "Q"),
+    ("blob_size", 152, "Q"),
     ("weights_size", 160, "Q"),
     ("file_size", 168, "Q"),
 ]
@@ -194,40 +194,32 @@ class OpRec:
 
 @dataclass(frozen=True)
 class Rule:
-    """What an opcode uses: `fields` (beyond op; every other field must be 0), `slots`: its slot
-    operands as (field, width, must be CACHE), `weight`: its weight's shape (None: no weight) and
-    `wtypes`: the types it may have, `acc`: whether it may carry ACC."""
-    fields: frozenset[str]
+    """What an opcode reads: `slots`: its slot operands as (field, width, a CACHE slot an earlier
+    op wrote), `weight`: its weight's shape (None: no weight) and `wtypes`: the types it may
+    have. Fields an op does not read are ignored (writers write 0)."""
     slots: Callable[[OpRec], list[tuple[str, int, bool]]]
     weight: Callable[[OpRec, int], tuple[int, ...]] | None = None
     wtypes: tuple[WType, ...] = ()
-    acc: Callable[[OpRec], bool] = lambda o: False
-
-
-def _fields(names: str) -> frozenset[str]:
-    return frozenset(names.split())
 
 
 MATRIX = (WType.F16, WType.Q8_0)
 RULES: dict[Op, Rule] = {
-    Op.EMBED: Rule(_fields("s0 n k j a w wtype"), lambda o: [("s0", o.n, False)],
-                   lambda o, vocab: (vocab, o.k), MATRIX),
-    Op.NORM: Rule(_fields("s0 s1 n m a w wtype flags"), lambda o: [("s0", o.n * o.m, False), ("s1", o.n * o.m, False)],
-                  lambda o, vocab: (o.n,), (WType.F32,), lambda o: True),
-    Op.MATMUL: Rule(_fields("s0 s1 s2 n m k w wtype flags"),
-                    lambda o: [("s0", o.m, False), ("s1", o.n, False)] + [("s2", o.m, False)] * (o.k == 1),
-                    lambda o, vocab: (o.m, o.n), MATRIX, lambda o: o.k == 0),
-    Op.ROPE: Rule(_fields("s0 s1 n m k w wtype"), lambda o: [("s0", o.n * o.m, False)] + [("s1", o.n * o.k, False)] * (o.k > 0),
-                  lambda o, vocab: (o.n // 2,), (WType.F32,)),
-    Op.ATTN: Rule(_fields("s0 s1 s2 s3 n m k j a c"),
-                  lambda o: [("s0", o.n * o.m, False), ("s1", o.n * o.m, False), ("s2", o.n * o.k, True),
+    Op.EMBED: Rule(lambda o: [("s0", o.n, False)], lambda o, vocab: (vocab, o.k), MATRIX),
+    Op.NORM: Rule(lambda o: [("s0", o.n * o.m, False), ("s1", o.n * o.m, False)], lambda o, vocab: (o.n,),
+                  (WType.F32,)),
+    Op.MATMUL: Rule(lambda o: [("s0", o.m, False), ("s1", o.n, False)] + [("s2", o.m, False)] * (o.s2 != 0),
+                    lambda o, vocab: (o.m, o.n), MATRIX),
+    Op.ROPE: Rule(lambda o: [("s0", o.n * o.m, False), ("s1", o.n * o.k, False)], lambda o, vocab: (o.n // 2,),
+                  (WType.F32,)),
+    Op.ATTN: Rule(lambda o: [("s0", o.n * o.m, False), ("s1", o.n * o.m, False), ("s2", o.n * o.k, True),
                              ("s3", o.n * o.k, True)]),
-    Op.GEGLU: Rule(_fields("s0 s1 n"), lambda o: [("s0", o.n, False), ("s1", o.n, False)]),
-    Op.SCALE: Rule(_fields("s0 n a"), lambda o: [("s0", o.n, False)]),
-    Op.ADD: Rule(_fields("s0 s1 n"), lambda o: [("s0", o.n, False), ("s1", o.n, False)]),
-    Op.LOGITS: Rule(_fields("s1 n m c w wtype"), lambda o: [("s1", o.n, False)], lambda o, vocab: (o.m, o.n), MATRIX),
+    Op.GEGLU: Rule(lambda o: [("s0", o.n, False), ("s1", o.n, False)]),
+    Op.SCALE: Rule(lambda o: [("s0", o.n, False)]),
+    Op.ADD: Rule(lambda o: [("s0", o.n, False), ("s1", o.n, False)]),
+    Op.LOGITS: Rule(lambda o: [("s1", o.n, False)], lambda o, vocab: (o.m, o.n), MATRIX),
 }
 SLOT_OPERANDS = ("s0", "s1", "s2", "s3")
+MAX_ROWS = 1 << 24        # an op's m, in every op (LOGITS' m is the vocabulary)
 
 
 def weight_bytes(shape: tuple[int, ...], wtype: int) -> int:
@@ -241,110 +233,84 @@ def _width(name: str, v: int, low: int = 1, high: int = MAX_WIDTH) -> None:
         raise ModelFormatError(f"{name} = {v} is out of range ({low} .. {high})")
 
 
-def _positive(name: str, v: float) -> None:
-    if not 0 < v <= FLT_MAX:
-        raise ModelFormatError(f"{name} ({v}) must be positive and finite")
+def _need(ok: bool, what: str) -> None:
+    if not ok:
+        raise ModelFormatError(what)
 
 
-def _cap(name: str, v: float) -> None:
-    if not 0 <= v <= FLT_MAX:
-        raise ModelFormatError(f"{name} ({v}) must be 0 (none) or positive and finite")
-
-
-def _check_shape(o: OpRec) -> None:
-    """The widths and scalars an opcode's row of the op table requires."""
+def _check_shape(o: OpRec, vocab: int) -> None:
+    """What each handler assumes beyond its operands' widths."""
     if o.op == Op.EMBED:
-        _width("n", o.n), _width("k", o.k)
-        if o.j + o.n > o.k:
-            raise ModelFormatError(f"columns j .. j + n - 1 ({o.j} .. {o.j + o.n - 1}) are outside the table's k = {o.k}")
-        if o.wtype == WType.Q8_0 and (o.k % QK8_0 or o.j % QK8_0 or o.n % QK8_0):
-            raise ModelFormatError(f"a Q8_0 table needs k, j and n multiples of {QK8_0} (k {o.k}, j {o.j}, n {o.n})")
-    elif o.op == Op.NORM:
-        _width("n", o.n), _width("m", o.m), _positive("eps a", o.a)
+        _need(o.j + o.n <= o.k, f"columns j .. j + n - 1 ({o.j} .. {o.j + o.n - 1}) are outside the table's k = {o.k}")
+        _need(o.wtype != WType.Q8_0 or not (o.j | o.n) % QK8_0,
+              f"a Q8_0 table's columns need j and n multiples of {QK8_0} (j {o.j}, n {o.n})")
     elif o.op == Op.MATMUL:
-        _width("n", o.n), _width("m", o.m)
-        if o.k not in (0, 1):
-            raise ModelFormatError(f"k = {o.k} must be 0 or 1 (GEGLU)")
-        if o.k == 1 and o.m % 4:
-            raise ModelFormatError(f"with GEGLU (k 1) m = {o.m} must be a multiple of 4")
+        _need(not o.s2 or not o.m % 4, f"with a GEGLU gate (s2) m = {o.m} must be a multiple of 4")
     elif o.op == Op.ROPE:
-        _width("n", o.n), _width("m", o.m), _width("k", o.k, 0)
-        if o.n % 2:
-            raise ModelFormatError(f"n = {o.n} is odd")
+        _need(not o.n % 2, f"n = {o.n} is odd")
     elif o.op == Op.ATTN:
-        _width("n", o.n), _width("m", o.m), _width("k", o.k), _positive("scale a", o.a), _cap("soft-cap c", o.c)
-        if o.m % o.k:
-            raise ModelFormatError(f"m = {o.m} query heads is not a multiple of k = {o.k} kv heads")
+        _need(o.k >= 1 and not o.m % o.k, f"m = {o.m} query heads is not a multiple of k = {o.k} kv heads")
     elif o.op == Op.GEGLU:
-        _width("n", o.n)
-        if o.n % 4:
-            raise ModelFormatError(f"n = {o.n} is not a multiple of 4")
-    elif o.op == Op.SCALE:
-        _width("n", o.n)
-        if not math.isfinite(o.a):
-            raise ModelFormatError(f"a ({o.a}) must be finite")
-    elif o.op == Op.ADD:
-        _width("n", o.n)
+        _need(not o.n % 4, f"n = {o.n} is not a multiple of 4")
     elif o.op == Op.LOGITS:
-        _width("n", o.n), _cap("soft-cap c", o.c)
+        _need(o.m == vocab, f"m = {o.m} rows, the vocabulary has {vocab}")
 
 
-def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int) -> None:
-    """Every rule of the page for one op record (ModelFormatError names what is wrong)."""
+def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int, written: set[int] | None = None) -> None:
+    """Every rule of the page for one op record (ModelFormatError names what is wrong); written:
+    the slots earlier ops wrote (their s0), which ATTN's K and V must be among."""
     if o.op not in KNOWN_OPS:
         raise ModelFormatError(f"unknown opcode {o.op} (known: 1 .. {max(Op)})")
+    _width("n", o.n, 0), _width("k", o.k, 0), _width("m", o.m, 0, MAX_ROWS)
     rule = RULES[Op(o.op)]
-    unused = [f for f, _, _ in OP_FIELDS[1:] if f not in rule.fields and getattr(o, f) != 0]
-    if unused:
-        raise ModelFormatError(f"field {unused[0]} is {getattr(o, unused[0])}, must be 0 (unused by {o.name})")
-    _check_shape(o)
-    if o.flags & ~ACC or (o.flags and not rule.acc(o)):
-        raise ModelFormatError(f"flags {o.flags:#x}: {'ACC is not allowed here' if o.flags == ACC else 'unknown bits'}")
-    named = rule.slots(o)
-    for f in SLOT_OPERANDS:
-        if f in rule.fields and f not in (x for x, _, _ in named) and getattr(o, f):
-            raise ModelFormatError(f"{f} is {getattr(o, f)}, must be 0 (unused by {o.name} with k = {o.k})")
-    for f, width, cache in named:
+    for f, width, kv in rule.slots(o):
         s = getattr(o, f)
-        if s >= len(slots):
-            raise ModelFormatError(f"{f} names slot {s}; the file has {len(slots)}")
-        if width > slots[s].width:
-            raise ModelFormatError(f"{f} is {width} wide, slot {s} holds {slots[s].width}")
-        if cache and not slots[s].flags & CACHE:
+        if not 1 <= s <= len(slots):
+            raise ModelFormatError(f"{f} names slot {s}; the file has slots 1 .. {len(slots)}")
+        slot = slots[s - 1]
+        if width > slot.width:
+            raise ModelFormatError(f"{f} is {width} wide, slot {s} holds {slot.width}")
+        if not width and not (o.op == Op.ROPE and f == "s1"):
+            raise ModelFormatError(f"{f} is 0 wide")
+        if kv and not slot.flags & CACHE:
             raise ModelFormatError(f"{f} (slot {s}) must be a CACHE slot")
-    if rule.weight is None:
-        return
-    if o.wtype not in rule.wtypes:
-        raise ModelFormatError(f"weight type {o.wtype} is not one of {[int(t) for t in rule.wtypes]} "
-                               f"({', '.join(t.name for t in rule.wtypes)})")
-    shape = rule.weight(o, vocab)
-    if o.wtype == WType.Q8_0 and shape[-1] % QK8_0:
-        raise ModelFormatError(f"a Q8_0 weight needs rows of a multiple of {QK8_0} values, not {shape[-1]}")
-    if o.w % TENSOR_ALIGN:
-        raise ModelFormatError(f"weight offset {o.w:#x} is not a multiple of {TENSOR_ALIGN}")
-    end = o.w + weight_bytes(shape, o.wtype)
-    if end > weights_size:
-        raise ModelFormatError(f"weight {list(shape)} at {o.w:#x} ends at {end:#x}, past the weights "
-                               f"({weights_size:#x} bytes)")
+        if kv and written is not None and s not in written:
+            raise ModelFormatError(f"{f} (slot {s}) is a cache no earlier op writes")
+    if rule.weight is not None:
+        if o.wtype not in rule.wtypes:
+            raise ModelFormatError(f"weight type {o.wtype} is not one of {[int(t) for t in rule.wtypes]} "
+                                   f"({', '.join(t.name for t in rule.wtypes)})")
+        shape = rule.weight(o, vocab)
+        if o.wtype == WType.Q8_0 and shape[-1] % QK8_0:
+            raise ModelFormatError(f"a Q8_0 weight needs rows of a multiple of {QK8_0} values, not {shape[-1]}")
+        if o.w % TENSOR_ALIGN:
+            raise ModelFormatError(f"weight offset {o.w:#x} is not a multiple of {TENSOR_ALIGN}")
+        end = o.w + weight_bytes(shape, o.wtype)
+        if end > weights_size:
+            raise ModelFormatError(f"weight {list(shape)} at {o.w:#x} ends at {end:#x}, past the weights "
+                                   f"({weights_size:#x} bytes)")
+    _check_shape(o, vocab)
 
 
 def check_program(ops: Sequence[OpRec], slots: Sequence[Slot], vocab: int, weights_size: int) -> None:
     """The slots' and every op's rules, and LOGITS as the last op and only there."""
     _width("n_slots", len(slots), 1, MAX_SLOTS)
     _width("n_ops", len(ops), 1, MAX_OPS)
-    for i, s in enumerate(slots):
+    for i, s in enumerate(slots, 1):
         if not 1 <= s.width <= MAX_WIDTH:
             raise ModelFormatError(f"slot {i}: width {s.width} is out of range (1 .. {MAX_WIDTH})")
         if s.flags & ~CACHE:
             raise ModelFormatError(f"slot {i}: flags {s.flags:#x} has unknown bits (known: {CACHE:#x})")
+    written: set[int] = set()
     for i, o in enumerate(ops):
         try:
-            check_op(o, slots, vocab, weights_size)
+            check_op(o, slots, vocab, weights_size, written)
             if (o.op == Op.LOGITS) != (i == len(ops) - 1):
                 raise ModelFormatError("LOGITS must be the program's last op, and only there" if o.op == Op.LOGITS
                                        else "the program's last op must be LOGITS")
         except ModelFormatError as e:
             raise ModelFormatError(f"op {i} ({o.name}): {e}") from None
+        written.add(o.s0)
 
 
 def pack_strings(strings: Sequence[bytes]) -> bytes:
@@ -405,7 +371,6 @@ def check_header(h) -> None:
     check_merge_count(h)
     _width("n_slots", h.n_slots, 1, MAX_SLOTS)
     _width("n_ops", h.n_ops, 1, MAX_OPS)
-    _width("generation", h.generation, GENERATIONS.start, GENERATIONS.stop - 1)
 
 
 def layout(tensors: Sequence[tuple[str, tuple[int, ...], str]]) -> list[TensorSpec]:
@@ -437,8 +402,9 @@ def make_header(vocab: Vocab, n_vocab: int, max_ctx: int, generation: int, slots
     weights_off = align_up(blob_off + len(t.blob), WEIGHTS_ALIGN)
     header = Header(VERSION, HEADER_SIZE, n_vocab, max_ctx, MERGES if vocab.merges else 0, vocab.bos, vocab.eos,
                     vocab.eot, t.byte_base, t.n_index, t.n_user, len(vocab.merges), t.max_piece_len, len(slots),
-                    len(ops), generation, slots_off, program_off, strings_off, len(section), pieces_off, index_off,
-                    user_off, merges_off, blob_off, len(t.blob), weights_off, weights_size, weights_off + weights_size)
+                    len(ops), generation, slots_off, program_off, strings_off, pieces_off, index_off, user_off,
+                    merges_off, blob_off, weights_off, len(section), len(t.blob), weights_size,
+                    weights_off + weights_size)
     check_header(header)
     check_program(ops, slots, n_vocab, weights_size)
     front = (b"".join(s.pack() for s in slots) + b"".join(o.pack() for o in ops) + section + t.pieces + t.index
@@ -472,8 +438,6 @@ class ModelFile4(MappedModel):
     def _validate(self) -> None:
         m = self._map
         h = self._header(Header)
-        if any(m[HEADER_END:HEADER_SIZE]):
-            raise ModelFormatError(f"header bytes {HEADER_END} .. {HEADER_SIZE - 1} must be 0")
         check_header(h)
         for name, want in section_chain(h):
             if getattr(h, name) != want:

@@ -117,8 +117,8 @@ class Compiler:
 
     def slot(self, name: str, cache: bool = False) -> int:
         if name not in self.slot_ids:
-            self.slot_ids[name] = len(self.cache)
             self.cache.append(cache)
+            self.slot_ids[name] = len(self.cache)  # slots count from 1 (0: none)
         return self.slot_ids[name]
 
     def tensor(self, name: str, shape: tuple[int, ...] | None = None, dtype: str = "f32") -> tuple[tuple[int, ...], str]:
@@ -160,8 +160,8 @@ class Compiler:
         m, n = rows[1] if rows else shape[0], shape[-1]
         offset = rows[0] * mf4.weight_bytes((1, n), WTYPES[dtype]) if rows else 0
         extra = (geglu,) if geglu else ()
-        self.emit(Op.MATMUL, dst, src, *extra, weight=weight, offset=offset, n=n, m=m, k=1 if geglu else 0,
-                  flags=ACC if acc else 0, cache=cache)
+        self.emit(Op.MATMUL, dst, src, *extra, weight=weight, offset=offset, n=n, m=m, flags=ACC if acc else 0,
+                  cache=cache)
 
     def residual(self, weight: str, src: str, post_norm: str | None) -> None:
         """x += W src, through post_norm when given (then via hb2)."""
@@ -182,9 +182,8 @@ class Compiler:
         layer = self.m.layers[i]
         hd = layer.head_dim
         self.tensor(f"layers.{i}.rope", (hd // 2,))
-        extra = (k_slot,) if k_slot else ()
-        self.emit(Op.ROPE, "q", *extra, weight=f"layers.{i}.rope", n=hd, m=self.m.heads,
-                  k=layer.kv_heads if k_slot else 0, cache=extra)
+        self.emit(Op.ROPE, "q", k_slot or "q", weight=f"layers.{i}.rope", n=hd, m=self.m.heads,
+                  k=layer.kv_heads if k_slot else 0, cache=(k_slot,) if k_slot else ())
 
     def attn(self, i: int) -> None:
         layer = self.m.layers[i]
@@ -200,11 +199,12 @@ class Compiler:
 
     def finish(self) -> Program:
         ops = [o for o, _, _ in self.ops]
-        widths = [0] * len(self.cache)
+        widths = [0] * (len(self.cache) + 1)
         for o in ops:
             for f, width, _ in RULES[Op(o.op)].slots(o):
                 widths[getattr(o, f)] = max(widths[getattr(o, f)], width)
-        unused = [n for n, i in self.slot_ids.items() if not widths[i]]
+        widths = widths[1:]
+        unused = [n for n, i in self.slot_ids.items() if not widths[i - 1]]
         if unused:
             raise ModelFormatError(f"slot {unused[0]} is never used")
         if len(widths) > mf4.MAX_SLOTS:

@@ -219,7 +219,7 @@ h_logits:
         mov     ecx, [r12+OP_N]
         mov     eax, [r12+OP_WTYPE]
         call    weight_row              ; r10 bytes per row, r11 its kernel
-        mov     r8d, [r12+OP_M]         ; vocab
+        mov     r8d, [rbx+HDR_VOCAB]
         mov     eax, [rbp+FV_B]
         mov     rdi, [rbp+FV_LOGITS]
         lea     ecx, [rax-1]

@@ -8,13 +8,16 @@
 OPW_N           = 1             ; a row of n floats
 OPW_M           = 2             ; m
 OPW_NM          = 3             ; n m
-OPW_NK          = 4             ; n k (k may be 0: then the operand is not touched)
+OPW_NK          = 4             ; n k
 OPW_OPTIONAL    = 8             ; + slot 0 (none) allowed
 OPW_KV          = 16            ; + a CACHE slot that an earlier op wrote (its s0)
+OPW_EMPTY       = 32            ; + the row may be empty (then the op does not touch it)
+OPW_ALIGN4      = 64            ; + a multiple of 4 floats (GEGLU's four values a pass)
 WK_VEC          = 1             ; [n] F32
-WK_HALF         = 2             ; [n/2] F32
+WK_HALF         = 2             ; [n/2] F32 (n even)
 WK_MAT          = 3             ; [m, n] F16 or Q8_0
 WK_TABLE        = 4             ; [vocab, k] F16 or Q8_0
+WK_OUT          = 5             ; [vocab, n] F16 or Q8_0
 OPT_TOKEN       = 1             ; the handler runs once per token (else once per block)
 
 op_table:
@@ -22,19 +25,19 @@ op_table:
         dw      h_embed - forward
         db      OPW_NM, OPW_NM, 0, 0, WK_VEC, 0                         ; NORM
         dw      h_norm - forward
-        db      OPW_M, OPW_N, OPW_M + OPW_OPTIONAL, 0, WK_MAT, 0        ; MATMUL
+        db      OPW_M+OPW_ALIGN4, OPW_N, OPW_M+OPW_OPTIONAL, 0, WK_MAT, 0       ; MATMUL
         dw      h_matmul - forward
-        db      OPW_NM, OPW_NK, 0, 0, WK_HALF, OPT_TOKEN                ; ROPE
+        db      OPW_NM, OPW_NK+OPW_EMPTY, 0, 0, WK_HALF, OPT_TOKEN      ; ROPE
         dw      h_rope - forward
-        db      OPW_NM, OPW_NM, OPW_NK + OPW_KV, OPW_NK + OPW_KV, 0, 0  ; ATTN
+        db      OPW_NM, OPW_NM, OPW_NK+OPW_KV, OPW_NK+OPW_KV, 0, 0      ; ATTN
         dw      h_attn - forward
-        db      OPW_N, OPW_N, 0, 0, 0, 0                                ; GEGLU
+        db      OPW_N+OPW_ALIGN4, OPW_N, 0, 0, 0, 0                     ; GEGLU
         dw      geglu - forward
         db      OPW_N, 0, 0, 0, 0, 0                                    ; SCALE
         dw      h_scale - forward
         db      OPW_N, OPW_N, 0, 0, 0, 0                                ; ADD
         dw      h_add - forward
-        db      0, OPW_N, 0, 0, WK_MAT, 0                               ; LOGITS
+        db      0, OPW_N, 0, 0, WK_OUT, 0                               ; LOGITS
         dw      h_logits - forward
 
 ; op_width: the floats of an operand's row, from its width code and the op's n, m, k.
@@ -81,16 +84,15 @@ weight_row:
         ret
 
 ; check_program: validate the slots and the program (docs/format.md, "Version 4"): every
-; slot's width 1 .. MAX_WIDTH and flags known (copied to slot_cache); every op: opcode
-; known, n and k <= MAX_WIDTH, m <= 2^24; each slot operand 1 .. n_slots (0 only where
-; optional) and its row (op_width) within the slot's width and >= 1 (n k may be 0); ATTN's
-; K and V CACHE slots that an earlier op wrote; the weight inside the weights region, at a
+; slot's width 1 .. MAX_WIDTH and flags known (copied to slot_cache); every op: opcode known;
+; each slot operand 1 .. n_slots (0 only where optional), its row (op_width: n, m and k
+; below 2^32, so the products are exact) within the slot's width, not empty (but ROPE's s1),
+; a multiple of 4 floats where GEGLU runs on it (a MATMUL's s0 and s2, GEGLU's s0); ATTN's K
+; and V CACHE slots that an earlier op wrote; the weight inside the weights region, at a
 ; multiple of TENSOR_ALIGN, of a type its kind allows (Q8_0 only on rows of a multiple of
-; QK8_0); then what each handler assumes: EMBED's columns j + n <= k (Q8_0: j and n
-; multiples of QK8_0), a gated MATMUL's m a multiple of 4, ROPE's n even, ATTN's k >= 1
-; dividing m, GEGLU's n a multiple of 4, LOGITS' m = vocab and LOGITS the last op, and
-; only there. After it, no op reaches outside its buffers. It also ors every product's n
-; into fv_cols (cpu.asm).
+; QK8_0; ROPE's n even); EMBED's columns j + n <= k <= MAX_WIDTH (Q8_0: j, n multiples of
+; QK8_0); ATTN's k dividing m; LOGITS the last op, and only there. After it, no op reaches
+; outside its buffers. It also ors every MATMUL's n into fv_cols (cpu.asm).
 ;   in: rbx header   out: slot_cache, slot_written, fv_cols   (fatal "bad program")
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
 check_program:
@@ -101,10 +103,10 @@ check_program:
         lodsd                           ; width
         dec     eax
         shr     eax, 16
-        jnz     err_program
+        jnz     .bad
         lodsd                           ; flags
         cmp     eax, SLOT_CACHE
-        ja      err_program
+        ja      .bad
         stosb
         loop    .slot
         mov     r12, [program_ptr]
@@ -113,14 +115,8 @@ check_program:
         mov     eax, [r12+OP_OP]
         dec     eax
         cmp     eax, N_OPCODES-1
-        ja      err_program
+        ja      .bad
         lea     r14, [op_table+rax*8]
-        cmp     dword [r12+OP_N], MAX_WIDTH
-        ja      err_program
-        cmp     dword [r12+OP_K], MAX_WIDTH
-        ja      err_program
-        cmp     dword [r12+OP_M], 1 shl 24
-        ja      err_program
         xor     r15d, r15d
 .operand:                               ; s0 .. s3
         movzx   eax, byte [r14+r15]
@@ -131,27 +127,32 @@ check_program:
         movzx   ecx, byte [r12+OP_S0+r15]
         jrcxz   .none
         cmp     ecx, [rbx+HDR_N_SLOTS]
-        ja      err_program
+        ja      .bad
         mov     rdx, [slots_ptr]
         mov     edx, [rdx+rcx*8-SLOT_REC+SLOT_WIDTH]
         cmp     rax, rdx
-        ja      err_program
-        test    rax, rax
+        ja      .bad
+        test    r8b, OPW_EMPTY
         jnz     .kv
-        and     r8b, 7
-        cmp     r8b, OPW_NK
-        jne     err_program             ; an empty row (only n k may be)
+        test    rax, rax
+        jz      .bad
+        test    r8b, OPW_ALIGN4
+        jz      .kv
+        test    al, 3
+        jnz     .bad
 .kv:
         test    r8b, OPW_KV
         jz      .next
         test    byte [slot_cache+rcx], SLOT_CACHE
-        jz      err_program
+        jz      .bad
         bt      dword [slot_written], ecx
         jc      .next
-        jmp     err_program
+.bad:
+        call    fatal_here
+        db      'bad program', 0
 .none:
         test    r8b, OPW_OPTIONAL
-        jz      err_program
+        jz      .bad
 .next:
         inc     r15d
         cmp     r15d, 4
@@ -170,97 +171,78 @@ check_program:
         ja      .matrix
         jb      .vector
         shr     ecx, 1                  ; [n/2]
+        jc      .bad                    ; (n odd)
 .vector:
         test    edx, edx                ; F32
-        jnz     err_program
+        jnz     .bad
         jmp     .room
 .matrix:
-        mov     r8d, [r12+OP_M]         ; [m, n]
+        mov     r8d, [rbx+HDR_VOCAB]
         cmp     al, WK_TABLE
-        jb      .typed
-        mov     r8d, [rbx+HDR_VOCAB]    ; [vocab, k]
-        mov     ecx, [r12+OP_K]
-.typed:
+        ja      .typed                  ; [vocab, n]
+        je      .table
+        mov     r8d, [r12+OP_M]         ; [m, n]
         or      [fv_cols], ecx
+        jmp     .typed
+.table:
+        mov     ecx, [r12+OP_K]         ; [vocab, k]
+        cmp     ecx, MAX_WIDTH
+        ja      .bad
+.typed:
         dec     edx
         cmp     edx, WT_Q8_0-1
-        ja      err_program             ; neither F16 nor Q8_0
+        ja      .bad                    ; neither F16 nor Q8_0
         jb      .room
         test    cl, QK8_0-1
-        jnz     err_program
+        jnz     .bad
 .room:
         mov     eax, [r12+OP_WTYPE]
         call    weight_row
         imul    r10, r8
         mov     rax, [r12+OP_W]
         test    al, TENSOR_ALIGN-1
-        jnz     err_program
+        jnz     .bad
         add     rax, r10
-        jc      err_program
+        jc      .bad
         cmp     rax, [rbx+HDR_WEIGHTS_SIZE]
-        ja      err_program
+        ja      .bad
 
 .rules:                                 ; what the handlers assume
-        mov     eax, [r12+OP_OP]
-        mov     ecx, [r12+OP_N]
-        mov     edx, [r12+OP_M]
+        mov     al, [r12+OP_OP]
         cmp     al, OPC_EMBED
-        jne     .matmul
+        jne     .attn
         mov     eax, [r12+OP_J]         ; columns j .. j+n-1 of k
+        mov     ecx, [r12+OP_N]
         add     rax, rcx
         mov     edx, [r12+OP_K]
         cmp     rax, rdx
-        ja      err_program
+        ja      .bad
         cmp     byte [r12+OP_WTYPE], WT_Q8_0
         jne     .ok
         or      ecx, [r12+OP_J]
         test    cl, QK8_0-1             ; whole Q8_0 blocks
         jmp     .test
-.matmul:
-        cmp     al, OPC_MATMUL
-        jne     .rope
-        cmp     byte [r12+OP_S0+2], 0
-        je      .ok
-        test    dl, 3                   ; a GEGLU gate: four values a pass
-        jmp     .test
-.rope:
-        cmp     al, OPC_ROPE
-        jne     .attn
-        test    cl, 1                   ; pairs (i, i + n/2)
-        jmp     .test
 .attn:
         cmp     al, OPC_ATTN
-        jne     .geglu
-        mov     ecx, [r12+OP_K]
-        test    ecx, ecx
-        jz      err_program
-        xchg    eax, edx
-        xor     edx, edx
-        div     ecx                     ; m mod k
-        test    edx, edx
-        jmp     .test
-.geglu:
-        cmp     al, OPC_GEGLU
         jne     .logits
-        test    cl, 3                   ; four values a pass
+        mov     eax, [r12+OP_M]
+        xor     edx, edx
+        div     dword [r12+OP_K]        ; (k >= 1: K's row is not empty)
+        test    edx, edx
         jmp     .test
 .logits:
         cmp     al, OPC_LOGITS
         jne     .ok
         cmp     r13d, 1                 ; the last op
-        jne     err_program
-        cmp     edx, [rbx+HDR_VOCAB]
 .test:
-        jnz     err_program
+        jne     .bad
 .ok:
         add     r12, OP_REC
         dec     r13d
         jnz     .op
         cmp     byte [r12+OP_OP-OP_REC], OPC_LOGITS
-        je      weight_row.ret          ; the last op is LOGITS
-err_program:
-        call    fatal_here
-        db      'bad program', 0
+        jne     .bad                    ; the last op is not LOGITS
+        ret
 
 ; model_setup: validate the program (check_program), then give each slot its buffer: a
 ; CACHE slot ctx_len rows of its width, any other BLOCK rows; the attention's rows (BLOCK

@@ -216,10 +216,10 @@ RULES: dict[Op, Rule] = {
     Op.GEGLU: Rule(lambda o: [("s0", o.n, False), ("s1", o.n, False)]),
     Op.SCALE: Rule(lambda o: [("s0", o.n, False)]),
     Op.ADD: Rule(lambda o: [("s0", o.n, False), ("s1", o.n, False)]),
-    Op.LOGITS: Rule(lambda o: [("s1", o.n, False)], lambda o, vocab: (o.m, o.n), MATRIX),
+    Op.LOGITS: Rule(lambda o: [("s1", o.n, False)], lambda o, vocab: (vocab, o.n), MATRIX),
 }
 SLOT_OPERANDS = ("s0", "s1", "s2", "s3")
-MAX_ROWS = 1 << 24        # an op's m, in every op (LOGITS' m is the vocabulary)
+ALIGN4 = {(Op.MATMUL, "s0"), (Op.MATMUL, "s2"), (Op.GEGLU, "s0")}  # rows GEGLU takes four floats a pass
 
 
 def weight_bytes(shape: tuple[int, ...], wtype: int) -> int:
@@ -241,19 +241,14 @@ def _need(ok: bool, what: str) -> None:
 def _check_shape(o: OpRec, vocab: int) -> None:
     """What each handler assumes beyond its operands' widths."""
     if o.op == Op.EMBED:
+        _width("k", o.k)
         _need(o.j + o.n <= o.k, f"columns j .. j + n - 1 ({o.j} .. {o.j + o.n - 1}) are outside the table's k = {o.k}")
         _need(o.wtype != WType.Q8_0 or not (o.j | o.n) % QK8_0,
               f"a Q8_0 table's columns need j and n multiples of {QK8_0} (j {o.j}, n {o.n})")
-    elif o.op == Op.MATMUL:
-        _need(not o.s2 or not o.m % 4, f"with a GEGLU gate (s2) m = {o.m} must be a multiple of 4")
     elif o.op == Op.ROPE:
         _need(not o.n % 2, f"n = {o.n} is odd")
     elif o.op == Op.ATTN:
-        _need(o.k >= 1 and not o.m % o.k, f"m = {o.m} query heads is not a multiple of k = {o.k} kv heads")
-    elif o.op == Op.GEGLU:
-        _need(not o.n % 4, f"n = {o.n} is not a multiple of 4")
-    elif o.op == Op.LOGITS:
-        _need(o.m == vocab, f"m = {o.m} rows, the vocabulary has {vocab}")
+        _need(not o.m % o.k, f"m = {o.m} query heads is not a multiple of k = {o.k} kv heads")
 
 
 def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int, written: set[int] | None = None) -> None:
@@ -261,7 +256,6 @@ def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int, wri
     the slots earlier ops wrote (their s0), which ATTN's K and V must be among."""
     if o.op not in KNOWN_OPS:
         raise ModelFormatError(f"unknown opcode {o.op} (known: 1 .. {max(Op)})")
-    _width("n", o.n, 0), _width("k", o.k, 0), _width("m", o.m, 0, MAX_ROWS)
     rule = RULES[Op(o.op)]
     for f, width, kv in rule.slots(o):
         s = getattr(o, f)
@@ -272,6 +266,8 @@ def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int, wri
             raise ModelFormatError(f"{f} is {width} wide, slot {s} holds {slot.width}")
         if not width and not (o.op == Op.ROPE and f == "s1"):
             raise ModelFormatError(f"{f} is 0 wide")
+        if (o.op, f) in ALIGN4 and width % 4:
+            raise ModelFormatError(f"{f} is {width} wide, not a multiple of 4")
         if kv and not slot.flags & CACHE:
             raise ModelFormatError(f"{f} (slot {s}) must be a CACHE slot")
         if kv and written is not None and s not in written:

@@ -195,7 +195,7 @@ class Compiler:
     def final(self) -> None:
         self.norm("xb", "x", "final_norm", self.m.dim)
         shape, _ = self.tensor("embed")
-        self.emit(Op.LOGITS, None, "xb", weight="embed", n=shape[1], m=shape[0], c=f32(self.m.final_softcap))
+        self.emit(Op.LOGITS, None, "xb", weight="embed", n=shape[1], c=f32(self.m.final_softcap))
 
     def finish(self) -> Program:
         ops = [o for o, _, _ in self.ops]

@@ -124,10 +124,11 @@ class Compiler:
 
     def tensor(self, name: str, shape: tuple[int, ...] | None = None, dtype: str = "f32") -> tuple[tuple[int, ...], str]:
         """A tensor the program reads (a version 3 one by name, or a computed one of shape and
-        dtype); a computed vector read again at a greater length grows."""
+        dtype, or one already known by name); a computed vector read again at a greater length
+        grows."""
         if name in self.catalogue:
             self.tensors.setdefault(name, self.catalogue[name])
-        else:
+        elif shape is not None:
             old = self.tensors.get(name)
             self.tensors[name] = (max(old[0], shape), dtype) if old else (shape, dtype)
         return self.tensors[name]

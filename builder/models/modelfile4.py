@@ -251,7 +251,7 @@ def _cap(name: str, v: float) -> None:
         raise ModelFormatError(f"{name} ({v}) must be 0 (none) or positive and finite")
 
 
-def _check_shape(o: OpRec) -> None:
+def _check_shape(o: OpRec, vocab: int) -> None:
     """The widths and scalars an opcode's row of the op table requires."""
     if o.op == Op.EMBED:
         _width("n", o.n), _width("k", o.k)
@@ -287,6 +287,8 @@ def _check_shape(o: OpRec) -> None:
         _width("n", o.n)
     elif o.op == Op.LOGITS:
         _width("n", o.n), _cap("soft-cap c", o.c)
+        if o.m != vocab:
+            raise ModelFormatError(f"m = {o.m} must be vocab ({vocab}): a row of logits per piece")
 
 
 def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int) -> None:
@@ -297,7 +299,7 @@ def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int) -> 
     unused = [f for f, _, _ in OP_FIELDS[1:] if f not in rule.fields and getattr(o, f) != 0]
     if unused:
         raise ModelFormatError(f"field {unused[0]} is {getattr(o, unused[0])}, must be 0 (unused by {o.name})")
-    _check_shape(o)
+    _check_shape(o, vocab)
     if o.flags & ~ACC or (o.flags and not rule.acc(o)):
         raise ModelFormatError(f"flags {o.flags:#x}: {'ACC is not allowed here' if o.flags == ACC else 'unknown bits'}")
     named = rule.slots(o)

@@ -236,6 +236,11 @@ def weight_bytes(shape: tuple[int, ...], wtype: int) -> int:
     return n // QK8_0 * Q8_0_BLOCK if wtype == WType.Q8_0 else n * (4 if wtype == WType.F32 else 2)
 
 
+def _zero(v: int | float) -> bool:
+    """All bits 0 (a float -0.0 is not: an unused field is zero bits)."""
+    return v == 0 and math.copysign(1.0, v) > 0
+
+
 def _width(name: str, v: int, low: int = 1, high: int = MAX_WIDTH) -> None:
     if not low <= v <= high:
         raise ModelFormatError(f"{name} = {v} is out of range ({low} .. {high})")
@@ -296,7 +301,7 @@ def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int) -> 
     if o.op not in KNOWN_OPS:
         raise ModelFormatError(f"unknown opcode {o.op} (known: 1 .. {max(Op)})")
     rule = RULES[Op(o.op)]
-    unused = [f for f, _, _ in OP_FIELDS[1:] if f not in rule.fields and getattr(o, f) != 0]
+    unused = [f for f, _, _ in OP_FIELDS[1:] if f not in rule.fields and not _zero(getattr(o, f))]
     if unused:
         raise ModelFormatError(f"field {unused[0]} is {getattr(o, unused[0])}, must be 0 (unused by {o.name})")
     _check_shape(o, vocab)

@@ -1,7 +1,7 @@
 """`python -m builder [COMMAND] ...`: the project's one command line.
 
-With no command (or options only) it builds `./gemma`; `convert`, `synth` and `bench` are the
-model and benchmark tools; `demo` runs the real Gemma 3 270M model. Each command lives in its
+With no command (or options only) it builds `./gemma`; `convert`, `show`, `synth` and `bench` are
+the model and benchmark tools; `demo` runs the real Gemma 3 270M model. Each command lives in its
 own module exposing `main(argv: list[str]) -> int`, imported only when chosen; `--help` lists
 them, `COMMAND --help` gives each one's options, `--version` prints the project's version.
 """
@@ -15,6 +15,7 @@ COMMANDS = {  # name: (module, one line)
     "build": ("builder.asm.build", "assemble asm/ into the image gemma.elf and pack it into "
                                    "./gemma, verified and checked (the default)"),
     "convert": ("builder.models.convert", "a Hugging Face directory or GGUF file -> a model file"),
+    "show": ("builder.models.show", "a model file's program (version 4), one op per line"),
     "synth": ("builder.models.synth", "a random model of a preset's shapes (and its GGUF twin)"),
     "bench": ("builder.bench.main", "speed against memory bandwidth and llama.cpp"),
     "demo": ("builder.demo", "run ./gemma on the real Gemma 3 270M model"),

@@ -17,9 +17,9 @@ per opcode which fields it uses, the widths of its slot operands and its weight'
 types; `check_op` enforces them (every field an op does not use is 0), `check_program` the
 program's (LOGITS last and only there).
 
-`write_model` writes a file from its parts (a program whose weight offsets are already laid
-out, the tokenizer, the chat strings, the tensors streamed by modelfile.write_tensors), after
-the same checks the reader makes; `ModelFile4` maps a file and validates it whole (header,
+`make_header` packs a file's parts (a program whose weight offsets are already laid out, the
+tokenizer, the chat strings) after the same checks the reader makes, `write_model` writes them
+and streams the tensors (modelfile.write_tensors); `ModelFile4` maps a file and validates it whole (header,
 section chain, every slot and op, strings, version 3's tokenizer checks) before anything reads
 a weight, raising ModelFormatError (one line).
 """
@@ -408,15 +408,11 @@ def make_header(vocab: Vocab, n_vocab: int, max_ctx: int, generation: int, slots
     return header, front
 
 
-def write_model(path: Path, vocab: Vocab, n_vocab: int, max_ctx: int, generation: int, slots: Sequence[Slot],
-                ops: Sequence[OpRec], strings: Sequence[bytes], specs: list[TensorSpec], source: TensorSource,
+def write_model(path: Path, header: Header, front: bytes, specs: list[TensorSpec], source: TensorSource,
                 progress: bool = True, names: dict[str, str] | None = None) -> Header:
-    """Write a version 4 file at path: the program (slots, ops whose weight offsets index
-    `specs`, laid out by `layout`), the tokenizer and chat strings, then every tensor of specs
-    from source (modelfile.write_tensors: FP16, Q8_0 or FP32 by its dtype)."""
-    last = specs[-1]
-    header, front = make_header(vocab, n_vocab, max_ctx, generation, slots, ops, strings,
-                                align_up(last.offset + last.nbytes, TENSOR_ALIGN))
+    """Write a version 4 file at path: header and front (make_header's), then every tensor of
+    specs (laid out by `layout`) from source (modelfile.write_tensors: FP16, Q8_0 or FP32 by
+    its dtype)."""
     with open(path, "wb") as f:
         f.write(header.pack() + front)
         write_tensors(f, path, header.weights_off, header.file_size, specs, source, names or {}, progress)

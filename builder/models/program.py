@@ -34,6 +34,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from linker.layout import align_up
 from builder.models.modelfile import (POST_NORMS, QK8_0, QK_NORM, TENSOR_ALIGN, Dims, ModelFormatError,
                                       TensorSource, TensorSpec, Vocab)
 from builder.models.modelfile3 import K_EQ_V, V_NORM, Model, Rope, f32, rope_table, tensor_shapes
@@ -123,10 +124,11 @@ class Compiler:
 
     def tensor(self, name: str, shape: tuple[int, ...] | None = None, dtype: str = "f32") -> tuple[tuple[int, ...], str]:
         """A tensor the program reads (a version 3 one by name, or a computed one of shape and
-        dtype); a computed vector read again at a greater length grows."""
+        dtype, or one already known by name); a computed vector read again at a greater length
+        grows."""
         if name in self.catalogue:
             self.tensors.setdefault(name, self.catalogue[name])
-        else:
+        elif shape is not None:
             old = self.tensors.get(name)
             self.tensors[name] = (max(old[0], shape), dtype) if old else (shape, dtype)
         return self.tensors[name]
@@ -332,21 +334,26 @@ def compile_program(m: Model, ropes: Sequence[Rope], generation: int) -> Program
     return c.finish()
 
 
+def make_header(prog: Program, vocab: Vocab) -> tuple[mf4.Header, bytes]:
+    """The header and the sections before the weights of prog's file, with its generation's
+    chat strings (modelfile4.make_header: every rule checked)."""
+    last = prog.specs[-1]
+    return mf4.make_header(vocab, prog.model.vocab, prog.model.max_ctx, prog.generation, prog.slots, prog.ops,
+                           CHAT[prog.generation], align_up(last.offset + last.nbytes, TENSOR_ALIGN))
+
+
 def write(path: Path, prog: Program, vocab: Vocab, source: TensorSource, progress: bool = True,
           names: dict[str, str] | None = None) -> mf4.Header:
-    """Write prog as a version 4 file (tensors from source by version 3's names), with its
-    generation's chat strings, then check that each string tokenizes with the file's own
-    tokenizer back to its bytes (ModelFormatError, the file removed, if not)."""
-    m = prog.model
-    strings = CHAT[prog.generation]
-    header = mf4.write_model(path, vocab, m.vocab, m.max_ctx, prog.generation, prog.slots, prog.ops, strings,
-                             prog.specs, prog.source(source), progress, names)
+    """Write prog as a version 4 file (tensors from source by version 3's names), then check
+    that each chat string tokenizes with the file's own tokenizer back to its bytes
+    (ModelFormatError, the file removed, if not)."""
+    header, front = make_header(prog, vocab)
+    mf4.write_model(path, header, front, prog.specs, prog.source(source), progress, names)
     from builder.twins.tokenizer import Tokenizer
     tok = Tokenizer(mf4.ModelFile4(path))
-    for name, s in zip(mf4.STRINGS, strings):
+    for name, s in zip(mf4.STRINGS, CHAT[prog.generation]):
         ids = tok.encode(s)[1:]
         if b"".join(tok.decode_piece(i) or tok.pieces[i] for i in ids) != s:
             Path(path).unlink()
             raise ModelFormatError(f"chat string {name} {s!r} does not tokenize back to itself with the file's tokenizer")
     return header
-

@@ -39,6 +39,9 @@ from tqdm import tqdm
 from builder.cli import Parser, model_summary, run
 from builder.models.convert_gguf import gguf_name
 from builder.models.checkpoint import FLAGS, SLIDING_PERIOD
+from builder.models import program
+from builder.models.convert import DEFAULT_VERSION, VERSIONS
+from builder.models.modelfile3 import Model, Rope, from_v2
 from builder.models.modelfile3 import make_header as make_header3
 from builder.models.modelfile3 import with_q8_0
 from builder.models.modelfile3 import write_model as write_model3
@@ -245,16 +248,20 @@ def write_gguf(path: Path, preset: Preset, vocab: Vocab, source, progress: bool 
 
 
 def synth(preset: str, out: Path, seed: int = 0, gguf_out: Path | None = None,
-          progress: bool = True, wtype: str = "f16") -> Header:
+          progress: bool = True, wtype: str = "f16", version: int | None = None) -> Header:
     """Write the preset's random model (matrices of wtype, one of WEIGHT_TYPES) at out, and
-    with gguf_out its GGUF twin; a Gemma 4 preset (PRESETS4) as model file version 3. Refuses
-    (ValueError) when the disk under out has not room for what it would write."""
+    with gguf_out its GGUF twin, as model file `version` (one of convert.VERSIONS; default:
+    convert.DEFAULT_VERSION, else 2 for Gemma 1-3 and 3 for a Gemma 4 preset (PRESETS4)).
+    Refuses (ValueError) when the disk under out has not room for what it would write, or a
+    version that cannot hold the preset."""
+    version = version or DEFAULT_VERSION or (3 if preset in PRESETS4 else 2)
+    if version not in VERSIONS or (version == 2 and preset in PRESETS4):
+        raise ValueError(f"preset {preset} cannot be written as model file version {version}")
     if preset in PRESETS4:
         model, ropes = PRESETS4[preset]
         model = with_q8_0(model) if wtype == "q8_0" else model
         vocab = synth_vocab(model.vocab, seed, by_rank=True)
-        check_room(preset, out, make_header3(model, vocab)[0].file_size * (1 + (gguf_out is not None)))
-        header = write_model3(out, model, vocab, synth_source(seed), ropes, progress)
+        header = write_v3_v4(preset, out, model, ropes, 4, vocab, seed, version, 1 + (gguf_out is not None), progress)
         if gguf_out is not None:
             write_gguf4(gguf_out, model, ropes, vocab, synth_source(seed), progress)
         return header
@@ -262,11 +269,28 @@ def synth(preset: str, out: Path, seed: int = 0, gguf_out: Path | None = None,
     if wtype == "q8_0":
         p = dataclasses.replace(p, dims=dataclasses.replace(p.dims, flags=p.dims.flags | Q8_0))
     vocab = synth_vocab(p.dims.vocab, seed)
-    check_room(preset, out, make_header(p.dims, vocab)[0].file_size * (1 + (gguf_out is not None)))
-    header = write_model(out, p.dims, vocab, synth_source(seed), progress, attn=p.attn)
+    if version == 2:
+        check_room(preset, out, make_header(p.dims, vocab)[0].file_size * (1 + (gguf_out is not None)))
+        header = write_model(out, p.dims, vocab, synth_source(seed), progress, attn=p.attn)
+    else:
+        model, ropes = from_v2(p.dims, p.attn)
+        header = write_v3_v4(preset, out, model, ropes, program.generation_of(p.dims), vocab, seed, version,
+                             1 + (gguf_out is not None), progress)
     if gguf_out is not None:
         write_gguf(gguf_out, p, vocab, synth_source(seed), progress)
     return header
+
+
+def write_v3_v4(preset: str, out: Path, model: Model, ropes: list[Rope], generation: int, vocab: Vocab, seed: int,
+                version: int, copies: int, progress: bool):
+    """A preset's model file of version 3 or 4 (4: compiled for its generation), once there is
+    room for `copies` times its size."""
+    if version == 3:
+        check_room(preset, out, make_header3(model, vocab)[0].file_size * copies)
+        return write_model3(out, model, vocab, synth_source(seed), ropes, progress)
+    prog = program.compile_program(model, ropes, generation)
+    check_room(preset, out, program.make_header(prog, vocab)[0].file_size * copies)
+    return program.write(out, prog, vocab, synth_source(seed), progress)
 
 
 DISK_RESERVE = 8 << 30  # what synth leaves free on the disk it writes to, for everything else
@@ -286,7 +310,7 @@ def check_room(preset: str, out: Path, need: int) -> None:
 def main(argv: list[str]) -> int:
     p = Parser(prog="python -m builder synth",
                description="Write a random Gemma 1, 2, 3 or 4 model of a preset's shapes (tiny, tiny-g2, "
-                           "tiny-g3, tiny-g4; 2b: 5.0 GB; 7b: 17 GB; g2-2b: 5.2 GB; g3-270m: 0.5 GB; g3-1b: "
+                           "tiny-g3, tiny-g4, tiny-g4-dense; 2b: 5.0 GB; 7b: 17 GB; g2-2b: 5.2 GB; g3-270m: 0.5 GB; g3-1b: "
                            "2.0 GB; Gemma 4 in model file version 3: g4-e2b 9.3 GB, g4-e4b 15 GB, g4-31b "
                            "61 GB, g4-26b-a4b 51 GB) with a valid tokenizer, optionally also as a GGUF.")
     p.add_argument("--preset", choices=sorted(PRESETS) + sorted(PRESETS4), required=True)
@@ -294,12 +318,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("-o", "--output", type=Path, required=True, help="model file to write")
     p.add_argument("--type", choices=WEIGHT_TYPES, default="f16",
                    help="the matrices' type (default f16; q8_0: llama.cpp's Q8_0 blocks)")
+    p.add_argument("--format", type=int, choices=VERSIONS,
+                   help="model file version (default: 2 for Gemma 1-3, 3 for Gemma 4; 4: the forward pass as a "
+                        "program, every preset but the MoE ones)")
     p.add_argument("--gguf", type=Path,
                    help="also write the same weights as a GGUF here (F16, or with --type q8_0 Q8_0)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     return run(p.prog, lambda: synth(args.preset, args.output, args.seed, args.gguf, not args.quiet,
-                                      args.type),
+                                      args.type, args.format),
                (ModelFormatError, ValueError), model_summary(args.output))
 
 

@@ -2,7 +2,8 @@
 twins in llama.cpp's `gemma4` layout.
 
 PRESETS4: `tiny-g4` (every Gemma 4 feature at once: per-layer inputs, KV sharing with a
-double-wide FFN, k = v on full layers, MoE; small), and the shapes of the published models
+double-wide FFN, k = v on full layers, MoE; small), `tiny-g4-dense` (the same without the
+experts: what model file version 4 holds today), and the shapes of the published models
 `g4-e2b`, `g4-e4b`, `g4-31b`, `g4-26b-a4b` (docs/gemma.md, "Gemma 4"). Each is a version 3
 Model and its layers' Rope, built by `gemma4_preset` from the per-model numbers as
 builder.models.gemma4 reads them from a config: full layers every `period`-th, proportional
@@ -49,6 +50,9 @@ PRESETS4 = {
     "tiny-g4": gemma4_preset(vocab=1024, dim=64, layers=10, heads=4, period=5, window=6, head_dim=(16, 32),
                              kv_heads=(2, 1), ffn=64, max_ctx=512, shared=5, double_wide=True, k_eq_v=True,
                              ple_dim=32, experts=4, top_k=2, expert_ffn=32),
+    "tiny-g4-dense": gemma4_preset(vocab=1024, dim=64, layers=10, heads=4, period=5, window=6, head_dim=(16, 32),
+                                   kv_heads=(2, 1), ffn=64, max_ctx=512, shared=5, double_wide=True, k_eq_v=True,
+                                   ple_dim=32),
     "g4-e2b": gemma4_preset(vocab=262144, dim=1536, layers=35, heads=8, period=5, window=512, head_dim=(256, 512),
                             kv_heads=(1, 1), ffn=6144, max_ctx=131072, shared=20, double_wide=True, ple_dim=256),
     "g4-e4b": gemma4_preset(vocab=262144, dim=2560, layers=42, heads=8, period=6, window=512, head_dim=(256, 512),

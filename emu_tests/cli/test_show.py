@@ -1,0 +1,44 @@
+"""`python -m builder show`: the listing of a version 4 file, held to stored listings of two
+fixtures converted from their Hugging Face directories (tiny_g3: Gemma 3; tiny_g4: Gemma 4 with
+per-layer inputs, KV sharing, k = v). A listing changes when the compiler changes a program or
+its layout: then read the new listing, and store it (`python -m builder show FILE >
+emu_tests/cli/listings/NAME.txt`) once it is what the compiler should make. Files of another
+version are refused with one line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.models import show
+from modelfiles import convert_fixture
+
+LISTINGS = Path(__file__).parent / "listings"
+
+
+@pytest.mark.parametrize("name", ["tiny_g3", "tiny_g4"])
+def test_listing_is_the_stored_one(name, tmp_path, capsys):
+    path = convert_fixture(name, "hf", tmp_path, 4)
+    assert show.main([str(path)]) == 0
+    got = capsys.readouterr().out
+    want = (LISTINGS / f"{name}.txt").read_text()
+    assert got == want, next(f"line {i + 1}: {a!r} != stored {b!r}" for i, (a, b) in
+                             enumerate(zip(got.splitlines() + [""], want.splitlines() + [""])) if a != b)
+
+
+def test_listing_names_every_operand(tmp_path):
+    """Every op's line names its slots at the widths it reads them, and its weight: one line per
+    op, the op's name first."""
+    path = convert_fixture("tiny_g4", "hf", tmp_path, 4)
+    lines = show.show(path).splitlines()
+    ops = lines[lines.index("program (208 ops):") + 1:]
+    assert len(ops) == 208 and ops[0].split()[1] == "EMBED" and ops[-1].split()[1] == "LOGITS"
+    assert ops[10].split()[1:] == ["ATTN", "s1[4x16]", "<-", "s2[4x16]", "K", "k8[16]", "V", "k9[16]", "window", "6",
+                                   "scale", "1.0", "softcap", "0.0"]
+
+
+def test_other_versions_are_refused(tmp_path, capsys):
+    path = convert_fixture("tiny_g3", "hf", tmp_path, 3)
+    assert show.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model file version 3: show reads version 4" in err

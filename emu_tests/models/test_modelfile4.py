@@ -1,0 +1,343 @@
+"""builder.models.modelfile4 (model file version 4) and builder.models.program (its compiler):
+the byte layout is the one docs/format.md ("Version 4") fixes, files round-trip (slots, ops,
+strings, the tokenizer and every weight equal to version 3's of the same checkpoint), weights lie
+in the order the program first reads them, each generation's program has the page's shape, and
+the reader refuses each rule's violation with one clear line while it accepts the file unchanged
+and the mutations the rules allow."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from builder.models import modelfile4 as mf4
+from builder.models import program
+from builder.models.modelfile import ModelFormatError
+from builder.models.modelfile3 import ModelFile3, Rope
+from builder.models.modelfile4 import ACC, CACHE, HEADER_FIELDS, OP_FIELDS, OP_REC, SLOT_REC, ModelFile4, Op, OpRec
+from builder.models.synth4 import PRESETS4, gemma4_preset
+from modelfiles import convert_fixture
+
+FIXTURES = ("tiny_mqa", "tiny_wide", "tiny_g2", "tiny_g3", "tiny_g4", "tiny_g4k")
+
+
+def test_layout_is_the_contracts():
+    """The numbers of the shared page, written out here: header offsets, record layouts,
+    opcodes, weight types, flags (the engine is written against the same numbers)."""
+    header = dict(magic=0, version=8, header_size=12, vocab=16, max_ctx=20, flags=24, bos=28, eos=32, eot=36,
+                  byte_base=40, n_index=44, n_user=48, n_merges=52, max_piece_len=56, n_slots=60, n_ops=64,
+                  generation=68, slots_off=72, program_off=80, strings_off=88, strings_size=96, pieces_off=104,
+                  index_off=112, user_off=120, merges_off=128, blob_off=136, blob_size=144, weights_off=152,
+                  weights_size=160, file_size=168)
+    assert {n: o for n, o, _ in HEADER_FIELDS} == header
+    assert {n: (o, c) for n, o, c in OP_FIELDS} == dict(
+        op=(0, "I"), s0=(4, "B"), s1=(5, "B"), s2=(6, "B"), s3=(7, "B"), n=(8, "I"), m=(12, "I"), k=(16, "I"),
+        j=(20, "I"), a=(24, "f"), c=(28, "f"), w=(32, "Q"), wtype=(40, "I"), flags=(44, "I"))
+    assert (OP_REC, SLOT_REC, mf4.STRING_REC, mf4.N_STRINGS, mf4.STRING_MAX) == (48, 8, 8, 5, 256)
+    assert {o.name: int(o) for o in Op} == dict(EMBED=1, NORM=2, MATMUL=3, ROPE=4, ATTN=5, GEGLU=6, SCALE=7, ADD=8,
+                                                LOGITS=9)
+    assert (mf4.WType.F32, mf4.WType.F16, mf4.WType.Q8_0, CACHE, ACC, mf4.HEADER_FLAGS) == (0, 1, 2, 1, 1, 8)
+    assert (mf4.MAX_SLOTS, mf4.MAX_OPS, mf4.MAX_WIDTH, mf4.BLOCK) == (255, 65536, 65536, 64)
+    assert OpRec(3, 1, 2, 3, 4, 5, 6, 7, 8, 1.5, 2.5, 64, 1, 1).pack() == struct.pack(
+        "<I4B4I2fQ2I", 3, 1, 2, 3, 4, 5, 6, 7, 8, 1.5, 2.5, 64, 1, 1)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """name -> (version 4 file, version 3 file) of each fixture, from its Hugging Face directory."""
+    out = tmp_path_factory.mktemp("v4")
+    return {n: (convert_fixture(n, "hf", out, 4), convert_fixture(n, "hf", out, 3)) for n in FIXTURES}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_round_trip(files, name):
+    """The file holds the compiled program, the generation's strings, version 3's tokenizer, and
+    version 3's weights byte for byte (the compiler's own tensors: the rope tables, the ones)."""
+    v4, v3 = ModelFile4(files[name][0]), ModelFile3(files[name][1])
+    gen = {"tiny_g2": 2, "tiny_g3": 3, "tiny_g4": 4, "tiny_g4k": 4}.get(name, 1)
+    prog = program.compile_program(v3.model, [Rope()] * len(v3.model.layers), gen)
+    assert v4.ops == [o for o in prog.ops] and v4.slots == prog.slots and v4.header.generation == gen
+    assert v4.strings == list(mf4.CHAT[gen])
+    for field in ("pieces", "scores", "types", "index", "user", "merges", "merge_scores"):
+        assert np.array_equal(np.asarray(getattr(v4, field)), np.asarray(getattr(v3, field))), field
+    for spec in prog.specs:
+        got = np.frombuffer(v4._map, np.uint8, spec.nbytes, v4.header.weights_off + spec.offset)
+        if spec.name == "ones":
+            assert np.array_equal(got.view("<f4"), np.ones(spec.shape[0], np.float32))
+        else:
+            assert np.array_equal(got, v3.raw(spec.name)), spec.name
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_weights_lie_in_first_read_order(files, name):
+    """Each op's weight lies inside one tensor; the tensors, in file order, are those the ops
+    first read, in that order, and every one is read."""
+    f, v3 = ModelFile4(files[name][0]), ModelFile3(files[name][1])
+    specs = program.compile_program(v3.model, [Rope()] * len(v3.model.layers), f.header.generation).specs
+    order: list[str] = []
+    for o in f.ops:
+        if mf4.RULES[Op(o.op)].weight is None:
+            continue
+        end = o.w + mf4.weight_bytes(f.weight_shape(o), o.wtype)
+        spec = next(s for s in specs if s.offset <= o.w < s.offset + s.nbytes)
+        assert end <= spec.offset + spec.nbytes, f"{name}: op reads past tensor {spec.name}"
+        order += [spec.name] * (spec.name not in order)
+    assert order == [s.name for s in specs]
+
+
+def opcodes(f: ModelFile4, first: int, count: int) -> str:
+    return " ".join(f"{Op(o.op).name}{'+' if o.flags & ACC else ''}{'*' if o.op == Op.MATMUL and o.k else ''}"
+                    for o in f.ops[first:first + count])
+
+
+def test_each_generation_has_the_pages_program(files):
+    """One layer of each generation, by opcode (+: ACC, *: the product with GEGLU)."""
+    layer1 = "NORM MATMUL MATMUL MATMUL ROPE ATTN MATMUL+ NORM MATMUL MATMUL* MATMUL+"
+    assert opcodes(ModelFile4(files["tiny_mqa"][0]), 1, 11) == layer1
+    g2 = ModelFile4(files["tiny_g2"][0])
+    assert opcodes(g2, 1, 13) == "NORM MATMUL MATMUL MATMUL ROPE ATTN MATMUL NORM+ NORM MATMUL MATMUL* MATMUL NORM+"
+    assert opcodes(g2, 0, 1) == "EMBED" and opcodes(g2, len(g2.ops) - 2, 2) == "NORM LOGITS"
+    g3 = ModelFile4(files["tiny_g3"][0])
+    assert opcodes(g3, 1, 7) == "NORM MATMUL MATMUL MATMUL NORM NORM ROPE"
+    # tiny_g4k: a full layer with k = v (no wv: the values are the key projection, normed first)
+    g4k = ModelFile4(files["tiny_g4k"][0])
+    full = [i for i, o in enumerate(g4k.ops) if o.op == Op.ATTN][2]
+    assert opcodes(g4k, full - 7, 8) == "NORM MATMUL MATMUL NORM NORM NORM ROPE ATTN"
+    v = g4k.ops[full - 3]
+    assert (v.s0, v.s1) == (g4k.ops[full].s3, g4k.ops[full].s2)  # V <- norm(K), ones
+
+
+# ---- the rules, one mutation each --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def base(files):
+    """tiny_g4's version 4 file (every opcode: PLE, KV sharing, layer scalars) and its ops."""
+    path = files["tiny_g4"][0]
+    return path, ModelFile4(path)
+
+
+def find(f: ModelFile4, op: Op, pred=lambda o: True) -> int:
+    return next(i for i, o in enumerate(f.ops) if o.op == op and pred(o))
+
+
+def with_op(f: ModelFile4, i: int, **fields) -> dict:
+    """An edit: op i's record with fields changed."""
+    o = f.ops[i]
+    return {f.header.program_off + OP_REC * i: OpRec(**{**o.__dict__, **fields}).pack()}
+
+
+def with_slot(f: ModelFile4, i: int, width: int | None = None, flags: int | None = None) -> dict:
+    s = f.slots[i]
+    return {f.header.slots_off + SLOT_REC * i: struct.pack("<II", s.width if width is None else width,
+                                                            s.flags if flags is None else flags)}
+
+
+def with_header(f: ModelFile4, **fields) -> dict:
+    out = {}
+    for name, off, code in HEADER_FIELDS:
+        if name in fields:
+            out[off] = struct.pack("<" + code, fields[name])
+    return out
+
+
+def with_string(f: ModelFile4, i: int, off: int, n: int) -> dict:
+    return {f.header.strings_off + 8 * i: struct.pack("<II", off, n)}
+
+
+def edited(path: Path, tmp_path: Path, edits: dict) -> Path:
+    data = bytearray(path.read_bytes())
+    for off, raw in edits.items():
+        data[off:off + len(raw)] = raw
+    (tmp_path / "m.bin").write_bytes(bytes(data))
+    return tmp_path / "m.bin"
+
+
+EMBED_PLE = (Op.EMBED, lambda o: o.n == 16)
+NORM_ACC = (Op.NORM, lambda o: o.flags & ACC)
+MATMUL = (Op.MATMUL, lambda o: o.k == 0 and not o.flags)
+GEGLU_MM = (Op.MATMUL, lambda o: o.k == 1)
+ROPE_KV = (Op.ROPE, lambda o: o.k > 0)
+ROPE_Q = (Op.ROPE, lambda o: o.k == 0)
+NAN, INF = float("nan"), float("inf")
+
+REFUSED = [  # (op to edit (opcode, which), fields, what the message says)
+    ((Op.EMBED,), dict(op=0), "unknown opcode 0"),
+    ((Op.EMBED,), dict(op=10), "unknown opcode 10"),
+    ((Op.NORM,), dict(op=0xFFFFFFFF), "unknown opcode 4294967295"),
+    ((Op.EMBED,), dict(m=1), "field m is 1, must be 0 (unused by EMBED)"),
+    ((Op.EMBED,), dict(flags=ACC), "field flags is 1, must be 0 (unused by EMBED)"),
+    ((Op.EMBED,), dict(j=1), "columns j .. j + n - 1 (1 .. 64) are outside the table's k = 64"),
+    ((Op.EMBED,), dict(n=0), "n = 0 is out of range"),
+    ((Op.EMBED,), dict(k=65537, n=65537), "n = 65537 is out of range"),
+    (EMBED_PLE, dict(wtype=2), "a Q8_0 table needs k, j and n multiples of 32 (k 128, j 0, n 16)"),
+    ((Op.EMBED,), dict(wtype=0), "weight type 0 is not one of [1, 2]"),
+    ((Op.EMBED,), dict(k=65536), "weight [2048, 65536] at 0x0 ends at 0x10000000, past the weights"),
+    ((Op.NORM,), dict(a=0.0), "eps a (0.0) must be positive and finite"),
+    ((Op.NORM,), dict(a=-1e-6), "must be positive and finite"),
+    ((Op.NORM,), dict(a=NAN), "eps a (nan) must be positive and finite"),
+    ((Op.NORM,), dict(a=INF), "eps a (inf) must be positive and finite"),
+    ((Op.NORM,), dict(wtype=1), "weight type 1 is not one of [0] (F32)"),
+    ((Op.NORM,), dict(flags=2), "flags 0x2: unknown bits"),
+    ((Op.NORM,), dict(m=2), "s1 is 128 wide, slot 0 holds 64"),
+    ((Op.NORM,), dict(c=1.0), "field c is 1.0, must be 0 (unused by NORM)"),
+    ((Op.NORM,), dict(w=1), "weight offset 0x1 is not a multiple of 64"),
+    ((Op.NORM,), dict(w=1 << 40), "past the weights"),
+    (MATMUL, dict(k=2), "k = 2 must be 0 or 1 (GEGLU)"),
+    (MATMUL, dict(s2=3), "s2 is 3, must be 0 (unused by MATMUL with k = 0)"),
+    (MATMUL, dict(n=0), "n = 0 is out of range"),
+    (MATMUL, dict(s1=18), "s1 names slot 18; the file has 18"),
+    (MATMUL, dict(s0=255), "s0 names slot 255; the file has 18"),
+    (MATMUL, dict(m=129), "s0 is 129 wide, slot 2 holds 128"),
+    (MATMUL, dict(wtype=0), "weight type 0 is not one of [1, 2]"),
+    (GEGLU_MM, dict(m=127), "with GEGLU (k 1) m = 127 must be a multiple of 4"),
+    (GEGLU_MM, dict(flags=ACC), "flags 0x1: ACC is not allowed here"),
+    (GEGLU_MM, dict(s2=8), "s2 is 128 wide, slot 8 holds 16"),
+    ((Op.MATMUL, lambda o: o.n == 16), dict(wtype=2), "a Q8_0 weight needs rows of a multiple of 32 values, not 16"),
+    (ROPE_KV, dict(n=15), "n = 15 is odd"),
+    (ROPE_KV, dict(wtype=1), "weight type 1 is not one of [0] (F32)"),
+    (ROPE_KV, dict(k=2), "s1 is 32 wide, slot 8 holds 16"),
+    (ROPE_Q, dict(s1=8), "s1 is 8, must be 0 (unused by ROPE with k = 0)"),
+    (ROPE_KV, dict(flags=ACC), "field flags is 1, must be 0 (unused by ROPE)"),
+    ((Op.ATTN,), dict(s2=1), "s2 (slot 1) must be a CACHE slot"),
+    ((Op.ATTN,), dict(s3=5), "s3 (slot 5) must be a CACHE slot"),
+    ((Op.ATTN,), dict(k=3), "m = 4 query heads is not a multiple of k = 3 kv heads"),
+    ((Op.ATTN,), dict(k=0), "k = 0 is out of range"),
+    ((Op.ATTN,), dict(a=0.0), "scale a (0.0) must be positive and finite"),
+    ((Op.ATTN,), dict(a=NAN), "scale a (nan) must be positive and finite"),
+    ((Op.ATTN,), dict(c=-1.0), "soft-cap c (-1.0) must be 0 (none) or positive and finite"),
+    ((Op.ATTN,), dict(c=INF), "soft-cap c (inf) must be 0 (none) or positive and finite"),
+    ((Op.ATTN,), dict(w=64), "field w is 64, must be 0 (unused by ATTN)"),
+    ((Op.ATTN,), dict(wtype=1), "field wtype is 1, must be 0 (unused by ATTN)"),
+    ((Op.GEGLU,), dict(n=14), "n = 14 is not a multiple of 4"),
+    ((Op.GEGLU,), dict(n=20), "s0 is 20 wide, slot 7 holds 16"),
+    ((Op.GEGLU,), dict(a=1.0), "field a is 1.0, must be 0 (unused by GEGLU)"),
+    ((Op.SCALE,), dict(a=INF), "a (inf) must be finite"),
+    ((Op.SCALE,), dict(a=NAN), "a (nan) must be finite"),
+    ((Op.SCALE,), dict(s1=1), "field s1 is 1, must be 0 (unused by SCALE)"),
+    ((Op.ADD,), dict(s1=18), "s1 names slot 18"),
+    ((Op.ADD,), dict(n=0), "n = 0 is out of range"),
+    ((Op.LOGITS,), dict(m=2047), "m = 2047 must be vocab (2048)"),
+    ((Op.LOGITS,), dict(c=NAN), "soft-cap c (nan) must be 0 (none) or positive and finite"),
+    ((Op.LOGITS,), dict(s0=1), "field s0 is 1, must be 0 (unused by LOGITS)"),
+    ((Op.LOGITS,), dict(op=int(Op.SCALE), c=0.0, m=0, w=0, wtype=0, s0=1, s1=0, a=1.0), "the program's last op must be LOGITS"),
+    ((Op.SCALE,), dict(op=int(Op.LOGITS), s0=0, s1=1, n=64, a=0.0, m=2048, wtype=1),
+     "LOGITS must be the program's last op, and only there"),
+]
+
+
+@pytest.mark.parametrize("which, fields, message", REFUSED, ids=[f"{w[0].name}-{m[:40]}" for w, _, m in REFUSED])
+def test_reader_refuses_each_op_rule(base, tmp_path, which, fields, message):
+    path, f = base
+    i = find(f, *which)
+    with pytest.raises(ModelFormatError) as e:
+        ModelFile4(edited(path, tmp_path, with_op(f, i, **fields)))
+    assert message in str(e.value) and f"op {i} (" in str(e.value) and "\n" not in str(e.value)
+
+
+ALLOWED = [  # mutations the rules allow: the reader must accept them
+    ((Op.EMBED,), dict(a=NAN)),                 # EMBED's scale has no rule
+    ((Op.ATTN,), dict(j=0xFFFFFFFF)),           # any window
+    ((Op.ATTN,), dict(c=3.0)),
+    ((Op.NORM,), dict(flags=ACC)),              # ACC on a norm
+    (MATMUL, dict(flags=ACC)),                  # and on a product without GEGLU
+    (MATMUL, dict(s0=1)),                       # another slot wide enough
+    ((Op.SCALE,), dict(a=-2.0)),
+    ((Op.SCALE,), dict(a=0.0)),
+    (ROPE_KV, dict(k=0, s1=0)),                 # a rope of q alone
+    ((Op.NORM,), dict(w=0)),                    # offsets may repeat: the embedding's first bytes as a norm
+]
+
+
+@pytest.mark.parametrize("which, fields", ALLOWED, ids=[f"{w[0].name}-{list(x)}" for w, x in ALLOWED])
+def test_reader_accepts_what_the_rules_allow(base, tmp_path, which, fields):
+    path, f = base
+    i = find(f, *which)
+    got = ModelFile4(edited(path, tmp_path, with_op(f, i, **fields))).ops[i]
+    assert got.pack() == OpRec(**{**f.ops[i].__dict__, **fields}).pack()
+
+
+def test_reader_accepts_the_file_unchanged(base):
+    path, f = base
+    assert len(f.ops) == f.header.n_ops == 208 and f.ops[-1].op == Op.LOGITS
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda f: with_slot(f, 0, width=0), "slot 0: width 0 is out of range (1 .. 65536)"),
+    (lambda f: with_slot(f, 3, width=65537), "slot 3: width 65537 is out of range"),
+    (lambda f: with_slot(f, 0, flags=2), "slot 0: flags 0x2 has unknown bits (known: 0x1)"),
+    (lambda f: with_slot(f, 0, width=63), "s0 is 64 wide, slot 0 holds 63"),
+    (lambda f: with_slot(f, 8, flags=0), "s2 (slot 8) must be a CACHE slot"),
+    (lambda f: with_header(f, version=3), "unsupported version 3"),
+    (lambda f: with_header(f, header_size=255), "header_size is 255"),
+    (lambda f: with_header(f, n_slots=0), "n_slots = 0 is out of range (1 .. 255)"),
+    (lambda f: with_header(f, n_slots=256), "n_slots = 256 is out of range (1 .. 255)"),
+    (lambda f: with_header(f, n_ops=0), "n_ops = 0 is out of range (1 .. 65536)"),
+    (lambda f: with_header(f, n_ops=65537), "n_ops = 65537 is out of range"),
+    (lambda f: with_header(f, n_ops=207), "strings_off is"),
+    (lambda f: with_header(f, n_slots=17), "program_off is"),
+    (lambda f: with_header(f, generation=0), "generation = 0 is out of range (1 .. 4)"),
+    (lambda f: with_header(f, generation=5), "generation = 5 is out of range (1 .. 4)"),
+    (lambda f: with_header(f, flags=9), "flags 0x9 has unknown bits (known: 0x8)"),
+    (lambda f: with_header(f, flags=0), "merges without the MERGES flag"),
+    (lambda f: with_header(f, vocab=0), "vocab = 0 is out of range"),
+    (lambda f: with_header(f, max_ctx=65537), "max_ctx = 65537 is out of range"),
+    (lambda f: with_header(f, max_ctx=0), "max_ctx = 0 is out of range"),
+    (lambda f: with_header(f, slots_off=264), "slots_off is 264, expected 256"),
+    (lambda f: with_header(f, strings_size=f.header.strings_size + 8), "pieces_off is"),
+    (lambda f: with_header(f, weights_off=f.header.weights_off + 4096), "weights_off is"),
+    (lambda f: with_header(f, weights_size=f.header.weights_size - 64), "file_size is"),
+    (lambda f: with_header(f, weights_size=f.header.weights_size - 64, file_size=f.header.file_size - 64),
+     "but its header says"),
+    (lambda f: with_header(f, bos=2048), "bos id 2048 is outside the vocabulary"),
+    (lambda f: {200: b"\x01"}, "header bytes 176 .. 255 must be 0"),
+    (lambda f: with_string(f, 0, 39, 4), "string SYS_BEGIN (4 bytes at 39) is outside the strings section's bytes"),
+    (lambda f: with_string(f, 4, 100, 100), "string REPLY_END (100 bytes at 100) is outside"),
+    (lambda f: {f.header.strings_off + 40: b"\xff"}, "string SYS_BEGIN is not UTF-8"),
+    (lambda f: {f.header.merges_off: struct.pack("<I", 9999)}, "a merge holds an id outside the vocabulary"),
+    (lambda f: {f.header.pieces_off + 12: struct.pack("<I", 9)}, "a piece has an unknown type"),
+])
+def test_reader_refuses_each_file_rule(base, tmp_path, edit, message):
+    path, f = base
+    with pytest.raises(ModelFormatError) as e:
+        ModelFile4(edited(path, tmp_path, edit(f)))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_string_of_257_bytes_is_refused(tmp_path):
+    with pytest.raises(ModelFormatError, match="string USER_END is 257 bytes"):
+        mf4.pack_strings([b"", b"", b"", b"x" * 257, b""])
+    with pytest.raises(ModelFormatError, match="4 chat strings"):
+        mf4.pack_strings([b""] * 4)
+
+
+def test_truncated_file_is_refused(base, tmp_path):
+    path, _ = base
+    (tmp_path / "t.bin").write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(ModelFormatError, match="truncated"):
+        ModelFile4(tmp_path / "t.bin")
+
+
+# ---- the compiler's refusals ----------------------------------------------------------------------
+
+def test_moe_is_refused_with_one_line():
+    model, ropes = PRESETS4["tiny-g4"]
+    with pytest.raises(ModelFormatError) as e:
+        program.compile_program(model, ropes, 4)
+    assert "MoE model (4 experts) cannot be written as model file version 4 yet" in str(e.value)
+
+
+def test_a_model_of_another_generation_is_refused():
+    model, ropes = PRESETS4["tiny-g4-dense"]
+    with pytest.raises(ModelFormatError, match="layer 0 is not a Gemma 3 layer"):
+        program.compile_program(model, ropes, 3)
+    with pytest.raises(ModelFormatError, match="generation 5 is not 1 .. 4"):
+        program.compile_program(model, ropes, 5)
+
+
+def test_too_many_layers_for_the_slots():
+    model, ropes = gemma4_preset(vocab=512, dim=32, layers=130, heads=2, period=2, window=3, head_dim=(8, 16),
+                                 kv_heads=(1, 1), ffn=16, max_ctx=64)
+    with pytest.raises(ModelFormatError, match="the program needs 265 slots, at most 255 fit"):
+        program.compile_program(model, ropes, 4)

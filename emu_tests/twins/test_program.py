@@ -1,0 +1,125 @@
+"""builder.twins.program (the numpy interpreter of a version 4 file's program) against the
+description-driven reference (builder.twins.reference, on the same checkpoint converted to
+version 2 or 3) and against the recorded transformers logits, on every fixture the reference
+tests run (test_reference.CASES) but the MoE one (version 4 has no experts yet), on the synth
+preset tiny-g4-dense, and on a Gemma 4 shape whose per-layer rows of ple_proj are stored as
+tensors of their own; prompts cut into blocks at several boundaries give the same bits."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from builder.models import program, synth
+from builder.models.modelfile3 import ModelFile3, open_model
+from builder.models.modelfile4 import ModelFile4
+from builder.models.synth4 import gemma4_preset
+from builder.twins.program import Interpreter
+from builder.twins.reference import Reference
+from modelfiles import convert_fixture, fixture_path
+from test_reference import CASES, TOL, check_rows
+
+# The interpreter runs the reference's own kernels (rmsnorm, gelu_tanh, rope, softcap, matvec,
+# the same attention loop), one token at a time, in the order the reference computes a layer, so
+# it computes the very same float32 numbers: measured 0.0 difference on every case below. The
+# one place the two may part is a product split differently: the per-layer inputs' ple_proj
+# product (one [L P, d] product in the reference, L products of [P, d] rows in the program),
+# where a BLAS may block rows differently; each row is still one dot product of length d, so
+# that is a few float32 ulps of a value, carried through a layer: SAME_TOL = 1e-6 relative to
+# the logits' largest magnitude. A real error (an op in the wrong order, a wrong operand, a
+# missing norm) moves the logits by far more than 1e-3 (fixtures/README.md measures the smallest
+# effect of a feature at 0.83).
+SAME_TOL = 1e-6
+V4_CASES = [(n, s, v) for n, s, v in CASES if n != "tiny_g4moe"]
+CUTS = [(), (1,), (3, 7), (2, 4, 5, 6, 11, 13, 17, 19)]
+
+
+def close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    err = np.abs(got - want).max()
+    assert err <= SAME_TOL * np.abs(want).max(), f"{what}: max |diff| {err:.3g} (logits up to {np.abs(want).max():.3g})"
+
+
+@pytest.fixture(scope="module", params=V4_CASES, ids=[f"{n}-{s}{f'-v{v}' if v else ''}" for n, s, v in V4_CASES])
+def case(request, tmp_path_factory):
+    name, source, version = request.param
+    out = tmp_path_factory.getbasetemp()
+    ref = Reference(open_model(convert_fixture(name, source, out, version)))
+    run = Interpreter(ModelFile4(convert_fixture(name, source, out, 4)))
+    oracle = json.loads((fixture_path(name) / "reference.json").read_text())
+    with np.load(fixture_path(name) / "reference.npz") as z:
+        logits = dict(z)
+    return f"{name}-{source}", ref, run, oracle, logits
+
+
+def test_program_equals_reference_and_oracle(case):
+    name, ref, run, oracle, logits = case
+    for i, p in enumerate(oracle["prompts"]):
+        n = len(p["greedy"])
+        prompt, steps, tokens = run.generate(p["ids"], n, feed=p["greedy"], cuts=(3,))
+        want_prompt, want_steps, _ = ref.generate(p["ids"], n, feed=p["greedy"])
+        close(prompt, want_prompt, f"{name} prompt {i} prompt rows")
+        close(steps, want_steps, f"{name} prompt {i} greedy steps")
+        # the reference tests' tolerance against the recordings (test_reference.TOL, justified there)
+        check_rows(prompt, logits[f"p{i}_prompt_logits"], f"{name} prompt {i} prompt positions", TOL)
+        check_rows(steps, logits[f"p{i}_step_logits"], f"{name} prompt {i} greedy steps", TOL)
+        _, _, greedy = run.generate(p["ids"], n)
+        assert greedy == p["greedy"], f"{name} prompt {i}: greedy tokens differ"
+
+
+def test_block_splits_give_the_same_bits(case):
+    """A token's numbers do not depend on the block it is in: the longest prompt cut at several
+    boundaries (and past BLOCK, where it has more than 64 tokens) gives the same logits, every
+    row, bit for bit; so do the last-row-only runs."""
+    name, _, run, oracle, _ = case
+    ids = max((p["ids"] for p in oracle["prompts"]), key=len)
+    want = run.prompt(ids)
+    for cuts in CUTS[1:] + [tuple(range(1, len(ids)))]:
+        got = run.prompt(ids, cuts)
+        assert np.array_equal(got, want), f"{name}: cut at {cuts[:8]}: max |diff| {np.abs(got - want).max()}"
+        assert np.array_equal(run.prompt(ids, cuts, all_rows=False), want[-1:]), f"{name}: last row, cut at {cuts[:8]}"
+
+
+def test_block_refuses_a_wrong_position(case):
+    _, _, run, _, _ = case
+    run.reset()
+    run.block([2], 0)
+    with pytest.raises(ValueError):
+        run.block([2], 2)
+    with pytest.raises(ValueError):
+        run.block([2] * 65, 1)
+
+
+def compare_versions(v3, v4, ids):
+    """The reference on a version 3 file and the interpreter on the version 4 file of the same
+    model: equal logits at every prompt row and greedy step, whatever the cuts."""
+    ref, run = Reference(ModelFile3(v3)), Interpreter(ModelFile4(v4))
+    want, want_steps, want_tokens = ref.generate(ids, 6)
+    for cuts in CUTS:
+        got, steps, tokens = run.generate(ids, 6, cuts=cuts)
+        close(got, want, f"prompt rows, cut at {cuts}")
+        close(steps, want_steps, f"greedy steps, cut at {cuts}")
+        assert tokens == want_tokens
+
+
+@pytest.mark.parametrize("wtype", ["f16", "q8_0"])
+def test_synth_tiny_g4_dense(tmp_path, wtype):
+    """`synth --preset tiny-g4-dense` (per-layer inputs, KV sharing with a double-wide FFN, k = v,
+    value norms) in versions 3 and 4: the same model, the same logits."""
+    synth.synth("tiny-g4-dense", tmp_path / "v3.bin", seed=3, progress=False, wtype=wtype)
+    synth.synth("tiny-g4-dense", tmp_path / "v4.bin", seed=3, progress=False, wtype=wtype, version=4)
+    compare_versions(tmp_path / "v3.bin", tmp_path / "v4.bin", list(range(2, 30)))
+
+
+def test_ple_proj_rows_stored_apart(tmp_path):
+    """P d 2 = 4 * 36 * 2 = 288 bytes, not a multiple of 64: each layer's ple_proj rows become a
+    tensor of their own (ple_proj.{i}), and the program still computes the model."""
+    from builder.models.modelfile3 import write_model as write_model3
+    model, ropes = gemma4_preset(vocab=512, dim=36, layers=4, heads=2, period=2, window=3, head_dim=(8, 16),
+                                 kv_heads=(1, 1), ffn=16, max_ctx=64, shared=2, k_eq_v=True, ple_dim=4)
+    vocab = synth.synth_vocab(512, 0, by_rank=True)
+    prog = program.compile_program(model, ropes, 4)
+    assert [s.name for s in prog.specs if s.name.startswith("ple_proj")] == [f"ple_proj.{i}" for i in range(4)]
+    write_model3(tmp_path / "v3.bin", model, vocab, synth.synth_source(1), ropes, progress=False)
+    program.write(tmp_path / "v4.bin", prog, vocab, synth.synth_source(1), progress=False)
+    compare_versions(tmp_path / "v3.bin", tmp_path / "v4.bin", list(range(2, 20)))

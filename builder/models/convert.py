@@ -32,7 +32,7 @@ from builder.models.modelfile3 import with_q8_0
 VERSIONS = (2, 3, 4)
 # The version written when --format is not given: None keeps 2 for Gemma 1-3 and 3 for Gemma 4
 # (what the engine reads today); 4 once the engine reads version 4.
-DEFAULT_VERSION: int | None = None
+DEFAULT_VERSION: int | None = 4
 
 __all__ = ["ConvertError", "convert", "main", "open_checkpoint"]
 

@@ -35,9 +35,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from linker.layout import align_up
-from builder.models.modelfile import (POST_NORMS, QK8_0, QK_NORM, TENSOR_ALIGN, Dims, ModelFormatError,
+from builder.models.modelfile import (POST_NORMS, QK8_0, QK_NORM, TENSOR_ALIGN, Dims, LayerAttn, ModelFormatError,
                                       TensorSource, TensorSpec, Vocab)
-from builder.models.modelfile3 import K_EQ_V, V_NORM, Model, Rope, f32, rope_table, tensor_shapes
+from builder.models.modelfile3 import K_EQ_V, V_NORM, Model, Rope, f32, from_v2, rope_table, tensor_shapes
 from builder.models import modelfile4 as mf4
 from builder.models.modelfile4 import ACC, CACHE, CHAT, RULES, WTYPES, Op, OpRec, Slot
 
@@ -357,3 +357,13 @@ def write(path: Path, prog: Program, vocab: Vocab, source: TensorSource, progres
             Path(path).unlink()
             raise ModelFormatError(f"chat string {name} {s!r} does not tokenize back to itself with the file's tokenizer")
     return header
+
+
+def write_dims(path: Path, dims: Dims, vocab: Vocab, source: TensorSource, progress: bool = True,
+               attn: Sequence[LayerAttn] | None = None) -> mf4.Header:
+    """A Gemma 1-3 model given in version 2's terms (Dims, one LayerAttn per layer: default full
+    attention, theta 10000, no scaling; tensors by version 2's names, which version 3 keeps)
+    written as version 4: what tests and tools that make their own models use."""
+    attn = list(attn) if attn is not None else [LayerAttn()] * dims.layers
+    model, ropes = from_v2(dims, attn)
+    return write(path, compile_program(model, ropes, generation_of(dims)), vocab, source, progress)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.models.modelfile import HEADER_FIELDS, Dims, ModelFile, write_model
-from builder.models.synth import synth_source, synth_vocab
+from builder.models import modelfile4
+from builder.models.modelfile4 import HEADER_FIELDS, ModelFile4 as ModelFile
 from builder.twins.tokenizer import Tokenizer
 from modelfiles import convert_fixture, fixture_path
 
@@ -150,7 +150,7 @@ def test_text_ends_with_one_newline(engine, mqa, tmp_path):
         out = tmp_path / "l.f32"
         r = run(engine, "-m", mqa, "-p", "The", *args, "--logits", out)
         assert r.returncode == 0 and r.stderr == b"", args
-        rows = np.fromfile(out, "<f4").reshape(-1, mf.dims.vocab)[n_prompt - 1:]
+        rows = np.fromfile(out, "<f4").reshape(-1, mf.header.vocab)[n_prompt - 1:]
         ids = list(itertools.takewhile(lambda i: i not in stop, map(int, rows.argmax(1))))
         assert r.stdout == tok.decode(ids) + b"\n", args
     for text in ("a", "The cat", "x\n" * 50):
@@ -461,7 +461,7 @@ def test_n_beyond_the_context_stops_at_a_full_context(engine, mqa, tmp_path):
     """-n larger than the context is no error (as in llama.cpp): generation stops when the
     context is full, exactly where a run without -n stops: -c 8 and a 2-id prompt evaluate 8
     positions (2 prompt rows, 6 fed-back tokens) and print 7 tokens."""
-    vocab = ModelFile(mqa).dims.vocab
+    vocab = ModelFile(mqa).header.vocab
     full = run(engine, "-m", mqa, "-p", "a", "-c", 8)
     assert full.returncode == 0 and full.stderr == b""
     for n in (9, 1025, 2147483647):
@@ -509,8 +509,9 @@ def mutated(mqa: Path, tmp_path: Path, **fields) -> Path:
 def test_bad_magic_version_truncated(engine, mqa, tmp_path):
     assert_error(run(engine, "-m", mutated(mqa, tmp_path, magic=b"GEMMAASN")),
                  "bad magic")
-    for version in (0, 1, 3, 0xFFFFFFFF):                  # version 1 (no window, rope ...)
-        assert_error(run(engine, "-m", mutated(mqa, tmp_path, version=version)), "bad version")
+    for version in (0, 1, 2, 3, 5, 0xFFFFFFFF):           # 2, 3: what earlier builds wrote
+        assert_error(run(engine, "-m", mutated(mqa, tmp_path, version=version)),
+                     "not a version 4 model file: convert it again")
     data = mqa.read_bytes()
     for size in (0, 10, 255, 256, 4096, len(data) // 2, len(data) - 1):
         (tmp_path / "t.bin").write_bytes(data[:size])
@@ -522,24 +523,19 @@ def test_bad_magic_version_truncated(engine, mqa, tmp_path):
 def inconsistent_headers(h) -> list[dict]:
     """Header edits that must be rejected (h: the valid header)."""
     return [
-        dict(header_size=255), dict(vocab=0), dict(vocab=(1 << 24) + 1), dict(dim=0),
-        dict(dim=(1 << 16) + 1), dict(ffn=0), dict(ffn=1 << 31), dict(layers=0),
-        dict(layers=1025), dict(heads=0), dict(heads=0xFFFFFFFF), dict(kv_heads=0),
-        dict(kv_heads=3), dict(head_dim=15), dict(head_dim=0), dict(max_ctx=0),
-        dict(max_ctx=(1 << 16) + 1), dict(eps=0.0), dict(eps=-1e-6), dict(eps=float("nan")),
-        dict(att_scale=float("inf")), dict(att_scale=0.0), dict(att_scale=-0.125),
-        dict(att_scale=float("nan")), dict(embed_scale=-8.0), dict(bos=h.vocab),
-        dict(eos=0xFFFFFFFF), dict(eot=h.vocab), dict(byte_base=h.vocab - 255),
-        dict(byte_base=0xFFFFFFFF), dict(pieces_off=255), dict(pieces_off=1 << 63),
-        dict(index_off=h.index_off - 4), dict(user_off=h.user_off - 1),
+        dict(header_size=255), dict(vocab=0), dict(vocab=(1 << 24) + 1), dict(max_ctx=0),
+        dict(max_ctx=(1 << 16) + 1), dict(n_slots=0), dict(n_slots=256), dict(n_ops=0),
+        dict(n_ops=(1 << 16) + 1), dict(bos=h.vocab), dict(eos=0xFFFFFFFF), dict(eot=h.vocab),
+        dict(byte_base=h.vocab - 255), dict(byte_base=0xFFFFFFFF), dict(slots_off=255),
+        dict(slots_off=1 << 63), dict(program_off=h.program_off - 8), dict(strings_off=h.strings_off + 48),
+        dict(strings_size=h.strings_size + 1), dict(pieces_off=h.pieces_off - 16),
+        dict(index_off=h.index_off - 4), dict(user_off=h.user_off - 1), dict(merges_off=h.merges_off + 16),
         dict(blob_off=h.blob_off - 1), dict(blob_size=h.blob_size + h.weights_off),
         dict(blob_size=(1 << 64) - 1), dict(weights_off=h.weights_off + 64),
-        dict(weights_size=h.weights_size + 4096), dict(weights_size=h.weights_size - 64),
-        dict(file_size=h.file_size - 1), dict(n_index=h.n_index + (h.user_off - h.index_off)),
-        dict(n_user=1 << 30), dict(max_piece_len=h.max_piece_len - 1),
-        dict(flags=4), dict(flags=7), dict(flags=1 << 31), dict(flags=0xFFFFFFFF),
-        *(dict(**{cap: v}) for cap in ("att_softcap", "final_softcap")
-          for v in (-1.0, -0.0, float("inf"), float("-inf"), float("nan"), -3e38)),
+        dict(weights_size=h.weights_size + 4096), dict(file_size=h.file_size - 1),
+        dict(n_index=h.n_index + (h.user_off - h.index_off)), dict(n_user=1 << 30),
+        dict(n_merges=1), dict(max_piece_len=h.max_piece_len - 1),
+        dict(flags=1), dict(flags=4), dict(flags=1 << 31), dict(flags=0xFFFFFFFF),
     ]
 
 
@@ -551,42 +547,51 @@ def test_inconsistent_headers(engine, mqa, tmp_path):
             f"{fields}: {r.returncode} {r.stderr!r}"
 
 
-def test_weights_size_not_the_layout(engine, mqa, tmp_path):
-    """Sections consistent, but weights_size is not what the dimensions need: model_setup."""
+def test_program_past_its_weights(engine, mqa, tmp_path):
+    """Sections consistent, but the weights region ends before the last tensor the program
+    reads: bad program (load_model's sections are fine, check_program is not)."""
     h = ModelFile(mqa).header
     out = mutated(mqa, tmp_path, weights_size=h.weights_size - 64, file_size=h.file_size - 64)
     out.write_bytes(out.read_bytes()[:-64])
-    assert_error(run(engine, "-m", out, "--tokens"), "bad header")
-    # known flags, but the file lacks the norms they announce (the fixture has flags 0)
-    assert h.flags == 0
-    for flags in (1, 2, 3):
-        assert_error(run(engine, "-m", mutated(mqa, tmp_path, flags=flags), "--tokens"),
-                     "bad header")
+    assert_error(run(engine, "-m", out, "--tokens"), "bad program")
 
 
-def test_ffn_not_a_multiple_of_4(engine, tmp_path, monkeypatch):
-    """A file consistent in every other way (its weights the layout of its ffn) whose ffn is
-    not a multiple of 4 (geglu takes four values a pass): bad header, where ffn + 2 runs. The
-    Python writer refuses such a file, so the check is skipped to write it."""
-    monkeypatch.setattr(Dims, "check", lambda self: None)
-    for ffn, ok in ((6, False), (10, False), (8, True), (12, True)):
-        out = tmp_path / f"ffn{ffn}.bin"
-        write_model(out, Dims(400, 16, ffn, 1, 2, 1, 8, 16), synth_vocab(400, 0), synth_source(0),
-                    progress=False)
-        r = run(engine, "-m", out, "-p", "Hello", "-n", 2)
+def test_geglu_rows_not_a_multiple_of_4(engine, mqa, tmp_path):
+    """A MATMUL's rows (its s0's width) and GEGLU's n must be multiples of 4 (GEGLU takes four
+    values a pass; the gate's rows of a MATMUL hold it): each op edited to 2 fewer (still inside
+    its slot and its weight) is refused as a bad program; 4 fewer runs."""
+    ops = ModelFile(mqa).ops
+    gated = next(i for i, o in enumerate(ops) if o.op == modelfile4.Op.MATMUL and o.s2)
+    for less, ok in ((2, False), (4, True)):
+        d = bytearray(mqa.read_bytes())
+        struct.pack_into("<I", d, op_field(mqa, gated, "m"), ops[gated].m - less)
+        (tmp_path / "g.bin").write_bytes(d)
+        r = run(engine, "-m", tmp_path / "g.bin", "-p", "Hello", "-n", 2)
         if ok:
-            assert r.returncode == 0 and r.stderr == b"", f"ffn {ffn}: {r.returncode} {r.stderr!r}"
+            assert r.returncode == 0 and r.stderr == b"", f"{less}: {r.returncode} {r.stderr!r}"
         else:
-            assert_error(r, "bad header")
+            assert_error(r, "bad program")
 
 
-def test_accepted_header_values(engine, mqa, tmp_path):
-    """The new fields' edges that are valid: soft-caps 0 (none) up to FLT_MAX, and tiny."""
-    for fields in (dict(att_softcap=3.4028234663852886e38, final_softcap=1e-45),
-                   dict(att_softcap=1e-45, final_softcap=3.4028234663852886e38),
-                   dict(att_scale=3.4028234663852886e38), dict(att_scale=1e-45)):
-        r = run(engine, "-m", mutated(mqa, tmp_path, **fields), "-p", "Hello", "-n", 3)
-        assert r.returncode == 0 and r.stderr == b"", f"{fields}: {r.returncode} {r.stderr!r}"
+def op_field(model: Path, i: int, field: str) -> int:
+    """The byte offset of field `field` of op record i."""
+    h = ModelFile(model).header
+    return h.program_off + modelfile4.OP_REC * i + next(off for name, off, _ in modelfile4.OP_FIELDS if name == field)
+
+
+def test_any_scalars_run(engine, mqa, tmp_path):
+    """Scalars are data, not validated: soft-caps and scales at their float32 extremes (and
+    NaN, infinities) still run to the end, without a signal."""
+    ops = ModelFile(mqa).ops
+    attn = next(i for i, o in enumerate(ops) if o.op == modelfile4.Op.ATTN)
+    for a, c in ((3.4028234663852886e38, 1e-45), (1e-45, 3.4028234663852886e38), (float("nan"), float("inf")),
+                 (-1.0, -0.0)):
+        d = bytearray(mqa.read_bytes())
+        struct.pack_into("<ff", d, op_field(mqa, attn, "a"), a, c)
+        struct.pack_into("<f", d, op_field(mqa, len(ops) - 1, "c"), c)
+        (tmp_path / "s.bin").write_bytes(d)
+        r = run(engine, "-m", tmp_path / "s.bin", "-p", "Hello", "-n", 3)
+        assert r.returncode == 0 and r.stderr == b"", f"{a} {c}: {r.returncode} {r.stderr!r}"
 
 
 def test_bad_tables(engine, mqa, tmp_path):

@@ -25,7 +25,7 @@ op_table:
         dw      h_embed - forward
         db      OPW_NM, OPW_NM, 0, 0, WK_VEC, 0                         ; NORM
         dw      h_norm - forward
-        db      OPW_M+OPW_ALIGN4, OPW_N, OPW_M+OPW_OPTIONAL, 0, WK_MAT, 0       ; MATMUL
+        db      OPW_M, OPW_N, OPW_M+OPW_OPTIONAL+OPW_ALIGN4, 0, WK_MAT, 0       ; MATMUL
         dw      h_matmul - forward
         db      OPW_NM, OPW_NK+OPW_EMPTY, 0, 0, WK_HALF, OPT_TOKEN      ; ROPE
         dw      h_rope - forward
@@ -87,7 +87,7 @@ weight_row:
 ; slot's width 1 .. MAX_WIDTH and flags known (copied to slot_cache); every op: opcode known;
 ; each slot operand 1 .. n_slots (0 only where optional), its row (op_width: n, m and k
 ; below 2^32, so the products are exact) within the slot's width, not empty (but ROPE's s1),
-; a multiple of 4 floats where GEGLU runs on it (a MATMUL's s0 and s2, GEGLU's s0); ATTN's K
+; a multiple of 4 floats where GEGLU runs on it (a MATMUL's gate s2, GEGLU's s0); ATTN's K
 ; and V CACHE slots that an earlier op wrote; the weight inside the weights region, at a
 ; multiple of TENSOR_ALIGN, of a type its kind allows (Q8_0 only on rows of a multiple of
 ; QK8_0; ROPE's n even); EMBED's columns j + n <= k <= MAX_WIDTH (Q8_0: j, n multiples of

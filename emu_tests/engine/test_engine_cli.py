@@ -557,9 +557,9 @@ def test_program_past_its_weights(engine, mqa, tmp_path):
 
 
 def test_geglu_rows_not_a_multiple_of_4(engine, mqa, tmp_path):
-    """A MATMUL's rows (its s0's width) and GEGLU's n must be multiples of 4 (GEGLU takes four
-    values a pass; the gate's rows of a MATMUL hold it): each op edited to 2 fewer (still inside
-    its slot and its weight) is refused as a bad program; 4 fewer runs."""
+    """A gated MATMUL's rows (its s2's width) must be a multiple of 4 (GEGLU takes four values a
+    pass): edited to 2 fewer (still inside its slots and its weight) it is refused as a bad
+    program; 4 fewer runs."""
     ops = ModelFile(mqa).ops
     gated = next(i for i, o in enumerate(ops) if o.op == modelfile4.Op.MATMUL and o.s2)
     for less, ok in ((2, False), (4, True)):

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from builder.models.modelfile import Dims, LayerAttn, ModelFile, write_model
+from builder.models.program import write_dims
 from builder.twins.reference import Reference
 from builder.models.synth import synth_source, synth_vocab
 from builder.twins.tokenizer import Tokenizer
@@ -78,8 +79,15 @@ def gained_source(seed: int):
 
 
 def write(path: Path, dims: Dims, attn: list[LayerAttn]) -> Path:
-    write_model(path, dims, synth_vocab(dims.vocab, 0), gained_source(0), False, attn=attn)
+    """The model as version 4 at path (what the engine runs) and as version 2 beside it
+    (twin_of(path): the numpy twin's description of the same weights)."""
+    write_dims(path, dims, synth_vocab(dims.vocab, 0), gained_source(0), False, attn=attn)
+    write_model(twin_of(path), dims, synth_vocab(dims.vocab, 0), gained_source(0), False, attn=attn)
     return path
+
+
+def twin_of(path: Path) -> Path:
+    return path.with_suffix(".v2.bin")
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +101,7 @@ def twins(models) -> dict[str, tuple]:
     """(ids, prompt rows, step rows, greedy tokens) of the numpy twin, per model."""
     found = {}
     for name, path in models.items():
-        mf = ModelFile(path)
+        mf = ModelFile(twin_of(path))
         ids = Tokenizer(mf).encode(PROMPT.encode())
         found[name] = (ids, *Reference(mf).generate(ids, STEPS))
     return found
@@ -135,7 +143,7 @@ def test_features_matter(models, twins, tmp_path):
         for what, (d, a) in variants.items():
             if d == dims and a == attn:
                 continue
-            mf = ModelFile(write(tmp_path / "variant.bin", d, a))
+            mf = ModelFile(twin_of(write(tmp_path / "variant.bin", d, a)))
             got = np.stack([r for r in Reference(mf).generate(ids, 1)[0]])
             moved = float(np.abs(got - base).max())
             assert moved > FEATURE_MARGIN, f"{name}, {what}: the twin's logits move by {moved:.3g}"

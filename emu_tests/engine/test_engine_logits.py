@@ -44,6 +44,8 @@ import numpy as np
 import pytest
 
 from builder.models.modelfile import Dims, ModelFile, write_model
+from builder.models.modelfile4 import ModelFile4
+from builder.models.program import write_dims
 from builder.twins.reference import Reference
 from builder.models.synth import PRESETS, synth_source, synth_vocab
 from builder.twins.tokenizer import Tokenizer
@@ -64,19 +66,22 @@ SHAPE_STEPS = 8
 SHAPE_TEXT = "Hello world, the quick brown fox"
 
 
-def expected(name: str, source: str, prompt: int, model):
-    """(text, ids, prompt rows, step rows, greedy tokens, vocab, what they come from)."""
+def expected(name: str, source: str, prompt: int, model, out_dir):
+    """(text, ids, prompt rows, step rows, greedy tokens, vocab, what they come from); the
+    numpy twin reads the same checkpoint converted to version 2 (its description, not the
+    program the engine runs)."""
     oracle = json.loads((fixture_path(name) / "reference.json").read_text())
     assert oracle["steps"] == STEPS
     case = oracle["prompts"][prompt]
-    text, vocab = case["text"], ModelFile(model).dims.vocab
-    ids = Tokenizer(ModelFile(model)).encode(text.encode())
+    text, vocab = case["text"], ModelFile4(model).header.vocab
+    ids = Tokenizer(ModelFile4(model)).encode(text.encode())
     if ids == case["ids"]:
         with np.load(fixture_path(name) / "reference.npz") as z:
             rows = z[f"p{prompt}_prompt_logits"], z[f"p{prompt}_step_logits"]
         return text, ids, *rows, case["greedy"], vocab, "transformers"
     assert source == "gguf", f"{name}-{source}: {text!r} tokenizes to {ids}, not {case['ids']}"
-    return text, ids, *Reference(ModelFile(model)).generate(ids, STEPS), vocab, "numpy twin"
+    twin = ModelFile(convert_fixture(name, source, out_dir, version=2))
+    return text, ids, *Reference(twin).generate(ids, STEPS), vocab, "numpy twin"
 
 
 def top2_gap(row: np.ndarray) -> float:
@@ -130,7 +135,8 @@ def test_logits_and_greedy_tokens(gemma, tmp_path_factory, tmp_path, name, sourc
     """Every fixture (Gemma 1, 2, 3) from each of its sources, on the path this CPU picks, the
     baseline path and 3 threads (rows split unevenly over the threads)."""
     model = convert_fixture(name, source, tmp_path_factory.getbasetemp())
-    text, ids, prompt_ref, step_ref, greedy, vocab, oracle = expected(name, source, prompt, model)
+    text, ids, prompt_ref, step_ref, greedy, vocab, oracle = expected(name, source, prompt, model,
+                                                                      tmp_path_factory.getbasetemp())
     rows = run_engine(gemma.binary, model, text, STEPS, vocab, tmp_path / "logits.f32", flags)
     check_rows(f"{name}-{source} {' '.join(flags)} prompt {prompt} ({text!r}, expected rows "
                f"from {oracle})", rows, ids, prompt_ref, step_ref, greedy, TOL)
@@ -138,10 +144,12 @@ def test_logits_and_greedy_tokens(gemma, tmp_path_factory, tmp_path, name, sourc
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_shape_against_twin(gemma, tmp_path, shape):
+    """The engine on the version 4 file, the numpy twin on the version 2 file of the same model."""
     dims = SHAPES[shape]
-    model = tmp_path / f"{shape}.bin"
-    write_model(model, dims, synth_vocab(dims.vocab, 0), synth_source(0), False)
-    mf = ModelFile(model)
+    model, twin = tmp_path / f"{shape}.bin", tmp_path / f"{shape}-v2.bin"
+    write_dims(model, dims, synth_vocab(dims.vocab, 0), synth_source(0), False)
+    write_model(twin, dims, synth_vocab(dims.vocab, 0), synth_source(0), False)
+    mf = ModelFile(twin)
     ids = Tokenizer(mf).encode(SHAPE_TEXT.encode())
     prompt_ref, step_ref, greedy = Reference(mf).generate(ids, SHAPE_STEPS)
     rows = run_engine(gemma.binary, model, SHAPE_TEXT, SHAPE_STEPS, dims.vocab,

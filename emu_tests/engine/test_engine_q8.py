@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from builder.models.modelfile import Q8_0, Dims, ModelFile, tensor_layout, write_model
+from builder.models.program import write_dims
 from builder.twins.reference import Reference
 from builder.models.synth import PRESETS, synth_source, synth_vocab
 from builder.twins.tokenizer import Tokenizer
@@ -39,20 +40,26 @@ ATTN = {name: PRESETS[name].attn for name in ("tiny", "tiny-g2", "tiny-g3")}
 PATHS = {"fast": (), "baseline": ("--baseline",), "t3": ("-t", "3")}
 
 
-def q8_model(path, name: str):
-    dims = dataclasses.replace(Q8_SHAPES[name], flags=Q8_SHAPES[name].flags | Q8_0)
-    write_model(path, dims, synth_vocab(dims.vocab, 0), synth_source(0), False, attn=ATTN.get(name))
-    return ModelFile(path)
+class Q8Model:
+    """A synthetic Q8_0 model twice: `mf` the version 2 file (the numpy twin's description),
+    `path` the version 4 file of the same weights (what the engine runs)."""
+
+    def __init__(self, path, name: str):
+        dims = dataclasses.replace(Q8_SHAPES[name], flags=Q8_SHAPES[name].flags | Q8_0)
+        self.path, twin = path, path.with_suffix(".v2.bin")
+        write_dims(path, dims, synth_vocab(dims.vocab, 0), synth_source(0), False, attn=ATTN.get(name))
+        write_model(twin, dims, synth_vocab(dims.vocab, 0), synth_source(0), False, attn=ATTN.get(name))
+        self.mf, self.dims = ModelFile(twin), dims
 
 
 @pytest.fixture(scope="module")
 def q8_models(tmp_path_factory):
     out = tmp_path_factory.mktemp("q8")
-    return {name: q8_model(out / f"{name}.bin", name) for name in Q8_SHAPES}
+    return {name: Q8Model(out / f"{name}.bin", name) for name in Q8_SHAPES}
 
 
 def test_mixed_file_keeps_partial_rows_fp16(q8_models):
-    types = {s.name.rsplit(".", 1)[-1]: s.dtype for s in tensor_layout(q8_models["mixed"].header)}
+    types = {s.name.rsplit(".", 1)[-1]: s.dtype for s in tensor_layout(q8_models["mixed"].mf.header)}
     assert (types["embed"], types["gate"], types["up"], types["down"], types["wo"]) == \
         ("q8_0", "q8_0", "q8_0", "f16", "q8_0")
 
@@ -60,10 +67,10 @@ def test_mixed_file_keeps_partial_rows_fp16(q8_models):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", Q8_SHAPES)
 def test_q8_against_twin(gemma, q8_models, tmp_path, name, path):
-    mf = q8_models[name]
-    ids = Tokenizer(mf).encode(SHAPE_TEXT.encode())
-    prompt_ref, step_ref, greedy = Reference(mf).generate(ids, SHAPE_STEPS)
-    rows = run_engine(gemma.binary, mf.path, SHAPE_TEXT, SHAPE_STEPS, mf.dims.vocab,
+    q8 = q8_models[name]
+    ids = Tokenizer(q8.mf).encode(SHAPE_TEXT.encode())
+    prompt_ref, step_ref, greedy = Reference(q8.mf).generate(ids, SHAPE_STEPS)
+    rows = run_engine(gemma.binary, q8.path, SHAPE_TEXT, SHAPE_STEPS, q8.dims.vocab,
                       tmp_path / "logits.f32", PATHS[path])
     check_rows(f"{name} q8_0 {path}", rows, ids, prompt_ref, step_ref, greedy, TWIN_TOL)
 
@@ -75,13 +82,14 @@ def q8_fixtures(tmp_path_factory):
     out, found = tmp_path_factory.mktemp("q8-fixtures"), {}
     for name in TWINS:
         convert(fixture_path(name), out / f"{name}.bin", progress=False, wtype="q8_0")
-        mf = ModelFile(out / f"{name}.bin")
+        convert(fixture_path(name), out / f"{name}.v2.bin", progress=False, wtype="q8_0", version=2)
+        mf = ModelFile(out / f"{name}.v2.bin")
         texts = [c["text"] for c in json.loads((fixture_path(name) / "reference.json").read_text())["prompts"]]
         cases = []
         for text in texts:
             ids = Tokenizer(mf).encode(text.encode())
             cases.append((text, ids, *Reference(mf).generate(ids, STEPS)))
-        found[name] = mf, cases
+        found[name] = out / f"{name}.bin", mf, cases
     return found
 
 
@@ -90,9 +98,9 @@ def q8_fixtures(tmp_path_factory):
 def test_q8_fixtures_against_twin(gemma, q8_fixtures, tmp_path, name, path):
     """Every prompt position and greedy step of the fixtures' prompts, Q8_0, within TOL (the
     FP16 fixtures' tolerance, test_engine_logits) of the numpy twin on the dequantized weights."""
-    mf, cases = q8_fixtures[name]
+    model, mf, cases = q8_fixtures[name]
     for k, (text, ids, prompt_ref, step_ref, greedy) in enumerate(cases):
-        rows = run_engine(gemma.binary, mf.path, text, STEPS, mf.dims.vocab,
+        rows = run_engine(gemma.binary, model, text, STEPS, mf.dims.vocab,
                           tmp_path / f"logits{k}.f32", PATHS[path])
         check_rows(f"{name} q8_0 {path} prompt {k} ({text!r})", rows, ids, prompt_ref, step_ref,
                    greedy, TOL)
@@ -102,12 +110,12 @@ def test_q8_fixtures_against_twin(gemma, q8_fixtures, tmp_path, name, path):
 def test_q8_bits_do_not_depend_on_threads(gemma, q8_models, tmp_path, base):
     """-t 1, 2, 3 give the same bits; on the fast path so does --avx2 (the AVX2 kernels where
     the default runs the AVX-512 ones: the same bits by their promise)."""
-    mf = q8_models["tiny-g3"]
+    q8 = q8_models["tiny-g3"]
     text = SHAPE_TEXT * 3                   # several prompt blocks
     flags = {t: (*base, "-t", str(t)) for t in (1, 2, 3)}
     if not base:
         flags["--avx2"] = ("--avx2", "-t", "2")
-    runs = {t: run_engine(gemma.binary, mf.path, text, SHAPE_STEPS, mf.dims.vocab,
+    runs = {t: run_engine(gemma.binary, q8.path, text, SHAPE_STEPS, q8.dims.vocab,
                           tmp_path / f"t{t}.f32", f) for t, f in flags.items()}
     for t in flags:
         same_bits(f"q8_0 {flags[t]} vs -t 1", runs[t], runs[1])

@@ -21,7 +21,9 @@ import sentencepiece as spm
 
 from builder.models import synth
 from builder.models.convert_hf import sentencepiece_vocab
-from builder.models.modelfile import USER_DEFINED, ModelFile, Vocab, write_model
+from builder.models.modelfile import USER_DEFINED, Vocab
+from builder.models.modelfile4 import ModelFile4 as ModelFile
+from builder.models.program import write_dims
 from builder.twins.tokenizer import Tokenizer
 from emu_tests.harness import assemble, load_elf, run_program
 from modelfiles import fixture_path
@@ -35,7 +37,7 @@ def write_vocab_model(path: Path, vocab: Vocab) -> Path:
     """A tiny model (synth's tiny shapes, zero weights) with `vocab` and a 65,536 context."""
     dims = dataclasses.replace(synth.PRESETS["tiny"].dims, vocab=len(vocab.pieces),
                                max_ctx=MAX_CTX)
-    write_model(path, dims, vocab, lambda s: [np.zeros(s.shape, np.float32)], progress=False)
+    write_dims(path, dims, vocab, lambda s: [np.zeros(s.shape, np.float32)], progress=False)
     return path
 
 

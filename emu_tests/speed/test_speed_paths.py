@@ -37,7 +37,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.models.modelfile import Dims, read_header, write_model
+from builder.models.modelfile import Dims, write_model
+from builder.models.modelfile4 import ModelFile4
+from builder.models.program import write_dims
 from builder.models.synth import synth_source, synth_vocab
 from emu_tests.asm_facts import constant
 from emu_tests.harness import I64, In, Out, load_elf
@@ -161,7 +163,8 @@ def models(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("speed_models")
     found = {name: convert_fixture(name, "hf", out) for name in ("tiny_mqa", "tiny_wide")}
     odd = out / "odd.bin"
-    write_model(odd, ODD, synth_vocab(ODD.vocab, 0), synth_source(0), False)
+    write_dims(odd, ODD, synth_vocab(ODD.vocab, 0), synth_source(0), False)
+    write_model(out / "odd.v2.bin", ODD, synth_vocab(ODD.vocab, 0), synth_source(0), False)  # the twin's
     found["odd"] = odd
     return found
 
@@ -186,7 +189,7 @@ def same_run(what: str, got: tuple[bytes, bytes], want: tuple[bytes, bytes], voc
 
 
 def vocab_of(model: Path) -> int:
-    return read_header(model).vocab
+    return ModelFile4(model).header.vocab
 
 
 def close_run(what: str, got: tuple[bytes, bytes], want: tuple[bytes, bytes], vocab: int):
@@ -265,7 +268,7 @@ def test_long_prompt_against_twin(gemma, models, tmp_path):
     from builder.twins.reference import Reference
     model = models["odd"]
     ids = engine_ids(gemma.binary, model, LONG_PROMPT)
-    prompt_ref, step_ref, greedy = Reference(ModelFile(model)).generate(ids, STEPS)
+    prompt_ref, step_ref, greedy = Reference(ModelFile(model.with_suffix(".v2.bin"))).generate(ids, STEPS)
     rows = np.frombuffer(run([], gemma.binary, model, [], tmp_path / "l.f32", LONG_PROMPT)[1],
                          F32).reshape(-1, ODD.vocab)
     assert len(ids) > 3 * BLOCK, len(ids)

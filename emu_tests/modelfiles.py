@@ -3,11 +3,12 @@
     from modelfiles import fixture_path, convert_fixture
     path = convert_fixture("tiny_mqa", "hf", tmp_path_factory.getbasetemp())
 
-`convert_fixture(name, source, out_dir, version=None)` converts emu_tests/fixtures/<name>
-(source "hf": the Hugging Face directory; "gguf": its model-f16.gguf) to
-out_dir/<name>-<source>[-v<version>].bin with builder.models.convert (version: the model file
-version, default convert's: 2 for Gemma 1-3, 3 for Gemma 4) and caches the result for the
-session; builder.models.modelfile3.open_model opens a file of either version. Prefer "hf": its tokenizer tables are
+`convert_fixture(name, source, out_dir, version=None, wtype="f16")` converts
+emu_tests/fixtures/<name> (source "hf": the Hugging Face directory; "gguf": its model-f16.gguf)
+to out_dir/<name>-<source>[-<wtype>][-v<version>].bin (-<wtype> unless f16) with
+builder.models.convert (version: the model file version, default convert's: 2 for Gemma 1-3, 3
+for Gemma 4; wtype: its matrices' type, "f16" or "q8_0" as `convert --type q8_0` makes them) and
+caches the result for the session; builder.models.modelfile3.open_model opens a file of either version. Prefer "hf": its tokenizer tables are
 the sentencepiece ones (the fixtures' GGUFs mark user-defined pieces as normal; the weights
 are identical either way). MODELS are the Gemma 1 fixtures, TWINS every fixture with both
 sources (Gemma 1, 2, 3), ORACLES every (name, source) with a recorded transformers oracle
@@ -39,7 +40,7 @@ def random_source(seed: int):
     return source
 
 
-_converted: dict[tuple[str, str, Path, int | None], Path] = {}
+_converted: dict[tuple[str, str, Path, int | None, str], Path] = {}
 
 
 def fixture_path(name: str) -> Path:
@@ -50,17 +51,21 @@ def fixture_path(name: str) -> Path:
     return path
 
 
-def convert_fixture(name: str, source: str, out_dir: Path, version: int | None = None) -> Path:
-    """The engine model file of fixture model `name` converted from `source` ('hf' or 'gguf')."""
+def convert_fixture(name: str, source: str, out_dir: Path, version: int | None = None,
+                    wtype: str = "f16") -> Path:
+    """The engine model file of fixture model `name` converted from `source` ('hf' or 'gguf')
+    with matrices of `wtype`."""
     if source not in ("hf", "gguf"):
         raise ValueError(f"source must be 'hf' or 'gguf', not {source!r}")
     out_dir = Path(out_dir).resolve()
-    key = (name, source, out_dir, version)
+    key = (name, source, out_dir, version, wtype)
     if key not in _converted or not _converted[key].is_file():
         src = fixture_path(name)
         out_dir.mkdir(parents=True, exist_ok=True)
-        out = out_dir / f"{name}-{source}{f'-v{version}' if version else ''}.bin"
-        convert(src / "model-f16.gguf" if source == "gguf" else src, out, progress=False, version=version)
+        out = out_dir / (f"{name}-{source}{f'-{wtype}' if wtype != 'f16' else ''}"
+                         f"{f'-v{version}' if version else ''}.bin")
+        convert(src / "model-f16.gguf" if source == "gguf" else src, out, progress=False,
+                wtype=wtype, version=version)
         _converted[key] = out
     return _converted[key]
 

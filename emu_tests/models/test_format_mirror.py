@@ -1,15 +1,16 @@
-"""asm/format.asm mirrors builder/models/modelfile.py: every header offset, the magic, the version,
-the sizes and alignments, the header flags, the piece record fields and the piece types. And the
-other facts asm/ and Python share, or asm/ states twice: the dimension limits (model.asm's
-dim_bits, modelfile.DIM_LIMITS), the buffers' sizes, the GEGLU table's offsets."""
+"""asm/format.asm mirrors builder/models/modelfile4.py (version 4, what the engine reads): every
+header offset, the magic, the version, the sizes and alignments, the header flag, the slot and
+op records' fields, the opcodes and weight types, the piece record fields and the piece types.
+And the other facts asm/ and Python share, or asm/ states twice: the buffers' sizes, the GEGLU
+table's offsets."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from builder.models import modelfile
-from emu_tests.asm_facts import bytes_after, constant, constants_in
+from builder.models import modelfile, modelfile3, modelfile4
+from emu_tests.asm_facts import constant, constants_in
 from emu_tests.harness import load_elf
 
 
@@ -20,23 +21,44 @@ def asm_constants() -> dict[str, int]:
 
 def test_header_offsets():
     asm = asm_constants()
-    want = {f"HDR_{name.upper()}": off for name, off, _ in modelfile.HEADER_FIELDS}
+    want = {f"HDR_{name.upper()}": off for name, off, _ in modelfile4.HEADER_FIELDS}
     got = {k: v for k, v in asm.items() if k.startswith("HDR_")}
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
     assert not missing, f"format.asm lacks {missing}"
     assert not extra, f"format.asm has fields modelfile.py does not: {extra}"
     wrong = [(k, want[k], got[k]) for k in want if got[k] != want[k]]
-    assert not wrong, f"(name, modelfile.py, format.asm): {wrong}"
+    assert not wrong, f"(name, modelfile4.py, format.asm): {wrong}"
+
+
+def test_op_record_and_opcodes():
+    """OP_* offsets are modelfile4.OP_FIELDS' (the four slot bytes from OP_S0); OPC_* the
+    opcodes, N_OPCODES their count; SLOT_* the slot record's."""
+    asm = asm_constants()
+    fields = {name: off for name, off, _ in modelfile4.OP_FIELDS}
+    want = {f"OP_{name.upper()}": off for name, off in fields.items() if name not in ("s1", "s2", "s3")}
+    assert [fields[f"s{i}"] for i in range(4)] == [fields["s0"] + i for i in range(4)]
+    want |= {f"OPC_{op.name}": int(op) for op in modelfile4.Op} | {"N_OPCODES": len(modelfile4.Op)}
+    want |= {f"WT_{t.name}": int(t) for t in modelfile4.WType}
+    want |= {"SLOT_WIDTH": 0, "SLOT_FLAGS": 4, "SLOT_CACHE": modelfile4.CACHE, "OPF_ACC": modelfile4.ACC,
+             "MAX_WIDTH": modelfile4.MAX_WIDTH}
+    assert [name for name, _, _ in modelfile4.SLOT_FIELDS] == ["width", "flags"]
+    wrong = [(k, v, asm.get(k)) for k, v in want.items() if asm.get(k) != v]
+    assert not wrong, f"(name, modelfile4.py, format.asm): {wrong}"
+    assert sorted(modelfile4.Op) == list(range(1, len(modelfile4.Op) + 1))
 
 
 def test_scalars():
     asm = asm_constants()
     want = {
         "MODEL_MAGIC": int.from_bytes(modelfile.MAGIC, "little"),
-        "MODEL_VERSION": modelfile.VERSION,
+        "MODEL_VERSION": modelfile4.VERSION,
         "HEADER_SIZE": modelfile.HEADER_SIZE,
         "PIECE_REC": modelfile.PIECE_REC,
+        "SLOT_REC": modelfile4.SLOT_REC,
+        "OP_REC": modelfile4.OP_REC,
+        "MERGE_REC": modelfile3.MERGE_REC,
+        "FLAG_MERGES": modelfile3.MERGES,
         "TENSOR_ALIGN": modelfile.TENSOR_ALIGN,
         "WEIGHTS_ALIGN": modelfile.WEIGHTS_ALIGN,
         "PIECE_NORMAL": modelfile.NORMAL,
@@ -45,14 +67,11 @@ def test_scalars():
         "PIECE_USER": modelfile.USER_DEFINED,
         "PIECE_UNUSED": modelfile.UNUSED,
         "PIECE_BYTE": modelfile.BYTE,
-        "FLAG_POST_NORMS": modelfile.POST_NORMS,
-        "FLAG_QK_NORM": modelfile.QK_NORM,
-        "FLAG_Q8_0": modelfile.Q8_0,
         "QK8_0": modelfile.QK8_0,
         "Q8_0_BLOCK": modelfile.Q8_0_BLOCK,
     }
     wrong = [(k, v, asm.get(k)) for k, v in want.items() if asm.get(k) != v]
-    assert not wrong, f"(name, modelfile.py, format.asm): {wrong}"
+    assert not wrong, f"(name, modelfile4.py, format.asm): {wrong}"
 
 
 def test_piece_record():
@@ -62,18 +81,6 @@ def test_piece_record():
     want = {"PIECE_BLOB_OFF": 0, "PIECE_LEN": 4, "PIECE_SCORE": 8, "PIECE_TYPE": 12}
     wrong = [(k, v, asm.get(k)) for k, v in want.items() if asm.get(k) != v]
     assert not wrong, f"(name, modelfile.py, format.asm): {wrong}"
-
-
-def test_dimension_limits_are_the_engines():
-    """modelfile.DIM_LIMITS (what Dims.check accepts) is what load_model accepts: dim_bits,
-    one entry per u32 field from vocab on, in header order (then 31 for the three floats)."""
-    bits = bytes_after("dim_bits")
-    start = [name for name, _, _ in modelfile.HEADER_FIELDS].index("vocab")
-    fields = [(name, off, code) for name, off, code in modelfile.HEADER_FIELDS[start:start + len(bits)]]
-    assert [off for _, off, _ in fields] == [constant("HDR_VOCAB") + 4 * i for i in range(len(bits))]
-    got = {name: 1 << b for (name, _, code), b in zip(fields, bits) if code == "I"}
-    assert got == modelfile.DIM_LIMITS, f"dim_bits gives {got}, modelfile.DIM_LIMITS {modelfile.DIM_LIMITS}"
-    assert [b for (_, _, code), b in zip(fields, bits) if code == "f"] == [31, 31, 31]
 
 
 def test_buffers_have_their_constants_size(gemma):
@@ -104,3 +111,31 @@ def test_geglu_table_offsets(gemma):
     assert all((base + constant(name)) % 16 == 0 for name in lanes)
     c = np.frombuffer(image.read(base + constant("GC_C0"), 7 * 4), "<f4")
     assert c[0] == 1.0 and abs(c[1] - math.log(2)) < 1e-4 and (np.diff(c) < 0).all()  # 2^f's fit
+
+
+def test_op_table_is_the_readers_rules(gemma):
+    """program.asm's op_table (each opcode's slot operands as width codes and flags, its
+    weight's kind), read from the shipped image, states what modelfile4.RULES and ALIGN4 say:
+    on an op of distinct n, m, k (3, 5, 7) and slots 1 .. 4, the same operands, widths, CACHE
+    requirements, GEGLU alignment and weight shape; only MATMUL's gate may be slot 0 and only
+    ROPE's s1 may be empty."""
+    image = load_elf(gemma.elf, gemma.symbols)
+    table = image.read(gemma.symbols["op_table"]["address"], 8 * len(modelfile4.Op))
+    n, m, k, vocab = 3, 5, 7, 11
+    width = {constant("OPW_N"): n, constant("OPW_M"): m, constant("OPW_NM"): n * m, constant("OPW_NK"): n * k}
+    kinds = {0: None, constant("WK_VEC"): (n,), constant("WK_HALF"): (n // 2,), constant("WK_MAT"): (m, n),
+             constant("WK_TABLE"): (vocab, k), constant("WK_OUT"): (vocab, n)}
+    for op in modelfile4.Op:
+        row = table[8 * (op - 1):8 * op]
+        o = modelfile4.OpRec(int(op), 1, 2, 3, 4, n=n, m=m, k=k)
+        rule = modelfile4.RULES[op]
+        want = {f: (w, kv, (op, f) in modelfile4.ALIGN4) for f, w, kv in rule.slots(o)}
+        got = {f"s{i}": (width[c & 7], bool(c & constant("OPW_KV")), bool(c & constant("OPW_ALIGN4")))
+               for i, c in enumerate(row[:4]) if c & 7}
+        assert got == want, f"{op.name}: op_table {got}, modelfile4 {want}"
+        optional = {f"s{i}" for i, c in enumerate(row[:4]) if c & constant("OPW_OPTIONAL")}
+        empty = {f"s{i}" for i, c in enumerate(row[:4]) if c & constant("OPW_EMPTY")}
+        assert optional == ({"s2"} if op == modelfile4.Op.MATMUL else set()), op.name
+        assert empty == ({"s1"} if op == modelfile4.Op.ROPE else set()), op.name
+        shape = rule.weight(o, vocab) if rule.weight else None
+        assert kinds[row[4]] == shape, f"{op.name}: op_table's weight {kinds[row[4]]}, modelfile4 {shape}"

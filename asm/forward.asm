@@ -109,7 +109,6 @@ forward:
 
 ; h_embed: EMBED, s0_t = row id_t of the table (columns j .. j+n-1 of k) * a.
 h_embed:
-        push    rdi
         mov     rax, [rbp+FV_IDS]
         mov     esi, [rax+rdx*4]        ; id_t
         mov     eax, [r12+OP_WTYPE]
@@ -119,10 +118,10 @@ h_embed:
         mov     ecx, [r12+OP_K]
         call    weight_row              ; a row's bytes, the lookup
         imul    r10, rsi
-        add     r10, r9
-        add     r10, [rbp+FV_W]
-        xchg    rdx, r10                ; rdx -> the row's column j; r10: the lookup
-        pop     rdi
+        add     r9, r10
+        add     r9, [rbp+FV_W]
+        mov     r10, rdx
+        mov     rdx, r9                 ; -> column j of row id_t
         lea     rsi, [r12+OP_A]         ; [a]
         push    1                       ; the row as an (n,1) column
         pop     rcx

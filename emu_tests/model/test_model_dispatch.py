@@ -2,13 +2,13 @@
 CPU, an AVX2 CPU, an AVX-512 CPU, or one of them missing a feature or OS support, and the
 kernels and tokens per call it stores must be the ones its header promises: the AVX2 kernels
 (FP16 3 tokens a call: its prompt tiles; Q8_0 FAST_TOKENS) only with AVX, FMA, F16C, OSXSAVE,
-XCR0 bits 1-2 and every product's n a multiple of 16, and not with --baseline; the AVX-512
+XCR0 bits 1-2 and every product's n a multiple of 16 (fv_cols: check_program ors every MATMUL's
+n into it), and not with --baseline; the AVX-512
 kernels (TILE8_TOKENS both: their 3 x 8 tiles) where AVX-512F and XCR0 bits 5-7 come on top, and not with --avx2;
 the baseline kernels and 1 token otherwise.
 
-cpu_setup takes rbx (the model header) and rbp (fwd_vars) and writes the image's job
-variables, so a SysV wrapper (test-side, assembled above the image) sets them and copies the
-four results out.
+cpu_setup reads fv_cols and the flags and writes the image's job variables, so a SysV wrapper
+(test-side, assembled above the image) sets them and copies the four results out.
 """
 from __future__ import annotations
 
@@ -20,17 +20,15 @@ from emu_tests.harness import AVX2, AVX512, BASELINE, Emulator, Out, load_elf, w
 from emu_tests.harness.cpus import XCR0_AVX, XCR0_X87_SSE
 
 WRAPPER = {
-    # cpu_setup_sysv(out u64[4], header, q_dim, baseline, avx2): out = kernel, Q8_0 kernel,
-    # their tokens per call
+    # cpu_setup_sysv(out u64[4], cols, baseline, avx2): out = kernel, Q8_0 kernel, their
+    # tokens per call
     "cpu_setup_sysv": """
         push rbx
         push rbp
         push rdi
-        mov rbx, rsi
-        mov rbp, {fwd_vars}
-        mov dword ptr [{fv_q_dim}], edx
-        mov byte ptr [{opt_baseline}], cl
-        mov byte ptr [{opt_avx2}], r8b
+        mov dword ptr [{fv_cols}], esi
+        mov byte ptr [{opt_baseline}], dl
+        mov byte ptr [{opt_avx2}], cl
         call {cpu_setup}
         pop rdi
         mov rax, qword ptr [{job_kernel}]
@@ -45,7 +43,7 @@ WRAPPER = {
         pop rbx
         ret""",
 }
-GEMMA_2B = (2048, 16384, 2048)                      # dim, ffn, heads x head_dim
+GEMMA_2B = (2048, 16384, 2048)                      # the products' n: dim, ffn, heads x head_dim
 SLOW = ("matmul_f16", "matmul_q8", 1, 1)
 FAST = ("matmul_f16_avx2", "matmul_q8_avx2", constant("TILE_TOKENS"), constant("FAST_TOKENS"))
 FAST512 = ("matmul_f16_avx512", "matmul_q8_avx512", constant("TILE8_TOKENS"), constant("TILE8_TOKENS"))
@@ -83,10 +81,8 @@ def image(gemma):
                          ids=[f"{c[0].name}-{c[1]}-{c[2] or 'default'}" for c in CASES])
 def test_cpu_setup_picks_the_kernels(image, cpu, dims, flags, want):
     dim, ffn, q_dim = dims
-    header = np.zeros(16, np.uint32)
-    header[constant("HDR_DIM") // 4], header[constant("HDR_FFN") // 4] = dim, ffn
     out = Emulator(image, cpu=cpu).call("cpu_setup_sysv", Out(np.zeros(4, np.uint64), "out"),
-                                        header, q_dim, int("--baseline" in flags),
+                                        dim | ffn | q_dim, int("--baseline" in flags),
                                         int("--avx2" in flags)).out
     names = {image.symbol(s).address: s for s in SLOW[:2] + FAST[:2] + FAST512[:2]}
     got = (names.get(int(out[0]), hex(int(out[0]))), names.get(int(out[1]), hex(int(out[1]))),

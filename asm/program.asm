@@ -174,8 +174,9 @@ check_program:
         jc      .bad                    ; (n odd)
 .vector:
         test    edx, edx                ; F32
-        jnz     .bad
-        jmp     .room
+        jz      .room
+.bad2:
+        jmp     .bad                    ; (the rest of the routine reaches it in a short jump)
 .matrix:
         mov     r8d, [rbx+HDR_VOCAB]
         cmp     al, WK_TABLE
@@ -187,25 +188,25 @@ check_program:
 .table:
         mov     ecx, [r12+OP_K]         ; [vocab, k]
         cmp     ecx, MAX_WIDTH
-        ja      .bad
+        ja      .bad2
 .typed:
         dec     edx
         cmp     edx, WT_Q8_0-1
-        ja      .bad                    ; neither F16 nor Q8_0
+        ja      .bad2                   ; neither F16 nor Q8_0
         jb      .room
         test    cl, QK8_0-1
-        jnz     .bad
+        jnz     .bad2
 .room:
         mov     eax, [r12+OP_WTYPE]
         call    weight_row
         imul    r10, r8
         mov     rax, [r12+OP_W]
         test    al, TENSOR_ALIGN-1
-        jnz     .bad
+        jnz     .bad2
         add     rax, r10
-        jc      .bad
+        jc      .bad2
         cmp     rax, [rbx+HDR_WEIGHTS_SIZE]
-        ja      .bad
+        ja      .bad2
 
 .rules:                                 ; what the handlers assume
         mov     al, [r12+OP_OP]
@@ -216,7 +217,7 @@ check_program:
         add     rax, rcx
         mov     edx, [r12+OP_K]
         cmp     rax, rdx
-        ja      .bad
+        ja      .bad2
         cmp     byte [r12+OP_WTYPE], WT_Q8_0
         jne     .ok
         or      ecx, [r12+OP_J]
@@ -235,13 +236,13 @@ check_program:
         jne     .ok
         cmp     r13d, 1                 ; the last op
 .test:
-        jne     .bad
+        jne     .bad2
 .ok:
         add     r12, OP_REC
         dec     r13d
         jnz     .op
         cmp     byte [r12+OP_OP-OP_REC], OPC_LOGITS
-        jne     .bad                    ; the last op is not LOGITS
+        jne     .bad2                   ; the last op is not LOGITS
         ret
 
 ; model_setup: validate the program (check_program), then give each slot its buffer: a

@@ -247,6 +247,12 @@ def _width(name: str, v: int, low: int = 1, high: int = MAX_WIDTH) -> None:
         raise ModelFormatError(f"{name} = {v} is out of range ({low} .. {high})")
 
 
+def _widths(o: OpRec, names: str) -> None:
+    """Each of the op's fields named (n, m, k) 1 .. MAX_WIDTH."""
+    for name in names.split():
+        _width(name, getattr(o, name))
+
+
 def _positive(name: str, v: float) -> None:
     if not 0 < v <= FLT_MAX:
         raise ModelFormatError(f"{name} ({v}) must be positive and finite")
@@ -260,25 +266,29 @@ def _cap(name: str, v: float) -> None:
 def _check_shape(o: OpRec, vocab: int) -> None:
     """The widths and scalars an opcode's row of the op table requires."""
     if o.op == Op.EMBED:
-        _width("n", o.n), _width("k", o.k)
+        _widths(o, "n k")
         if o.j + o.n > o.k:
             raise ModelFormatError(f"columns j .. j + n - 1 ({o.j} .. {o.j + o.n - 1}) are outside the table's k = {o.k}")
         if o.wtype == WType.Q8_0 and (o.k % QK8_0 or o.j % QK8_0 or o.n % QK8_0):
             raise ModelFormatError(f"a Q8_0 table needs k, j and n multiples of {QK8_0} (k {o.k}, j {o.j}, n {o.n})")
     elif o.op == Op.NORM:
-        _width("n", o.n), _width("m", o.m), _positive("eps a", o.a)
+        _widths(o, "n m")
+        _positive("eps a", o.a)
     elif o.op == Op.MATMUL:
-        _width("n", o.n), _width("m", o.m)
+        _widths(o, "n m")
         if o.k not in (0, 1):
             raise ModelFormatError(f"k = {o.k} must be 0 or 1 (GEGLU)")
         if o.k == 1 and o.m % 4:
             raise ModelFormatError(f"with GEGLU (k 1) m = {o.m} must be a multiple of 4")
     elif o.op == Op.ROPE:
-        _width("n", o.n), _width("m", o.m), _width("k", o.k, 0)
+        _widths(o, "n m")
+        _width("k", o.k, 0)
         if o.n % 2:
             raise ModelFormatError(f"n = {o.n} is odd")
     elif o.op == Op.ATTN:
-        _width("n", o.n), _width("m", o.m), _width("k", o.k), _positive("scale a", o.a), _cap("soft-cap c", o.c)
+        _widths(o, "n m k")
+        _positive("scale a", o.a)
+        _cap("soft-cap c", o.c)
         if o.m % o.k:
             raise ModelFormatError(f"m = {o.m} query heads is not a multiple of k = {o.k} kv heads")
     elif o.op == Op.GEGLU:
@@ -292,7 +302,8 @@ def _check_shape(o: OpRec, vocab: int) -> None:
     elif o.op == Op.ADD:
         _width("n", o.n)
     elif o.op == Op.LOGITS:
-        _width("n", o.n), _cap("soft-cap c", o.c)
+        _width("n", o.n)
+        _cap("soft-cap c", o.c)
         if o.m != vocab:
             raise ModelFormatError(f"m = {o.m} must be vocab ({vocab}): a row of logits per piece")
 

@@ -6,6 +6,7 @@ the reader refuses each rule's violation with one clear line while it accepts th
 and the mutations the rules allow."""
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
@@ -21,6 +22,15 @@ from builder.models.synth4 import PRESETS4, gemma4_preset
 from modelfiles import convert_fixture, fixture_path
 
 FIXTURES = ("tiny_mqa", "tiny_wide", "tiny_g2", "tiny_g3", "tiny_g4", "tiny_g4k")
+
+
+def test_format_md_tables():
+    """docs/format.md, "Version 4": its header table and its op record table are the code's."""
+    codes = {"8 bytes": "8s", "u8": "B", "u32": "I", "f32": "f", "u64": "Q"}
+    text = (Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text().split("## Version 4", 1)[1]
+    rows = lambda t: [(n, int(o), codes[c]) for o, n, c in re.findall(r"^\| (\d+) \| (\w+) \| ([\w ]+?) \|", t, re.M)]  # noqa: E731
+    assert rows(text.split("### Header (version 4)", 1)[1].split("###", 1)[0]) == HEADER_FIELDS
+    assert rows(text.split("### Op records", 1)[1].split("###", 1)[0]) == OP_FIELDS
 
 
 def test_layout_is_the_contracts():

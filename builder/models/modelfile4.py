@@ -155,6 +155,7 @@ Header.__module__ = __name__
 
 @dataclass(frozen=True)
 class Slot:
+    """One slot record: the most floats a token's row holds, and CACHE."""
     width: int
     flags: int = 0  # CACHE
 

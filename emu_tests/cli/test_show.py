@@ -42,3 +42,15 @@ def test_other_versions_are_refused(tmp_path, capsys):
     assert show.main([str(path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model file version 3: show reads version 4" in err
+
+
+def test_a_file_that_breaks_a_rule_is_refused_in_one_line(tmp_path, capsys):
+    """show validates first: an op with an unknown opcode is named, nothing is listed."""
+    from builder.models.modelfile4 import ModelFile4
+    path = convert_fixture("tiny_g3", "hf", tmp_path, 4)
+    data = bytearray(path.read_bytes())
+    data[ModelFile4(path).header.program_off + 48 * 5] = 12
+    (tmp_path / "bad.bin").write_bytes(bytes(data))
+    assert show.main([str(tmp_path / "bad.bin")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "op 5 (op12): unknown opcode 12 (known: 1 .. 9)" in err

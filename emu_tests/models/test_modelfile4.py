@@ -6,6 +6,7 @@ the reader refuses each rule's violation with one clear line while it accepts th
 and the mutations the rules allow."""
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
@@ -18,9 +19,18 @@ from builder.models.modelfile import ModelFormatError
 from builder.models.modelfile3 import ModelFile3, Rope
 from builder.models.modelfile4 import ACC, CACHE, HEADER_FIELDS, OP_FIELDS, OP_REC, SLOT_REC, ModelFile4, Op, OpRec
 from builder.models.synth4 import PRESETS4, gemma4_preset
-from modelfiles import convert_fixture
+from modelfiles import convert_fixture, fixture_path
 
 FIXTURES = ("tiny_mqa", "tiny_wide", "tiny_g2", "tiny_g3", "tiny_g4", "tiny_g4k")
+
+
+def test_format_md_tables():
+    """docs/format.md, "Version 4": its header table and its op record table are the code's."""
+    codes = {"8 bytes": "8s", "u8": "B", "u32": "I", "f32": "f", "u64": "Q"}
+    text = (Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text().split("## Version 4", 1)[1]
+    rows = lambda t: [(n, int(o), codes[c]) for o, n, c in re.findall(r"^\| (\d+) \| (\w+) \| ([\w ]+?) \|", t, re.M)]  # noqa: E731
+    assert rows(text.split("### Header (version 4)", 1)[1].split("###", 1)[0]) == HEADER_FIELDS
+    assert rows(text.split("### Op records", 1)[1].split("###", 1)[0]) == OP_FIELDS
 
 
 def test_layout_is_the_contracts():
@@ -341,3 +351,38 @@ def test_too_many_layers_for_the_slots():
                                  kv_heads=(1, 1), ffn=16, max_ctx=64)
     with pytest.raises(ModelFormatError, match="the program needs 265 slots, at most 255 fit"):
         program.compile_program(model, ropes, 4)
+
+
+# ---- the command lines --------------------------------------------------------------------------
+
+def test_command_lines_write_version_4(tmp_path, capsys):
+    from builder.models import convert, synth
+    from builder.models.modelfile3 import file_version
+    assert synth.main(["--preset", "tiny-g4-dense", "-o", str(tmp_path / "s.bin"), "--format", "4", "-q"]) == 0
+    assert "version 4 (Gemma 4), vocab 1024, 243 ops on 18 slots" in capsys.readouterr().out
+    assert ModelFile4(tmp_path / "s.bin").header.generation == 4
+    for name, gen in (("tiny_g2", 2), ("tiny_mqa", 1)):
+        assert convert.main([str(fixture_path(name)), "-o", str(tmp_path / "c.bin"), "--format", "4", "-q"]) == 0
+        assert ModelFile4(tmp_path / "c.bin").header.generation == gen
+    # the defaults stay what the engine reads today: 2 for Gemma 1-3, 3 for Gemma 4
+    assert convert.main([str(fixture_path("tiny_g2")), "-o", str(tmp_path / "d.bin"), "-q"]) == 0
+    assert file_version(tmp_path / "d.bin") == 2
+    assert synth.main(["--preset", "tiny-g4-dense", "-o", str(tmp_path / "d.bin"), "-q"]) == 0
+    assert file_version(tmp_path / "d.bin") == 3
+
+
+def test_command_lines_refuse_moe_in_one_line(tmp_path, capsys):
+    from builder.models import convert, synth
+    assert convert.main([str(fixture_path("tiny_g4moe")), "-o", str(tmp_path / "m.bin"), "--format", "4", "-q"]) == 1
+    assert synth.main(["--preset", "tiny-g4", "-o", str(tmp_path / "s.bin"), "--format", "4", "-q"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all("MoE model (4 experts) cannot be written as model file version 4 yet" in e for e in err)
+    assert not (tmp_path / "m.bin").exists() and not (tmp_path / "s.bin").exists()
+
+
+def test_gguf_and_hf_sources_compile_alike(files, tmp_path):
+    """tiny_g4 from its GGUF twin: the same program and the same weights, byte for byte."""
+    hf = ModelFile4(files["tiny_g4"][0])
+    gguf = ModelFile4(convert_fixture("tiny_g4", "gguf", tmp_path, 4))
+    assert gguf.ops == hf.ops and gguf.slots == hf.slots
+    assert np.array_equal(gguf._map[gguf.header.weights_off:], hf._map[hf.header.weights_off:])

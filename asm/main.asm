@@ -150,7 +150,7 @@ setup:
         cmp     eax, ecx
         ja      err_bad_c
         mov     [rbp+V_CTX_LEN], eax    ; (-n may exceed it: generation stops at a full context)
-        call    model_setup
+        call    model_setup             ; (clobbers r12-r15)
         call    tokenize                ; r12 -> ids, r13d = count (<= ctx_len)
         cmp     byte [rbp+V_TOKENS], 0
         je      .no_tokens

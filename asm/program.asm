@@ -250,15 +250,11 @@ check_program:
 ; threads at most, ctx_len + MATVEC_LANES - 1 floats each: softmax's lanes past n_t) and the
 ; logits' (BLOCK, vocab); choose the kernels (cpu_setup) and start the workers
 ; (threads_start).
-;   in: rbx model header, ctx_len, n_threads   out: slot_ptr, fv_att, fv_logits; fatal "bad
-;   program", "out of memory", "cannot start threads"
-;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0 (preserves the rest)
+;   in: rbx model header, rbp front_base, ctx_len, n_threads   out: slot_ptr, fv_att,
+;   fv_logits; fatal "bad program", "out of memory", "cannot start threads"
+;   clobbers: rax rcx rdx rsi rdi r8-r15 xmm0 (keeps rbx rbp)
 model_setup:
-        push    r12
-        push    r13
-        push    r14
-        push    r15
-        push    rbp
+        push    rbp                     ; (also aligns rsp for the calls)
         call    check_program
         mov     r12d, [rbx+HDR_N_SLOTS]
 .buffer:
@@ -288,8 +284,4 @@ model_setup:
         call    cpu_setup               ; the kernel (cpu.asm; keeps rbx)
         call    threads_start           ; the workers (threads.asm; keeps rbx)
         pop     rbp
-        pop     r15
-        pop     r14
-        pop     r13
-        pop     r12
         ret

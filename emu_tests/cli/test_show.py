@@ -33,7 +33,7 @@ def test_listing_names_every_operand(tmp_path):
     lines = show.show(path).splitlines()
     ops = lines[lines.index("program (208 ops):") + 1:]
     assert len(ops) == 208 and ops[0].split()[1] == "EMBED" and ops[-1].split()[1] == "LOGITS"
-    assert ops[10].split()[1:] == ["ATTN", "s1[4x16]", "<-", "s2[4x16]", "K", "k8[16]", "V", "k9[16]", "window", "6",
+    assert ops[10].split()[1:] == ["ATTN", "s2[4x16]", "<-", "s3[4x16]", "K", "k9[16]", "V", "k10[16]", "window", "6",
                                    "scale", "1.0", "softcap", "0.0"]
 
 

@@ -7,9 +7,11 @@ of the engine's interpreter, op by op as docs/format.md ("Version 4") defines ea
 
 Slots are flat float32 buffers (a plain slot BLOCK rows, a CACHE slot `ctx` rows of its width),
 numbered from 1 as the ops name them (operand 0: none); an operand of width w sees its slot as
-rows of w floats (token t: row t, or pos + t in a CACHE slot), as the engine does. The arithmetic is builder.twins.reference's (rmsnorm, gelu_tanh,
-rope, softcap, matvec), one token at a time, so a token's numbers do not depend on how a prompt
-is cut into blocks; it is held against that description-driven reference and the recorded
+rows of w floats (token t: row t, or pos + t in a CACHE slot), as the engine does. An op reads
+only its own fields (MATMUL's GEGLU gate is on when s2 names a slot; a ROPE with k = 0 leaves
+s1 alone). The arithmetic is builder.twins.reference's (rmsnorm, gelu_tanh, rope, softcap,
+matvec), one token at a time, so a token's numbers do not depend on how a prompt is cut into
+blocks; it is held against that description-driven reference and the recorded
 transformers logits by emu_tests/twins/test_program.py. Weights: FP16 widened to float32, Q8_0
 as d q (exact); a weight over WIDEN_LIMIT bytes stays in the file, widened rows at a time.
 """

@@ -1,7 +1,9 @@
 """Seeded mutators of version 4 model files: hostile programs as Cases (mutate.Case).
 
 `Base4` parses a valid version 4 file (builder.models.modelfile4 defines the format; this module
-only reads a file's header, slots and ops to aim at them). `make_cases4(bases, seed, count)`
+only reads a file's header, slots and ops to aim at them). `junk(op, n_slots)` is an op with
+junk in every field it does not read (READS), `with_junk` a file whose every op is so (the
+interpreter and show are held to ignoring them too). `make_cases4(bases, seed, count)`
 returns the systematic families on each base, then seeded random mutations up to `count`:
 - opcodes: each op's opcode set to unknown values (0, 10, 11, 255, 2^31, 2^32-1), or to another
   known one;
@@ -10,7 +12,8 @@ returns the systematic families on each base, then seeded random mutations up to
   writes, the destination of an op that writes a K or V elsewhere; MATMUL's gate (s2) turned
   off, and on; each slot field an op does not use set;
 - widths: each op's n, m, k, j set to edge values;
-- op flags: each op's flags set to 0, ACC, an unknown bit, every bit;
+- op flags: each op's flags set to 0, ACC, an unknown bit, every bit; every op's fields it
+  does not read set to junk at once;
 - slot widths and flags: each slot's width at 0, one below what its widest operand needs, that
   width exactly, 65536 and past it; CACHE cleared and set; unknown flag bits;
 - op and slot counts: the program rewritten with an op dropped, doubled, moved, LOGITS doubled
@@ -39,21 +42,45 @@ from pathlib import Path
 
 from builder.models.modelfile import HEADER_SIZE
 from builder.models.modelfile4 import (ACC, CACHE, HEADER_END, HEADER_FIELDS, MAX_WIDTH, OP_FIELDS, OP_REC, RULES,
-                                       SLOT_OPERANDS, SLOT_REC, STRING_REC, N_STRINGS, Op, OpRec, WType, weight_bytes)
+                                       SLOT_OPERANDS, SLOT_REC, STRING_REC, N_STRINGS, ModelFile4, Op, OpRec, WType,
+                                       weight_bytes)
 from linker.layout import align_up
 
 from .model import write_case
 from .mutate import F32_BITS, MODEL, PROMPTS, U32_EDGES, Case
 
 UNKNOWN_OPS = [0, 10, 11, 255, 0x80000000, 0xFFFFFFFF]
-# The widths each opcode reads (the page's op table); it ignores the others.
-WIDTHS = {Op.EMBED: "n k j", Op.NORM: "n m", Op.MATMUL: "n m", Op.ROPE: "n m k", Op.ATTN: "n m k j", Op.GEGLU: "n",
-          Op.SCALE: "n", Op.ADD: "n", Op.LOGITS: "n"}
+# The fields each opcode reads (the page's op table; flags: ACC, bit 0, on NORM and MATMUL).
+# Writers write 0 in the others; readers (the reader, the interpreter, show, the engine) ignore them.
+READS = {Op.EMBED: "s0 n k j a w wtype", Op.NORM: "s0 s1 n m a w wtype", Op.MATMUL: "s0 s1 s2 n m w wtype",
+         Op.ROPE: "s0 s1 n m k w wtype", Op.ATTN: "s0 s1 s2 s3 n m k j a c", Op.GEGLU: "s0 s1 n", Op.SCALE: "s0 n a",
+         Op.ADD: "s0 s1 n", Op.LOGITS: "s1 n c w wtype"}
+JUNK = dict(s0=250, s1=251, s2=252, s3=253, n=0xFFFFFFFF, m=0xFFFFFFFE, k=0x10001, j=12345, a=float("nan"),
+            c=-float("inf"), w=(1 << 64) - 1, wtype=0xFFFFFFFF)
 SHIFTED = ("strings_off", "pieces_off", "index_off", "user_off", "merges_off", "blob_off")  # after the program
 
 
 def f32_of(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def junk(o: OpRec, n_slots: int) -> OpRec:
+    """o with every field it does not read set to junk (a ROPE of q alone: its s1 at another
+    slot), and every flag bit but ACC where ACC is read."""
+    fields = {f: v for f, v in JUNK.items() if f not in READS[Op(o.op)].split()}
+    if o.op == Op.ROPE and not o.k:
+        fields["s1"] = n_slots
+    acc = o.flags & ACC if o.op in (Op.NORM, Op.MATMUL) else ACC
+    return replace(o, **fields, flags=0xFFFFFFFF ^ ACC | acc)
+
+
+def with_junk(path: Path, f: ModelFile4, out: Path) -> Path:
+    """A copy of the version 4 file at path (read as f) at out, its ops' unread fields junk."""
+    data = bytearray(path.read_bytes())
+    program = b"".join(junk(o, len(f.slots)).pack() for o in f.ops)
+    data[f.header.program_off:f.header.program_off + len(program)] = program
+    out.write_bytes(bytes(data))
+    return out
 
 
 def kv_written(ops: list[OpRec]) -> bool:
@@ -192,7 +219,7 @@ class _Maker4:
     def width_verdict(self, o: OpRec, f: str, v: int) -> bool | None:
         """What the page decides for op o with field f (n, m, k or j) := v, alone."""
         op, slots = Op(o.op), self.base.slots
-        if f not in WIDTHS[op].split():
+        if f not in READS[op].split():
             return False                # ignored
         if f in ("n", "m") and not 1 <= v <= MAX_WIDTH:
             return True                 # an operand's row of v (or v groups) is empty or wider than any slot
@@ -213,9 +240,12 @@ class _Maker4:
 
     def op_flags(self) -> list[Case]:
         """ACC is allowed wherever it is read (NORM, MATMUL with or without its gate) and
-        ignored elsewhere; the other bits are ignored."""
-        return [self.op_case(f"flags := {v:#x}", i, False, flags=v) for i in self.base.representatives()
-                for v in (0, ACC, 2, 0xFFFFFFFF) if v != self.base.ops[i].flags]
+        ignored elsewhere; the other bits are ignored; so is every field an op does not read
+        (all of them at once, in every op)."""
+        out = [self.op_case(f"flags := {v:#x}", i, False, flags=v) for i in self.base.representatives()
+               for v in (0, ACC, 2, 0xFFFFFFFF) if v != self.base.ops[i].flags]
+        program = b"".join(junk(o, len(self.base.slots)).pack() for o in self.base.ops)
+        return out + [self.case("every field no op reads := junk", ((self.h["program_off"], program),), False)]
 
     def slot_case(self, label: str, s: int, width: int, flags: int, verdict: bool | None) -> Case:
         raw = struct.pack("<II", width, flags)
@@ -317,7 +347,8 @@ class _Maker4:
             at = self.h["strings_off"] + STRING_REC * s
             off, n = struct.unpack_from("<II", self.base.data, at)
             for o2, n2, verdict in ((0, n, True), (first - 1, n, True), (size, 0, False), (size - n + 1, n, True),
-                                    (off, 257, True), (off, 0xFFFFFFFF, True), (0xFFFFFFFF, 1, True), (first, 0, False)):
+                                    (off, 257, True), (off, 0xFFFFFFFF, True), (0xFFFFFFFF, 1, True),
+                                    (first, 0, False)):
                 out.append(self.case(f"string {s} := ({o2}, {n2})", ((at, struct.pack("<II", o2, n2)),), verdict))
         return out
 

@@ -7,7 +7,6 @@ tensors of their own; prompts cut into blocks at several boundaries give the sam
 does a program whose ops hold junk in every field they do not read."""
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -15,10 +14,11 @@ import pytest
 
 from builder.models import program, synth
 from builder.models.modelfile3 import ModelFile3, open_model
-from builder.models.modelfile4 import ACC, OP_REC, ModelFile4, Op, OpRec
+from builder.models.modelfile4 import ModelFile4
 from builder.models.synth4 import gemma4_preset
 from builder.twins.program import Interpreter
 from builder.twins.reference import Reference
+from fuzz.mutate4 import with_junk
 from modelfiles import convert_fixture, fixture_path
 from test_reference import CASES, TOL, check_rows
 
@@ -127,35 +127,12 @@ def test_ple_proj_rows_stored_apart(tmp_path):
     compare_versions(tmp_path / "v3.bin", tmp_path / "v4.bin", list(range(2, 20)))
 
 
-# The fields each opcode reads (docs/format.md, "Version 4"); flags: ACC (bit 0) on NORM and
-# MATMUL. Writers write 0 in the others; a reader and an interpreter ignore them.
-READS = {Op.EMBED: "s0 n k j a w wtype", Op.NORM: "s0 s1 n m a w wtype", Op.MATMUL: "s0 s1 s2 n m w wtype",
-         Op.ROPE: "s0 s1 n m k w wtype", Op.ATTN: "s0 s1 s2 s3 n m k j a c", Op.GEGLU: "s0 s1 n", Op.SCALE: "s0 n a",
-         Op.ADD: "s0 s1 n", Op.LOGITS: "s1 n c w wtype"}
-JUNK = dict(s0=250, s1=251, s2=252, s3=253, n=0xFFFFFFFF, m=0xFFFFFFFE, k=0x10001, j=12345, a=float("nan"),
-            c=-float("inf"), w=(1 << 64) - 1, wtype=0xFFFFFFFF)
-
-
-def junk(o: OpRec, n_slots: int) -> OpRec:
-    """o with every field it does not read set to junk (a ROPE of q alone: its s1 at another
-    slot), and every flag bit but ACC where ACC is read."""
-    fields = {f: v for f, v in JUNK.items() if f not in READS[Op(o.op)].split()}
-    if o.op == Op.ROPE and not o.k:
-        fields["s1"] = n_slots
-    acc = o.flags & ACC if o.op in (Op.NORM, Op.MATMUL) else ACC
-    return dataclasses.replace(o, **fields, flags=0xFFFFFFFF ^ ACC | acc)
-
-
 def test_unused_fields_change_nothing(tmp_path):
     """tiny_g4 (every opcode) with every field an op does not read set to junk: the reader
     accepts it and the interpreter computes the same bits."""
     path = convert_fixture("tiny_g4", "hf", tmp_path, 4)
     f = ModelFile4(path)
-    data = bytearray(path.read_bytes())
-    for i, o in enumerate(f.ops):
-        data[f.header.program_off + OP_REC * i:f.header.program_off + OP_REC * (i + 1)] = junk(o, len(f.slots)).pack()
-    (tmp_path / "junk.bin").write_bytes(bytes(data))
-    g = ModelFile4(tmp_path / "junk.bin")
+    g = ModelFile4(with_junk(path, f, tmp_path / "junk.bin"))
     assert sum(a != b for a, b in zip(f.ops, g.ops)) == len(f.ops)
     ids = list(range(2, 40))
     want, got = Interpreter(f).prompt(ids, (5,)), Interpreter(g).prompt(ids, (5,))

@@ -1,12 +1,14 @@
 """`python -m builder show MODEL`: a version 4 model file's program, one op per line.
 
-The file has no names: a slot is shown by its number and the width the op reads it at, `s3[64]`
-(`s2[4x16]`: m groups or heads of n; a CACHE slot `k8[16]`, rows by position), a weight by its
-offset from weights_off, type and shape, `w@0x1040 f32[64]`; `<-` writes the destination, `+=`
-adds to it (ACC). Before the ops, a summary of the header, the slots and the chat strings. The
-file is validated first (modelfile4.ModelFile4): what is shown is what the engine would run.
+The file has no names: a slot is shown by its number (from 1, as ops name it) and the width the
+op reads it at, `s4[64]` (`s3[4x16]`: m groups or heads of n; a CACHE slot `k9[16]`, rows by
+position), a weight by its offset from weights_off, type and shape, `w@0x1040 f32[64]`; `<-`
+writes the destination, `+=` adds to it (ACC). Fields an op does not use are not shown (a ROPE
+with k = 0 shows no s1: it is not touched). Before the ops, a summary of the header, the slots
+and the chat strings. The file is validated first (modelfile4.ModelFile4): what is shown is
+what the engine would run.
 
-    NORM   s1[64] <- s0[64] w@0x40000 f32[64] eps 1e-06
+    NORM   s2[64] <- s1[64] w@0x40000 f32[64] eps 1e-06
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class Listing:
         self.f = f
 
     def slot(self, s: int, n: int, m: int = 1) -> str:
-        kind = "k" if self.f.slots[s].flags & CACHE else "s"
+        kind = "k" if self.f.slots[s - 1].flags & CACHE else "s"
         return f"{kind}{s}[{n}]" if m == 1 else f"{kind}{s}[{m}x{n}]"
 
     def weight(self, o: OpRec) -> str:
@@ -46,7 +48,7 @@ class Listing:
             Op.EMBED: lambda: f"{s(o.s0, o.n)} <- {w} cols {o.j}..{o.j + o.n - 1} * {num(o.a)}",
             Op.NORM: lambda: f"{s(o.s0, o.n, o.m)} {to} {s(o.s1, o.n, o.m)} {w} eps {num(o.a)}",
             Op.MATMUL: lambda: f"{s(o.s0, o.m)} {to} {w} {s(o.s1, o.n)}" + (
-                f"; {s(o.s2, o.m)} <- gelu({s(o.s2, o.m)}) * {s(o.s0, o.m)}" if o.k else ""),
+                f"; {s(o.s2, o.m)} <- gelu({s(o.s2, o.m)}) * {s(o.s0, o.m)}" if o.s2 else ""),
             Op.ROPE: lambda: f"{s(o.s0, o.n, o.m)}" + (f" {s(o.s1, o.n, o.k)}" if o.k else "") + f" {w}",
             Op.ATTN: lambda: (f"{s(o.s0, o.n, o.m)} <- {s(o.s1, o.n, o.m)} K {s(o.s2, o.n, o.k)} V {s(o.s3, o.n, o.k)}"
                               f" window {o.j} scale {num(o.a)} softcap {num(o.c)}"),
@@ -59,14 +61,14 @@ class Listing:
 
     def lines(self) -> list[str]:
         f, h = self.f, self.f.header
-        caches = [i for i, x in enumerate(f.slots) if x.flags & CACHE]
+        caches = [x.width for x in f.slots if x.flags & CACHE]
         out = [f"model file version {h.version}, Gemma {h.generation}; vocab {h.vocab}"
                + (f" ({h.n_merges} merges)" if h.n_merges else "") + f", context {h.max_ctx}; bos {h.bos}, "
                f"eos {h.eos}, eot {h.eot}",
                f"weights: {h.weights_size:,} bytes at {h.weights_off:#x}; file {h.file_size:,} bytes",
                f"slots ({h.n_slots}, k: a K/V cache, rows by position): "
-               + " ".join(self.slot(i, x.width) for i, x in enumerate(f.slots)),
-               f"  {len(caches)} caches, {sum(f.slots[i].width for i in caches)} floats a position"]
+               + " ".join(self.slot(i, x.width) for i, x in enumerate(f.slots, 1)),
+               f"  {len(caches)} caches, {sum(caches)} floats a position"]
         out += [f"{name:<10} {s!r}" for name, s in zip(STRINGS, f.strings)]
         out += [f"program ({h.n_ops} ops):"]
         out += [f"{i:5d}  {self.op(o)}" for i, o in enumerate(f.ops)]

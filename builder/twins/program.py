@@ -5,11 +5,13 @@ of the engine's interpreter, op by op as docs/format.md ("Version 4") defines ea
     logits = run.block(ids, pos, rows)        # one block of B <= BLOCK tokens at positions pos ..
     prompt_logits, steps, tokens = run.generate(ids, n, cuts=(5, 9))   # greedy, blocks cut there
 
-Slots are flat float32 buffers (a plain slot BLOCK rows, a CACHE slot `ctx` rows of its width);
-an operand of width w sees its slot as rows of w floats (token t: row t, or pos + t in a CACHE
-slot), as the engine does. The arithmetic is builder.twins.reference's (rmsnorm, gelu_tanh,
-rope, softcap, matvec), one token at a time, so a token's numbers do not depend on how a prompt
-is cut into blocks; it is held against that description-driven reference and the recorded
+Slots are flat float32 buffers (a plain slot BLOCK rows, a CACHE slot `ctx` rows of its width),
+numbered from 1 as the ops name them (operand 0: none); an operand of width w sees its slot as
+rows of w floats (token t: row t, or pos + t in a CACHE slot), as the engine does. An op reads
+only its own fields (MATMUL's GEGLU gate is on when s2 names a slot; a ROPE with k = 0 leaves
+s1 alone). The arithmetic is builder.twins.reference's (rmsnorm, gelu_tanh, rope, softcap,
+matvec), one token at a time, so a token's numbers do not depend on how a prompt is cut into
+blocks; it is held against that description-driven reference and the recorded
 transformers logits by emu_tests/twins/test_program.py. Weights: FP16 widened to float32, Q8_0
 as d q (exact); a weight over WIDEN_LIMIT bytes stays in the file, widened rows at a time.
 """
@@ -58,8 +60,8 @@ class Interpreter:
     def rows(self, s: int, width: int, pos: int, count: int) -> np.ndarray:
         """Slot s as rows of `width` floats: the block's `count` rows (from pos in a CACHE slot),
         a view that writes through."""
-        first = pos if self.model.slots[s].flags & CACHE else 0
-        return self.slots[s][first * width:(first + count) * width].reshape(count, width)
+        first = pos if self.model.slots[s - 1].flags & CACHE else 0
+        return self.slots[s - 1][first * width:(first + count) * width].reshape(count, width)
 
     def block(self, ids: Sequence[int], pos: int, rows: Sequence[int] = ()) -> np.ndarray:
         """Run the program on tokens ids (1 .. BLOCK of them) at positions pos ..; returns the
@@ -88,7 +90,7 @@ class Interpreter:
             dst, src, w = self.rows(o.s0, o.m, pos, b), self.rows(o.s1, o.n, pos, b), self.weight(o)
             y = np.stack([matvec(w, x) for x in src])
             dst[:] = dst + y if o.flags & ACC else y
-            if o.k == 1:
+            if o.s2:
                 gate = self.rows(o.s2, o.m, pos, b)
                 gate[:] = gelu_tanh(gate) * dst
         elif op == Op.ROPE:
@@ -119,8 +121,8 @@ class Interpreter:
         scores q . k * a, soft-capped by c, softmax, the weighted sum of the values."""
         n, m, k = o.n, o.m, o.k
         dst, q = self.rows(o.s0, n * m, pos, b), self.rows(o.s1, n * m, pos, b)
-        keys = self.slots[o.s2][:self.ctx * n * k].reshape(self.ctx, k, n)
-        values = self.slots[o.s3][:self.ctx * n * k].reshape(self.ctx, k, n)
+        keys = self.slots[o.s2 - 1][:self.ctx * n * k].reshape(self.ctx, k, n)
+        values = self.slots[o.s3 - 1][:self.ctx * n * k].reshape(self.ctx, k, n)
         group = m // k
         for t in range(b):
             p = pos + t

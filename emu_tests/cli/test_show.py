@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from builder.models import show
+from builder.models.modelfile4 import ModelFile4
+from fuzz.mutate4 import with_junk
 from modelfiles import convert_fixture
 
 LISTINGS = Path(__file__).parent / "listings"
@@ -33,8 +35,14 @@ def test_listing_names_every_operand(tmp_path):
     lines = show.show(path).splitlines()
     ops = lines[lines.index("program (208 ops):") + 1:]
     assert len(ops) == 208 and ops[0].split()[1] == "EMBED" and ops[-1].split()[1] == "LOGITS"
-    assert ops[10].split()[1:] == ["ATTN", "s1[4x16]", "<-", "s2[4x16]", "K", "k8[16]", "V", "k9[16]", "window", "6",
+    assert ops[10].split()[1:] == ["ATTN", "s2[4x16]", "<-", "s3[4x16]", "K", "k9[16]", "V", "k10[16]", "window", "6",
                                    "scale", "1.0", "softcap", "0.0"]
+
+
+def test_listing_shows_only_what_ops_read(tmp_path):
+    """Junk in every field an op does not read (fuzz.mutate4.junk) leaves the listing as it is."""
+    path = convert_fixture("tiny_g4", "hf", tmp_path, 4)
+    assert show.show(with_junk(path, ModelFile4(path), tmp_path / "junk.bin")) == show.show(path)
 
 
 def test_other_versions_are_refused(tmp_path, capsys):

@@ -1,9 +1,11 @@
 """builder.models.modelfile4 (model file version 4) and builder.models.program (its compiler):
-the byte layout is the one docs/format.md ("Version 4") fixes, files round-trip (slots, ops,
-strings, the tokenizer and every weight equal to version 3's of the same checkpoint), weights lie
-in the order the program first reads them, each generation's program has the page's shape, and
-the reader refuses each rule's violation with one clear line while it accepts the file unchanged
-and the mutations the rules allow."""
+the byte layout is the one docs/format.md ("Version 4") fixes (slots numbered from 1, the
+header's offsets before its sizes), files round-trip (slots, ops, strings, the tokenizer and
+every weight equal to version 3's of the same checkpoint), weights lie in the order the program
+first reads them, each generation's program has the page's shape, and the reader refuses each
+rule's violation with one clear line while it accepts the file unchanged and what the rules
+allow (any scalar bits, anything in a field an op does not use, any generation and header
+padding)."""
 from __future__ import annotations
 
 import re
@@ -34,12 +36,12 @@ def test_format_md_tables():
 
 
 def test_layout_is_the_contracts():
-    """The numbers of the shared page, written out here: header offsets, record layouts,
+    """The numbers of the format's page, written out here: header offsets, record layouts,
     opcodes, weight types, flags (the engine is written against the same numbers)."""
     header = dict(magic=0, version=8, header_size=12, vocab=16, max_ctx=20, flags=24, bos=28, eos=32, eot=36,
                   byte_base=40, n_index=44, n_user=48, n_merges=52, max_piece_len=56, n_slots=60, n_ops=64,
-                  generation=68, slots_off=72, program_off=80, strings_off=88, strings_size=96, pieces_off=104,
-                  index_off=112, user_off=120, merges_off=128, blob_off=136, blob_size=144, weights_off=152,
+                  generation=68, slots_off=72, program_off=80, strings_off=88, pieces_off=96, index_off=104,
+                  user_off=112, merges_off=120, blob_off=128, weights_off=136, strings_size=144, blob_size=152,
                   weights_size=160, file_size=168)
     assert {n: o for n, o, _ in HEADER_FIELDS} == header
     assert {n: (o, c) for n, o, c in OP_FIELDS} == dict(
@@ -98,7 +100,7 @@ def test_weights_lie_in_first_read_order(files, name):
 
 
 def opcodes(f: ModelFile4, first: int, count: int) -> str:
-    return " ".join(f"{Op(o.op).name}{'+' if o.flags & ACC else ''}{'*' if o.op == Op.MATMUL and o.k else ''}"
+    return " ".join(f"{Op(o.op).name}{'+' if o.flags & ACC else ''}{'*' if o.op == Op.MATMUL and o.s2 else ''}"
                     for o in f.ops[first:first + count])
 
 
@@ -138,10 +140,11 @@ def with_op(f: ModelFile4, i: int, **fields) -> dict:
     return {f.header.program_off + OP_REC * i: OpRec(**{**o.__dict__, **fields}).pack()}
 
 
-def with_slot(f: ModelFile4, i: int, width: int | None = None, flags: int | None = None) -> dict:
-    s = f.slots[i]
-    return {f.header.slots_off + SLOT_REC * i: struct.pack("<II", s.width if width is None else width,
-                                                            s.flags if flags is None else flags)}
+def with_slot(f: ModelFile4, s: int, width: int | None = None, flags: int | None = None) -> dict:
+    """An edit: slot s's record (slots count from 1)."""
+    old = f.slots[s - 1]
+    return {f.header.slots_off + SLOT_REC * (s - 1): struct.pack("<II", old.width if width is None else width,
+                                                                  old.flags if flags is None else flags)}
 
 
 def with_header(f: ModelFile4, **fields) -> dict:
@@ -165,75 +168,78 @@ def edited(path: Path, tmp_path: Path, edits: dict) -> Path:
 
 
 EMBED_PLE = (Op.EMBED, lambda o: o.n == 16)
-NORM_ACC = (Op.NORM, lambda o: o.flags & ACC)
-MATMUL = (Op.MATMUL, lambda o: o.k == 0 and not o.flags)
-GEGLU_MM = (Op.MATMUL, lambda o: o.k == 1)
+MATMUL = (Op.MATMUL, lambda o: o.s2 == 0 and not o.flags)
+GEGLU_MM = (Op.MATMUL, lambda o: o.s2 != 0)
 ROPE_KV = (Op.ROPE, lambda o: o.k > 0)
 ROPE_Q = (Op.ROPE, lambda o: o.k == 0)
 NAN, INF = float("nan"), float("inf")
+LOGITS_LAST_W = (1576896 - 2048 * 64 * 2) // 64 * 64  # the last place [vocab, n] F16 fits in tiny_g4's weights
 
-REFUSED = [  # (op to edit (opcode, which), fields, what the message says)
+REFUSED = [  # (op to edit (opcode, which), fields, what the message says): one per rule of the page
+    # an opcode is known
     ((Op.EMBED,), dict(op=0), "unknown opcode 0"),
     ((Op.EMBED,), dict(op=10), "unknown opcode 10"),
     ((Op.NORM,), dict(op=0xFFFFFFFF), "unknown opcode 4294967295"),
-    ((Op.EMBED,), dict(m=1), "field m is 1, must be 0 (unused by EMBED)"),
-    ((Op.EMBED,), dict(flags=ACC), "field flags is 1, must be 0 (unused by EMBED)"),
-    ((Op.EMBED,), dict(j=1), "columns j .. j + n - 1 (1 .. 64) are outside the table's k = 64"),
-    ((Op.EMBED,), dict(n=0), "n = 0 is out of range"),
-    ((Op.EMBED,), dict(k=65537, n=65537), "n = 65537 is out of range"),
-    (EMBED_PLE, dict(wtype=2), "a Q8_0 table needs k, j and n multiples of 32 (k 128, j 0, n 16)"),
-    ((Op.EMBED,), dict(wtype=0), "weight type 0 is not one of [1, 2]"),
-    ((Op.EMBED,), dict(k=65536), "weight [2048, 65536] at 0x0 ends at 0x10000000, past the weights"),
-    ((Op.NORM,), dict(a=0.0), "eps a (0.0) must be positive and finite"),
-    ((Op.NORM,), dict(a=-1e-6), "must be positive and finite"),
-    ((Op.NORM,), dict(a=NAN), "eps a (nan) must be positive and finite"),
-    ((Op.NORM,), dict(a=INF), "eps a (inf) must be positive and finite"),
-    ((Op.NORM,), dict(wtype=1), "weight type 1 is not one of [0] (F32)"),
-    ((Op.NORM,), dict(flags=2), "flags 0x2: unknown bits"),
-    ((Op.NORM,), dict(m=2), "s1 is 128 wide, slot 0 holds 64"),
-    ((Op.NORM,), dict(c=1.0), "field c is 1.0, must be 0 (unused by NORM)"),
-    ((Op.NORM,), dict(w=1), "weight offset 0x1 is not a multiple of 64"),
-    ((Op.NORM,), dict(w=1 << 40), "past the weights"),
-    (MATMUL, dict(k=2), "k = 2 must be 0 or 1 (GEGLU)"),
-    (MATMUL, dict(s2=3), "s2 is 3, must be 0 (unused by MATMUL with k = 0)"),
-    (MATMUL, dict(n=0), "n = 0 is out of range"),
-    (MATMUL, dict(s1=18), "s1 names slot 18; the file has 18"),
-    (MATMUL, dict(s0=255), "s0 names slot 255; the file has 18"),
-    (MATMUL, dict(m=129), "s0 is 129 wide, slot 2 holds 128"),
-    (MATMUL, dict(wtype=0), "weight type 0 is not one of [1, 2]"),
-    (GEGLU_MM, dict(m=127), "with GEGLU (k 1) m = 127 must be a multiple of 4"),
-    (GEGLU_MM, dict(flags=ACC), "flags 0x1: ACC is not allowed here"),
+    # every slot operand an op reads is 1 .. n_slots (0 is none: only MATMUL's gate may be)
+    (MATMUL, dict(s1=0), "s1 names slot 0; the file has slots 1 .. 18"),
+    (MATMUL, dict(s0=19), "s0 names slot 19; the file has slots 1 .. 18"),
+    (MATMUL, dict(s0=255), "s0 names slot 255"),
+    (GEGLU_MM, dict(s2=19), "s2 names slot 19"),
+    (ROPE_Q, dict(s1=0), "s1 names slot 0"),            # ROPE's s1 is a slot even with k = 0
+    ((Op.ATTN,), dict(s3=0), "s3 names slot 0"),
+    ((Op.ADD,), dict(s1=19), "s1 names slot 19"),
+    ((Op.LOGITS,), dict(s1=0), "s1 names slot 0"),
+    # ... at a width that fits the slot: EMBED n; NORM n m; MATMUL m, n, m; ROPE n m, n k; ATTN n m, n k; ...
+    ((Op.EMBED,), dict(n=128), "s0 is 128 wide, slot 1 holds 64"),
+    ((Op.NORM,), dict(m=2), "s1 is 128 wide, slot 1 holds 64"),
+    (MATMUL, dict(m=132), "s0 is 132 wide, slot 3 holds 128"),
+    (MATMUL, dict(n=129), "s1 is 129 wide, slot 2 holds 128"),
     (GEGLU_MM, dict(s2=8), "s2 is 128 wide, slot 8 holds 16"),
-    ((Op.MATMUL, lambda o: o.n == 16), dict(wtype=2), "a Q8_0 weight needs rows of a multiple of 32 values, not 16"),
-    (ROPE_KV, dict(n=15), "n = 15 is odd"),
-    (ROPE_KV, dict(wtype=1), "weight type 1 is not one of [0] (F32)"),
-    (ROPE_KV, dict(k=2), "s1 is 32 wide, slot 8 holds 16"),
-    (ROPE_Q, dict(s1=8), "s1 is 8, must be 0 (unused by ROPE with k = 0)"),
-    (ROPE_KV, dict(flags=ACC), "field flags is 1, must be 0 (unused by ROPE)"),
+    (ROPE_KV, dict(k=2), "s1 is 32 wide, slot 9 holds 16"),
+    ((Op.ATTN,), dict(k=2), "s2 is 32 wide, slot 9 holds 16"),
+    ((Op.GEGLU,), dict(n=20), "s0 is 20 wide, slot 8 holds 16"),
+    ((Op.LOGITS,), dict(n=256), "s1 is 256 wide, slot 2 holds 128"),
+    # ... and not empty (but ROPE's s1)
+    ((Op.EMBED,), dict(n=0), "s0 is 0 wide"),
+    ((Op.NORM,), dict(m=0), "s0 is 0 wide"),
+    (MATMUL, dict(n=0), "s1 is 0 wide"),
+    (ROPE_KV, dict(n=0), "s0 is 0 wide"),
+    ((Op.ATTN,), dict(k=0), "s2 is 0 wide"),
+    ((Op.SCALE,), dict(n=0), "s0 is 0 wide"),
+    ((Op.ADD,), dict(n=0), "s0 is 0 wide"),
+    # every MATMUL's m (gate or not) and GEGLU's n are multiples of 4
+    (MATMUL, dict(m=62), "s0 is 62 wide, not a multiple of 4"),
+    (GEGLU_MM, dict(m=126), "s0 is 126 wide, not a multiple of 4"),
+    ((Op.GEGLU,), dict(n=14), "s0 is 14 wide, not a multiple of 4"),
+    # ATTN's K and V are CACHE slots an earlier op wrote
     ((Op.ATTN,), dict(s2=1), "s2 (slot 1) must be a CACHE slot"),
     ((Op.ATTN,), dict(s3=5), "s3 (slot 5) must be a CACHE slot"),
-    ((Op.ATTN,), dict(k=3), "m = 4 query heads is not a multiple of k = 3 kv heads"),
-    ((Op.ATTN,), dict(k=0), "k = 0 is out of range"),
-    ((Op.ATTN,), dict(a=0.0), "scale a (0.0) must be positive and finite"),
-    ((Op.ATTN,), dict(a=NAN), "scale a (nan) must be positive and finite"),
-    ((Op.ATTN,), dict(c=-1.0), "soft-cap c (-1.0) must be 0 (none) or positive and finite"),
-    ((Op.ATTN,), dict(c=INF), "soft-cap c (inf) must be 0 (none) or positive and finite"),
-    ((Op.ATTN,), dict(w=64), "field w is 64, must be 0 (unused by ATTN)"),
-    ((Op.ATTN,), dict(wtype=1), "field wtype is 1, must be 0 (unused by ATTN)"),
-    ((Op.GEGLU,), dict(n=14), "n = 14 is not a multiple of 4"),
-    ((Op.GEGLU,), dict(n=20), "s0 is 20 wide, slot 7 holds 16"),
-    ((Op.GEGLU,), dict(a=1.0), "field a is 1.0, must be 0 (unused by GEGLU)"),
-    ((Op.SCALE,), dict(a=INF), "a (inf) must be finite"),
-    ((Op.SCALE,), dict(a=NAN), "a (nan) must be finite"),
-    ((Op.SCALE,), dict(s1=1), "field s1 is 1, must be 0 (unused by SCALE)"),
-    ((Op.ADD,), dict(s1=18), "s1 names slot 18"),
-    ((Op.ADD,), dict(n=0), "n = 0 is out of range"),
-    ((Op.LOGITS,), dict(m=2047), "m = 2047 must be vocab (2048)"),
-    ((Op.LOGITS,), dict(c=NAN), "soft-cap c (nan) must be 0 (none) or positive and finite"),
-    ((Op.LOGITS,), dict(s0=1), "field s0 is 1, must be 0 (unused by LOGITS)"),
-    ((Op.LOGITS,), dict(op=int(Op.SCALE), c=0.0, m=0, w=0, wtype=0, s0=1, s1=0, a=1.0), "the program's last op must be LOGITS"),
-    ((Op.SCALE,), dict(op=int(Op.LOGITS), s0=0, s1=1, n=64, a=0.0, m=2048, wtype=1),
-     "LOGITS must be the program's last op, and only there"),
+    ((Op.ATTN,), dict(s2=11), "s2 (slot 11) is a cache no earlier op writes"),
+    ((Op.ATTN,), dict(s3=12), "s3 (slot 12) is a cache no earlier op writes"),
+    # a weight of a type its op takes (F32 vectors; F16 or Q8_0 matrices), Q8_0 in whole blocks
+    ((Op.EMBED,), dict(wtype=0), "weight type 0 is not one of [1, 2]"),
+    ((Op.NORM,), dict(wtype=1), "weight type 1 is not one of [0] (F32)"),
+    (MATMUL, dict(wtype=0), "weight type 0 is not one of [1, 2]"),
+    (ROPE_KV, dict(wtype=2), "weight type 2 is not one of [0] (F32)"),
+    ((Op.LOGITS,), dict(wtype=3), "weight type 3 is not one of [1, 2]"),
+    ((Op.MATMUL, lambda o: o.n == 16), dict(wtype=2), "a Q8_0 weight needs rows of a multiple of 32 values, not 16"),
+    # ... at a multiple of 64, inside the weights (LOGITS': [vocab, n], its m ignored)
+    ((Op.NORM,), dict(w=1), "weight offset 0x1 is not a multiple of 64"),
+    ((Op.LOGITS,), dict(w=32), "weight offset 0x20 is not a multiple of 64"),
+    ((Op.NORM,), dict(w=1 << 40), "past the weights"),
+    ((Op.EMBED,), dict(k=65536), "weight [2048, 65536] at 0x0 ends at 0x10000000, past the weights"),
+    ((Op.LOGITS,), dict(w=LOGITS_LAST_W + 64, m=0),
+     f"weight [2048, 64] at {LOGITS_LAST_W + 64:#x} ends at {LOGITS_LAST_W + 64 + 0x40000:#x}, past the weights"),
+    # what the handlers assume: EMBED's k 1 .. 65536 and columns inside it (Q8_0: whole blocks),
+    # ROPE's n even, ATTN's k dividing m
+    ((Op.EMBED,), dict(k=0), "k = 0 is out of range (1 .. 65536)"),
+    ((Op.EMBED,), dict(j=1), "columns j .. j + n - 1 (1 .. 64) are outside the table's k = 64"),
+    (EMBED_PLE, dict(wtype=2), "a Q8_0 table's columns need j and n multiples of 32 (j 0, n 16)"),
+    (ROPE_KV, dict(n=15), "n = 15 is odd"),
+    ((Op.ATTN,), dict(n=8, m=3, k=2), "m = 3 query heads is not a multiple of k = 2 kv heads"),
+    # LOGITS is the last op, and only there
+    ((Op.LOGITS,), dict(op=int(Op.SCALE), s0=2), "the program's last op must be LOGITS"),
+    ((Op.SCALE,), dict(op=int(Op.LOGITS), s1=7, w=0, wtype=1), "LOGITS must be the program's last op, and only there"),
 ]
 
 
@@ -247,16 +253,40 @@ def test_reader_refuses_each_op_rule(base, tmp_path, which, fields, message):
 
 
 ALLOWED = [  # mutations the rules allow: the reader must accept them
-    ((Op.EMBED,), dict(a=NAN)),                 # EMBED's scale has no rule
+    # the scalars are data, any float32 bits
+    ((Op.EMBED,), dict(a=NAN)),
+    ((Op.NORM,), dict(a=0.0)),
+    ((Op.NORM,), dict(a=-1e-6)),
+    ((Op.NORM,), dict(a=INF)),
+    ((Op.ATTN,), dict(a=NAN, c=-1.0)),
+    ((Op.ATTN,), dict(a=0.0, c=INF)),
+    ((Op.SCALE,), dict(a=NAN)),
+    ((Op.LOGITS,), dict(c=NAN)),
+    # a field an op does not use is ignored
+    ((Op.EMBED,), dict(m=1, flags=ACC, s1=255, s2=1, c=1.0)),
+    (MATMUL, dict(k=2, j=7, s3=3, a=NAN, c=-0.0)),
+    (ROPE_KV, dict(j=1, flags=ACC, a=1.0, s2=200)),
+    ((Op.ATTN,), dict(w=64, wtype=1, flags=ACC)),
+    ((Op.GEGLU,), dict(m=7, k=9, j=3, a=1.0, w=65, wtype=9, flags=3, s2=200, s3=1)),
+    ((Op.SCALE,), dict(s1=1, m=0xFFFFFFFF, c=NAN)),
+    ((Op.LOGITS,), dict(s0=1, m=2047, k=5, a=NAN)),
+    ((Op.LOGITS,), dict(m=0xFFFFFFFF)),
+    ((Op.NORM,), dict(flags=2)),                # ACC is bit 0; the other bits are ignored
+    # ACC wherever it is read: norms, products with or without the GEGLU gate
+    ((Op.NORM,), dict(flags=ACC)),
+    (MATMUL, dict(flags=ACC)),
+    (GEGLU_MM, dict(flags=ACC)),
+    # MATMUL's GEGLU gate is s2: off, or on at a slot m wide
+    (GEGLU_MM, dict(s2=0)),
+    (MATMUL, dict(s2=4)),
+    (MATMUL, dict(s0=2)),                       # another slot wide enough
+    (ROPE_KV, dict(k=0)),                       # q alone: s1 (still K) is not touched
+    (ROPE_Q, dict(s1=18)),                      # ... and may name any slot
     ((Op.ATTN,), dict(j=0xFFFFFFFF)),           # any window
-    ((Op.ATTN,), dict(c=3.0)),
-    ((Op.NORM,), dict(flags=ACC)),              # ACC on a norm
-    (MATMUL, dict(flags=ACC)),                  # and on a product without GEGLU
-    (MATMUL, dict(s0=1)),                       # another slot wide enough
-    ((Op.SCALE,), dict(a=-2.0)),
-    ((Op.SCALE,), dict(a=0.0)),
-    (ROPE_KV, dict(k=0, s1=0)),                 # a rope of q alone
+    ((Op.ATTN,), dict(s2=10, s3=9)),            # K and V swapped: both caches written before
+    ((Op.EMBED,), dict(n=32, j=32)),            # columns 32 .. 63 of 64
     ((Op.NORM,), dict(w=0)),                    # offsets may repeat: the embedding's first bytes as a norm
+    ((Op.LOGITS,), dict(w=LOGITS_LAST_W)),      # [vocab, n] at its last place
 ]
 
 
@@ -271,14 +301,59 @@ def test_reader_accepts_what_the_rules_allow(base, tmp_path, which, fields):
 def test_reader_accepts_the_file_unchanged(base):
     path, f = base
     assert len(f.ops) == f.header.n_ops == 208 and f.ops[-1].op == Op.LOGITS
+    assert len(f.slots) == f.header.n_slots == 18
+
+
+def test_header_bytes_at_the_pages_offsets(base):
+    """The header's numbers read at the page's offsets (the section offsets, then the sizes), each
+    where the section chain puts it: independent of HEADER_FIELDS."""
+    path, _ = base
+    data = path.read_bytes()
+
+    def u32(off: int) -> int:
+        return struct.unpack_from("<I", data, off)[0]
+
+    def u64(off: int) -> int:
+        return struct.unpack_from("<Q", data, off)[0]
+
+    vocab, n_index, n_user, n_merges, n_slots, n_ops = u32(16), u32(44), u32(48), u32(52), u32(60), u32(64)
+    assert (data[:8], u32(8), u32(12), vocab, n_slots, n_ops, u32(68)) == (b"GEMMAASM", 4, 256, 2048, 18, 208, 4)
+    slots_off, program_off, strings_off, pieces_off, index_off, user_off, merges_off, blob_off, weights_off = (
+        u64(72 + 8 * i) for i in range(9))
+    strings_size, blob_size, weights_size, file_size = (u64(144 + 8 * i) for i in range(4))
+    assert slots_off == 256 and program_off == slots_off + 8 * n_slots and strings_off == program_off + 48 * n_ops
+    assert pieces_off == strings_off + strings_size and index_off == pieces_off + 16 * vocab
+    assert user_off == index_off + 4 * n_index and merges_off == user_off + 4 * n_user
+    assert blob_off == merges_off + 16 * n_merges and n_merges == 440
+    assert weights_off == (blob_off + blob_size + 4095) // 4096 * 4096
+    assert file_size == weights_off + weights_size == len(data)
+    assert data[176:256] == bytes(80)
+
+
+FILE_ALLOWED = [  # edits of the slots and the header the rules allow
+    lambda f: with_header(f, generation=0),     # the generation is informational
+    lambda f: with_header(f, generation=0xFFFFFFFF),
+    lambda f: {176: b"\xff" * 80},              # the header's padding is not read
+    lambda f: with_header(f, max_ctx=65536),
+    lambda f: with_slot(f, 1, width=65536),
+    lambda f: with_slot(f, 2, flags=CACHE),     # a plain slot may be a cache (rows by position)
+]
+
+
+@pytest.mark.parametrize("edit", FILE_ALLOWED, ids=range(len(FILE_ALLOWED)))
+def test_reader_accepts_what_the_file_rules_allow(base, tmp_path, edit):
+    path, f = base
+    got = ModelFile4(edited(path, tmp_path, edit(f)))
+    assert got.ops == f.ops
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda f: with_slot(f, 0, width=0), "slot 0: width 0 is out of range (1 .. 65536)"),
-    (lambda f: with_slot(f, 3, width=65537), "slot 3: width 65537 is out of range"),
-    (lambda f: with_slot(f, 0, flags=2), "slot 0: flags 0x2 has unknown bits (known: 0x1)"),
-    (lambda f: with_slot(f, 0, width=63), "s0 is 64 wide, slot 0 holds 63"),
-    (lambda f: with_slot(f, 8, flags=0), "s2 (slot 8) must be a CACHE slot"),
+    (lambda f: with_slot(f, 1, width=0), "slot 1: width 0 is out of range (1 .. 65536)"),
+    (lambda f: with_slot(f, 4, width=65537), "slot 4: width 65537 is out of range"),
+    (lambda f: with_slot(f, 1, flags=2), "slot 1: flags 0x2 has unknown bits (known: 0x1)"),
+    (lambda f: with_slot(f, 1, width=63), "s0 is 64 wide, slot 1 holds 63"),
+    (lambda f: with_slot(f, 9, flags=0), "s2 (slot 9) must be a CACHE slot"),
+    (lambda f: {0: b"GEMMAASN"}, "bad magic"),
     (lambda f: with_header(f, version=3), "unsupported version 3"),
     (lambda f: with_header(f, header_size=255), "header_size is 255"),
     (lambda f: with_header(f, n_slots=0), "n_slots = 0 is out of range (1 .. 255)"),
@@ -287,21 +362,17 @@ def test_reader_accepts_the_file_unchanged(base):
     (lambda f: with_header(f, n_ops=65537), "n_ops = 65537 is out of range"),
     (lambda f: with_header(f, n_ops=207), "strings_off is"),
     (lambda f: with_header(f, n_slots=17), "program_off is"),
-    (lambda f: with_header(f, generation=0), "generation = 0 is out of range (1 .. 4)"),
-    (lambda f: with_header(f, generation=5), "generation = 5 is out of range (1 .. 4)"),
     (lambda f: with_header(f, flags=9), "flags 0x9 has unknown bits (known: 0x8)"),
     (lambda f: with_header(f, flags=0), "merges without the MERGES flag"),
     (lambda f: with_header(f, vocab=0), "vocab = 0 is out of range"),
     (lambda f: with_header(f, max_ctx=65537), "max_ctx = 65537 is out of range"),
     (lambda f: with_header(f, max_ctx=0), "max_ctx = 0 is out of range"),
-    (lambda f: with_header(f, slots_off=264), "slots_off is 264, expected 256"),
     (lambda f: with_header(f, strings_size=f.header.strings_size + 8), "pieces_off is"),
-    (lambda f: with_header(f, weights_off=f.header.weights_off + 4096), "weights_off is"),
+    (lambda f: with_header(f, blob_size=f.header.blob_size + 4096), "weights_off is"),
     (lambda f: with_header(f, weights_size=f.header.weights_size - 64), "file_size is"),
     (lambda f: with_header(f, weights_size=f.header.weights_size - 64, file_size=f.header.file_size - 64),
      "but its header says"),
     (lambda f: with_header(f, bos=2048), "bos id 2048 is outside the vocabulary"),
-    (lambda f: {200: b"\x01"}, "header bytes 176 .. 255 must be 0"),
     (lambda f: with_string(f, 0, 39, 4), "string SYS_BEGIN (4 bytes at 39) is outside the strings section's bytes"),
     (lambda f: with_string(f, 4, 100, 100), "string REPLY_END (100 bytes at 100) is outside"),
     (lambda f: {f.header.strings_off + 40: b"\xff"}, "string SYS_BEGIN is not UTF-8"),
@@ -313,6 +384,16 @@ def test_reader_refuses_each_file_rule(base, tmp_path, edit, message):
     with pytest.raises(ModelFormatError) as e:
         ModelFile4(edited(path, tmp_path, edit(f)))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", [n for n, _, _ in HEADER_FIELDS if n.endswith("_off")])
+def test_reader_refuses_each_section_moved(base, tmp_path, name):
+    """Each section offset is the end of the one before (8 bytes further is refused by name)."""
+    path, f = base
+    v = getattr(f.header, name)
+    with pytest.raises(ModelFormatError) as e:
+        ModelFile4(edited(path, tmp_path, with_header(f, **{name: v + 8})))
+    assert f"{name} is {v + 8}, expected {v}" in str(e.value)
 
 
 def test_a_string_of_257_bytes_is_refused(tmp_path):

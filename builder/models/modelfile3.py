@@ -484,9 +484,14 @@ def file_version(path: Path) -> int | None:
     return struct.unpack_from("<I", head, 8)[0] if len(head) == 12 else None
 
 
-def open_model(path: Path) -> ModelFile | ModelFile3:
-    """A validated model file of either version (by its version field)."""
-    return ModelFile3(path) if file_version(path) == VERSION else ModelFile(path)
+def open_model(path: Path):
+    """A validated model file of any version the Python side reads (2, 3 or 4: ModelFile,
+    ModelFile3 or modelfile4.ModelFile4), by its version field."""
+    version = file_version(path)
+    if version == 4:
+        from builder.models.modelfile4 import ModelFile4  # (modelfile4 builds on this module)
+        return ModelFile4(path)
+    return ModelFile3(path) if version == VERSION else ModelFile(path)
 
 
 def bytes_per_token(m: Model) -> int:

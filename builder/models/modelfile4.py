@@ -457,9 +457,3 @@ class ModelFile4(MappedModel):
         return raw.view("<f4" if o.wtype == WType.F32 else "<f2").astype(np.float32).reshape(shape)
 
 
-
-def open_model(path: Path):
-    """A validated model file of any version the Python side reads (2, 3 or 4), by its version
-    field: ModelFile4, or what modelfile3.open_model gives."""
-    from builder.models.modelfile3 import file_version, open_model as open_v2_v3
-    return ModelFile4(path) if file_version(path) == VERSION else open_v2_v3(path)

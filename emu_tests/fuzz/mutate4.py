@@ -223,8 +223,8 @@ class _Maker4:
             return False                # ignored
         if f in ("n", "m") and not 1 <= v <= MAX_WIDTH:
             return True                 # an operand's row of v (or v groups) is empty or wider than any slot
-        if (op, f) in ((Op.MATMUL, "m"), (Op.GEGLU, "n")) and v % 4:
-            return True                 # rows GEGLU runs on (a MATMUL's s0) are multiples of 4 floats
+        if ((op, f) == (Op.MATMUL, "m") and o.s2 or (op, f) == (Op.GEGLU, "n")) and v % 4:
+            return True                 # rows GEGLU runs on (a gated MATMUL's s2) are multiples of 4 floats
         if f == "k" and (v > MAX_WIDTH or v == 0 and op != Op.ROPE):
             return True                 # EMBED's table is 1 .. 65536 wide; K's rows are not empty
         if (op, f) == (Op.ROPE, "k") and v == 0:

@@ -109,7 +109,7 @@ def compare_versions(v3, v4, ids):
 def test_synth_tiny_g4_dense(tmp_path, wtype):
     """`synth --preset tiny-g4-dense` (per-layer inputs, KV sharing with a double-wide FFN, k = v,
     value norms) in versions 3 and 4: the same model, the same logits."""
-    synth.synth("tiny-g4-dense", tmp_path / "v3.bin", seed=3, progress=False, wtype=wtype)
+    synth.synth("tiny-g4-dense", tmp_path / "v3.bin", seed=3, progress=False, wtype=wtype, version=3)
     synth.synth("tiny-g4-dense", tmp_path / "v4.bin", seed=3, progress=False, wtype=wtype, version=4)
     compare_versions(tmp_path / "v3.bin", tmp_path / "v4.bin", list(range(2, 30)))
 

@@ -33,8 +33,8 @@ from modelfiles import GEMMA4, ORACLES, TWINS, convert_fixture, fixture_path
 # numpy implementation measured 7.1e-6 and float32's spread against float64 9.1e-6 there; the
 # smallest effect of leaving a Gemma 4 feature out is 0.83 (fixtures/README.md).
 TOL = 2e-5
-CASES = [(n, s, None) for n, s in ORACLES] + [(n, "hf", 3) for n in TWINS] + \
-    [(n, s, None) for n in GEMMA4 for s in ("hf", "gguf")]
+CASES = [(n, s, 2) for n, s in ORACLES] + [(n, "hf", 3) for n in TWINS] + \
+    [(n, s, 3) for n in GEMMA4 for s in ("hf", "gguf")]  # the formats the reference reads
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{n}-{s}{f'-v{v}' if v else ''}" for n, s, v in CASES])
@@ -158,9 +158,9 @@ def test_q8_0_model_runs_its_dequantized_weights(name, tmp_path, monkeypatch):
     percent of their RMS (measured: 2.7% tiny_g3, 1.1% tiny_wide; a misread block or scale
     moves them by their own size)."""
     from builder.models.convert import convert
-    convert(fixture_path(name), tmp_path / "q.bin", progress=False, wtype="q8_0")
+    convert(fixture_path(name), tmp_path / "q.bin", progress=False, wtype="q8_0", version=2)
     q = ModelFile(tmp_path / "q.bin")
-    f16 = Reference(ModelFile(convert_fixture(name, "hf", tmp_path)))
+    f16 = Reference(ModelFile(convert_fixture(name, "hf", tmp_path, 2)))
     q8 = [s.name for s in tensor_layout(q.header) if s.dtype == "q8_0"]
     assert "embed" in q8 or name == "tiny_wide"
     for n in q8:
@@ -178,7 +178,7 @@ def test_q8_0_model_runs_its_dequantized_weights(name, tmp_path, monkeypatch):
     lazy = Reference(q)
     assert isinstance(lazy.layers[0][q8[-1].rsplit(".", 1)[1]], reference.Q8Rows)
     assert np.array_equal(lazy.generate(ids, 3)[0], want)
-    exact, _, _ = Reference(ModelFile(convert_fixture(name, "hf", tmp_path))).generate(ids, 3)
+    exact, _, _ = Reference(ModelFile(convert_fixture(name, "hf", tmp_path, 2))).generate(ids, 3)
     rel = np.sqrt(np.mean((got - exact) ** 2) / np.mean(exact ** 2))
     assert 1e-3 < rel < 0.05, rel
 
@@ -191,9 +191,9 @@ def test_q8_0_gemma4_runs_its_dequantized_weights(name, tmp_path, monkeypatch):
     rows: one PLE row per token, each chosen expert's rows)."""
     from builder.models.convert import convert
     from builder.models.modelfile3 import ModelFile3
-    convert(fixture_path(name), tmp_path / "q.bin", progress=False, wtype="q8_0")
+    convert(fixture_path(name), tmp_path / "q.bin", progress=False, wtype="q8_0", version=3)
     q = ModelFile3(tmp_path / "q.bin")
-    f16 = Reference(open_model(convert_fixture(name, "hf", tmp_path)))
+    f16 = Reference(open_model(convert_fixture(name, "hf", tmp_path, 3)))
     q8 = [s for s in q.specs if s.dtype == "q8_0"]
     assert {"ple_embed", "layers.1.experts_gate_up"} & {s.name for s in q8}
     for s in q8:

@@ -21,7 +21,7 @@ CASES = json.loads(fixture_path("tok_a.encodings.json").read_text())["cases"]
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    return Tokenizer(ModelFile(convert_fixture("tiny_mqa", "hf", tmp_path_factory.getbasetemp())))
+    return Tokenizer(open_model(convert_fixture("tiny_mqa", "hf", tmp_path_factory.getbasetemp())))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])

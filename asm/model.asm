@@ -190,16 +190,16 @@ check_tables:
         xor     r8d, r8d                ; the least (left, right) the next record may have
         jrcxz   .merged
 .merge:
+        mov     rax, [rsi]
+        ror     rax, 32                 ; left * 2^32 + right
+        cmp     rax, r8
+        jb      check_ids.bad
+        lea     r8, [rax+1]
         push    rcx
         push    3
         pop     rdx
         call    check_ids               ; left, right, result
         lodsd                           ; (score)
-        mov     rax, [rsi-MERGE_REC]
-        ror     rax, 32                 ; left * 2^32 + right
-        cmp     rax, r8
-        jb      check_ids.bad
-        lea     r8, [rax+1]
         pop     rcx
         loop    .merge
 .merged:

@@ -241,7 +241,7 @@ tokenize:
 .pairs:                                 ; rdi -> a symbol: its id, then the pair it ends
         cmp     qword [rdi+SYM_NEXT], 0
         je      .merge
-        xor     edx, edx
+        mov     edx, [rdi+SYM_LEN]
         call    symbol_piece
         mov     [rdi+SYM_ID], eax
         push    rdi
@@ -416,9 +416,9 @@ before:
 pair:
         mov     rax, [rdi+SYM_NEXT]
         mov     edx, [rax+SYM_LEN]
+        add     edx, [rdi+SYM_LEN]
         test    byte [rbx+HDR_FLAGS], FLAG_MERGES
         jz      symbol_piece
-        add     edx, [rdi+SYM_LEN]
         mov     r8d, [rdi+SYM_ID]       ; the key (r8d, r9d)
         mov     r9d, [rax+SYM_ID]
         mov     rsi, [rbp+V_MERGES]     ; the records that may hold it: rsi, ecx of them
@@ -446,19 +446,20 @@ pair:
         mov     eax, [r11+MERGE_RESULT-MERGE_SCORE+PIECE_SCORE]
         ret
 
-; symbol_piece: the normal piece of symbol rdi's bytes and edx more (lookup); a symbol that is
-; a space (left only by MERGES) first becomes U+2581's bytes (its start and length there).
-;   in: rdi -> a symbol's record, edx, rbx header, rbp front_base   out: as lookup, rsi =
-;   its first byte   clobbers: rcx r8-r11
+; symbol_piece: the normal piece of the edx bytes from symbol rdi's first on (lookup); a
+; symbol that is a space (left only by MERGES) first becomes U+2581 (its start and length
+; there: edx = 3).
+;   in: rdi -> a symbol's record, edx (>= its length), rbx header, rbp front_base
+;   out: as lookup, rsi = its first byte   clobbers: rcx r8-r11
 symbol_piece:
         mov     rsi, [rdi+SYM_START]
         cmp     byte [rsi], ' '
         jne     .bytes
         mov     qword [rdi+SYM_START], space_piece      ; (the image is below 2^31)
-        mov     byte [rdi+SYM_LEN], 3
+        mov     dl, 3
+        mov     [rdi+SYM_LEN], dl
         jmp     symbol_piece
 .bytes:
-        add     edx, [rdi+SYM_LEN]
         add     rdx, rsi
 
 ; lookup: the normal piece whose bytes equal [rsi, rdx): the memo's answer when its entry for

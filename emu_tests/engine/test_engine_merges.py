@@ -19,10 +19,11 @@ import pytest
 from builder.models import program
 from builder.models.modelfile import (BYTE, CONTROL, NORMAL, POST_NORMS, QK_NORM, USER_DEFINED,
                                       ModelFormatError, Vocab)
-from builder.models.modelfile3 import MERGE_REC, MERGES, Layer, Model, Rope
+from builder.models.modelfile3 import MERGE, MERGE_REC, MERGES, Layer, Model, Rope
 from builder.models.modelfile4 import HEADER_FIELDS, ModelFile4
 from builder.models.synth import synth_vocab
 from builder.twins.tokenizer import SPACE, Tokenizer
+from emu_tests.asm_facts import constant
 from modelfiles import convert_fixture, fixture_path
 
 TIMEOUT = 30                # seconds per run; each takes milliseconds
@@ -169,6 +170,13 @@ def test_merges_are_ranked_pairs(gemma, tmp_path):
 
 
 # ---- load_model's checks against the Python reader's -------------------------------------
+
+def test_merge_record_fields_are_the_readers():
+    """asm/format.asm's MERGE_* offsets are modelfile3.MERGE's fields (left, right, result,
+    score; u32, u32, u32, f32)."""
+    assert MERGE.format in ("<IIIf", b"<IIIf") and MERGE.size == constant("MERGE_REC")
+    assert [constant(f"MERGE_{f}") for f in ("LEFT", "RIGHT", "RESULT", "SCORE")] == [0, 4, 8, 12]
+
 
 def edited(src: Path, dst: Path, edits: list[tuple[int, bytes]]) -> Path:
     data = bytearray(src.read_bytes())

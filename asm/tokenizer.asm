@@ -157,7 +157,8 @@ tokenize:
         mov     r15, r13                ; r15 -> the heap
 
 ; A segment: rsi -> its first byte, r8 -> the record to fill. Each record points to its
-; neighbours (the first's previous and the end record's next are cleared at the end).
+; neighbours (the first's previous and the end record's next are cleared at the end) and holds
+; its normal piece's id (symbol_piece: a space left by MERGES becomes the symbol U+2581).
 .segment:
         mov     r8, r14
         jmp     .symbol
@@ -185,7 +186,12 @@ tokenize:
 .whole:
         mov     [r8+SYM_LEN], edx
         add     rsi, rdx
-        add     r8, SYM
+        push    rsi
+        mov     rdi, r8
+        call    symbol_piece            ; its id
+        mov     [rdi+SYM_ID], eax
+        pop     rsi
+        lea     r8, [rdi+SYM]
 .symbol:
         mov     [r8+SYM_START], rsi
         lea     rax, [r8-SYM]
@@ -232,22 +238,15 @@ tokenize:
         and     qword [r8+SYM_NEXT], 0
         and     qword [r14+SYM_PREV], 0
 
-; Merging (sentencepiece's bpe_model.cc): each symbol's id (a space left by MERGES becomes
-; the symbol U+2581: its bytes there), every adjacent pair that merges onto the heap; then pop
-; the pair that goes first; skip it if stale, else merge it (the merged symbol takes the pair's
-; id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
+; Merging (sentencepiece's bpe_model.cc): every adjacent pair that merges onto the heap;
+; then pop the pair that goes first; skip it if stale, else merge it (the merged symbol takes
+; the pair's id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
         mov     r13, r15
         mov     rdi, r14
-.pairs:                                 ; rdi -> a symbol: its id, then the pair it ends
+.pairs:
         cmp     qword [rdi+SYM_NEXT], 0
         je      .merge
-        mov     edx, [rdi+SYM_LEN]
-        call    symbol_piece
-        mov     [rdi+SYM_ID], eax
-        push    rdi
-        mov     rdi, [rdi+SYM_PREV]
-        call    add_pair                ; (previous, this one)
-        pop     rdi
+        call    add_pair
         add     rdi, SYM
         jmp     .pairs
 .merge:

@@ -184,11 +184,10 @@ tokenize:
 .single:
         mov     dl, 1                   ; (edx < 256)
 .whole:
-        mov     [r8+SYM_LEN], edx
         add     rsi, rdx
         push    rsi
         mov     rdi, r8
-        call    symbol_piece            ; its id
+        call    symbol_piece            ; its length and id
         mov     [rdi+SYM_ID], eax
         pop     rsi
         lea     r8, [rdi+SYM]
@@ -416,8 +415,9 @@ pair:
         mov     rax, [rdi+SYM_NEXT]
         mov     edx, [rax+SYM_LEN]
         add     edx, [rdi+SYM_LEN]
+        mov     rsi, [rdi+SYM_START]
         test    byte [rbx+HDR_FLAGS], FLAG_MERGES
-        jz      symbol_piece
+        jz      symbol_piece.bytes
         mov     r8d, [rdi+SYM_ID]       ; the key (r8d, r9d)
         mov     r9d, [rax+SYM_ID]
         mov     rsi, [rbp+V_MERGES]     ; the records that may hold it: rsi, ecx of them
@@ -445,20 +445,20 @@ pair:
         mov     eax, [r11+MERGE_RESULT-MERGE_SCORE+PIECE_SCORE]
         ret
 
-; symbol_piece: the normal piece of the edx bytes from symbol rdi's first on (lookup); a
-; symbol that is a space (left only by MERGES) first becomes U+2581 (its start and length
-; there: edx = 3).
-;   in: rdi -> a symbol's record, edx (>= its length), rbx header, rbp front_base
+; symbol_piece: a new symbol's length (edx) into its record, and its normal piece (lookup); a
+; symbol that is a space (left only by MERGES) becomes U+2581 (its start and length there).
+;   in: rdi -> a symbol's record (its start set), edx its length, rbx header, rbp front_base
 ;   out: as lookup, rsi = its first byte   clobbers: rcx r8-r11
 symbol_piece:
         mov     rsi, [rdi+SYM_START]
         cmp     byte [rsi], ' '
-        jne     .bytes
+        jne     .sized
         mov     qword [rdi+SYM_START], space_piece      ; (the image is below 2^31)
         mov     dl, 3
-        mov     [rdi+SYM_LEN], dl
         jmp     symbol_piece
-.bytes:
+.sized:
+        mov     [rdi+SYM_LEN], edx
+.bytes:                                 ; (pair: the edx bytes from rsi on)
         add     rdx, rsi
 
 ; lookup: the normal piece whose bytes equal [rsi, rdx): the memo's answer when its entry for

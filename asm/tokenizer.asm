@@ -17,8 +17,9 @@ SYM_NEXT        = 8             ; u64 -> the next symbol's record; the end recor
 SYM_PREV        = 16            ; u64 -> the previous symbol's record (0: the first)
 SYM_LEN         = 24            ; u32 its bytes (0: merged); the end record: the user piece's
                                 ; (>= 1), or 1 at the text's end (so no pair is ever valid with it)
-SYM_ID          = 28            ; u32 its normal piece's id, or -1 (none); the end record: the
-                                ; user piece's id, or -1 at the text's end
+SYM_ID          = 28            ; u32 its id: its normal piece's, or the id its pair merged
+                                ; into, or -1 (none); the end record: the user piece's id, or -1
+                                ; at the text's end
 
 ; A candidate pair: an entry of the heap (from r15 on; the entry that goes first at r15, the
 ; children of entry i at 2i + 1 and 2i + 2).
@@ -80,7 +81,7 @@ tokenize:
         cmp     al, ' '
         jne     .copy
         test    byte [rbx+HDR_FLAGS], FLAG_MERGES
-        jnz     .copy                   ; (a symbol's spaces become U+2581 below)
+        jnz     .copy                   ; (symbol_piece makes a space symbol U+2581)
         mov     ax, 0x96E2              ; U+2581 = E2 96 81
         stosw
         mov     al, 0x81

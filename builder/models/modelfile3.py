@@ -398,12 +398,14 @@ def check_merge_count(h) -> None:
         raise ModelFormatError(f"{h.n_merges} merges without the MERGES flag")
 
 
-def read_tokenizer(target, m: np.ndarray, h) -> None:
+def read_tokenizer(target, m: np.ndarray, h, ranks: bool = True) -> None:
     """Version 2's tokenizer checks (modelfile.read_tables), then the merges a header (of
     version 3 or 4) places in the mapped file m, set on target as merges (int array
     [n_merges, 3]: left, right, result) and merge_scores (float32: -rank), each checked: ids
-    inside the vocabulary, sorted by (left, right), the scores -rank, each result its pieces
-    joined."""
+    inside the vocabulary, sorted by (left, right); with `ranks`, also what only the writer
+    guarantees (check_ranks). Version 4's reader leaves that to its writer: the engine reads
+    a file whose merges are otherwise in order (any score orders the merges; a result that is
+    not its pieces joined is still a piece), so both refuse the same files."""
     read_tables(target, m, h)
     rec = np.frombuffer(m, np.dtype([("left", "<u4"), ("right", "<u4"), ("result", "<u4"), ("score", "<f4")]),
                         h.n_merges, h.merges_off)
@@ -415,12 +417,19 @@ def read_tokenizer(target, m: np.ndarray, h) -> None:
         keys = target.merges[:, 0] * h.vocab + target.merges[:, 1]
         if (np.diff(keys) <= 0).any():
             raise ModelFormatError("the merges are not sorted by (left, right), or one is listed twice")
-        if sorted((-target.merge_scores).tolist()) != list(range(h.n_merges)):
-            raise ModelFormatError("the merge scores are not -rank for ranks 0 .. n_merges - 1")
-        bad = next((k for k, (a, b, r) in enumerate(target.merges.tolist())
-                    if target.pieces[a] + target.pieces[b] != target.pieces[r]), None)
-        if bad is not None:
-            raise ModelFormatError(f"merge record {bad}: its result is not its pieces joined")
+        if ranks:
+            check_ranks(target)
+
+
+def check_ranks(target) -> None:
+    """The merges' scores are exactly -rank for ranks 0 .. n - 1, and each result is its pieces
+    joined (what a writer of merges from a tokenizer.json or GGUF guarantees)."""
+    if sorted((-target.merge_scores).tolist()) != list(range(len(target.merge_scores))):
+        raise ModelFormatError("the merge scores are not -rank for ranks 0 .. n_merges - 1")
+    bad = next((k for k, (a, b, r) in enumerate(target.merges.tolist())
+                if target.pieces[a] + target.pieces[b] != target.pieces[r]), None)
+    if bad is not None:
+        raise ModelFormatError(f"merge record {bad}: its result is not its pieces joined")
 
 
 class ModelFile3(MappedModel):

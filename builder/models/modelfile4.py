@@ -439,7 +439,7 @@ class ModelFile4(MappedModel):
         self.ops = [OpRec.unpack(m, h.program_off + OP_REC * i) for i in range(h.n_ops)]
         check_program(self.ops, self.slots, h.vocab, h.weights_size)
         self.strings = read_strings(m, h.strings_off, h.strings_size)
-        read_tokenizer(self, m, h)
+        read_tokenizer(self, m, h, ranks=False)
 
     def weight_shape(self, o: OpRec) -> tuple[int, ...]:
         return RULES[Op(o.op)].weight(o, self.header.vocab)

@@ -350,7 +350,14 @@ def write(path: Path, prog: Program, vocab: Vocab, source: TensorSource, progres
     header, front = make_header(prog, vocab)
     mf4.write_model(path, header, front, prog.specs, prog.source(source), progress, names)
     from builder.twins.tokenizer import Tokenizer
-    tok = Tokenizer(mf4.ModelFile4(path))
+    from builder.models.modelfile3 import check_ranks
+    written = mf4.ModelFile4(path)
+    try:
+        check_ranks(written)
+    except ModelFormatError:
+        Path(path).unlink()
+        raise
+    tok = Tokenizer(written)
     for name, s in zip(mf4.STRINGS, CHAT[prog.generation]):
         ids = tok.encode(s)[1:]
         if b"".join(tok.decode_piece(i) or tok.pieces[i] for i in ids) != s:

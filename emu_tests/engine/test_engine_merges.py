@@ -250,3 +250,19 @@ def test_merges_flag_without_merges_is_accepted_by_both(gemma, tmp_path_factory,
     ids = tok.encode(text)
     assert all(tok.types[i] == BYTE or i in tok.user or len(tok.pieces[i].decode()) == 1 for i in ids[1:])
     assert engine_ids(gemma, path, text) == ids
+
+
+@pytest.mark.parametrize("field", ["score", "result"])
+def test_merges_only_the_writer_vouches_for_are_accepted_by_both(gemma, g4, tmp_path, field):
+    """What only the writer guarantees (modelfile3.check_ranks: scores exactly -rank, each
+    result its pieces joined) neither reader refuses: a merge's score or result changed (the
+    result still an id of the vocabulary) runs, and the writer's check does refuse it."""
+    from builder.models.modelfile3 import check_ranks
+    h = ModelFile4(g4).header
+    off = h.merges_off + MERGE_REC * 3 + (12 if field == "score" else 8)
+    path = edited(g4, tmp_path / f"{field}.bin", [(off, struct.pack("<f", -1e6) if field == "score" else u32(2))])
+    f = ModelFile4(path)
+    with pytest.raises(ModelFormatError):
+        check_ranks(f)
+    r = engine(gemma, path, b"Hello world")
+    assert r.returncode == 0 and r.stderr == b"", r.stderr

@@ -1,11 +1,20 @@
 """Command-line plumbing shared by the model tools: an argparse parser whose errors are one
-line, and `run`, which turns the tools' expected failures into one line on stderr."""
+line, `run`, which turns the tools' expected failures into one line on stderr, and
+`model_summary`, the line convert and synth end with (and their one-line warning on stderr
+when the file written is of a version other than ENGINE_VERSION, the one ./gemma runs)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 from typing import Callable
+
+from builder.models.modelfile import Q8_0
+from builder.models.modelfile4 import VERSION
+
+# The model file version the engine built from this tree runs: asm/format.asm's MODEL_VERSION
+# (emu_tests/models/test_format_mirror.py holds the two equal).
+ENGINE_VERSION = VERSION
 
 
 class Parser(argparse.ArgumentParser):
@@ -34,13 +43,15 @@ def run(prog: str, body: Callable[[], object], errors: tuple[type[BaseException]
     return 0
 
 
-def model_summary(path: Path) -> Callable[[object], str]:
+def model_summary(prog: str, path: Path) -> Callable[[object], str]:
     """The one line convert and synth end with: the file, its size, the model's shapes and
-    the matrices' type."""
-    from builder.models.modelfile import Q8_0
-
+    the matrices' type; before it, on stderr, one line when ./gemma cannot run the file (its
+    version is not ENGINE_VERSION). The file is written either way."""
     def line(header) -> str:
         h = header
+        if h.version != ENGINE_VERSION:
+            print(f"{prog}: warning: ./gemma cannot run {path} yet: it is model file version {h.version}, "
+                  f"this build's engine runs version {ENGINE_VERSION}", file=sys.stderr)
         if h.version == 4:
             return (f"wrote {path}: {h.file_size:,} bytes; version 4 (Gemma {h.generation}), vocab {h.vocab}, "
                     f"{h.n_ops} ops on {h.n_slots} slots, context {h.max_ctx}")

@@ -8,8 +8,8 @@ use) in llama.cpp's Q4_K_M GGUF, shipped on PyPI in chunks by the package
 the cache directory (`$GEMMA_CACHE`, else `$XDG_CACHE_HOME/gemma-asm`, else
 `~/.cache/gemma-asm`), with FP16 matrices or, with `--type q8_0`, in a second file of Q8_0
 blocks (`convert --type q8_0`); later runs reuse them (a model file of an older format
-version is converted again). It builds ./gemma (about two seconds: the build is reproducible,
-so an up-to-date binary is rewritten byte for byte) and runs it on the prompt (greedy unless
+version is converted again). It builds ./gemma when it is missing or older than one of the
+build's sources (`build_sources`; about two seconds), and runs it on the prompt (greedy unless
 FLAGS say otherwise); once ./gemma starts to answer it prints the prompt, then streams the
 engine's text after it, ending with the engine's newline (so a flag the engine refuses shows
 its one-line error alone), and returns the engine's exit status.
@@ -73,10 +73,24 @@ def real_model(cache: Path, progress: bool = True, wtype: str = "f16") -> Path:
     return model
 
 
+def build_sources(root: Path) -> list[Path]:
+    """What ./gemma is built from: the engine's sources (asm/*.asm) and the Python that
+    assembles, packs and links them (builder/asm/*.py, linker/*.py)."""
+    return [*root.glob("asm/*.asm"), *root.glob("builder/asm/*.py"), *root.glob("linker/*.py")]
+
+
+def engine_binary(root: Path) -> Path:
+    """root/gemma, built first when it is missing or a source (build_sources) is newer."""
+    binary = root / "gemma"
+    if binary.is_file() and all(s.stat().st_mtime <= binary.stat().st_mtime for s in build_sources(root)):
+        return binary
+    return build(root).binary
+
+
 def demo(prompt: str, n: int, flags: list[str], progress: bool = True,
          wtype: str = "f16") -> int:
     model = real_model(cache_dir(), progress, wtype)
-    binary = build(REPO_ROOT).binary
+    binary = engine_binary(REPO_ROOT)
     engine = subprocess.Popen([str(binary), "-m", str(model), "-p", prompt, "-n", str(n),
                                *flags], stdout=subprocess.PIPE)
     quiet = True          # the engine prints only what follows the prompt: the prompt goes

@@ -362,8 +362,8 @@ def llama_missing(cfg: Config, ggufs: list[Path]) -> str:
         return "not run (no GGUF given)"
     if not cfg.llama:
         return "not run (--no-llama)"
-    return f"not run: {bench_llama.available()}; pip install llama-cpp-python, " \
-           "or give --llama-bench PATH"
+    return f"not run: {bench_llama.available()}; pip install -e '.[bench]' (on a CPU with AMX, " \
+           "build it without AMX: pyproject.toml, docs/speed.md), or give --llama-bench PATH"
 
 
 def time_llama(cfg: Config, gguf: Path, ids: list[int], threads: int) -> Figures:

@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from builder.models.checkpoint import Checkpoint, ConvertError, check_shapes, source_for
-from builder.cli import Parser, model_summary, run
+from builder.cli import ENGINE_VERSION, Parser, model_summary, run
 from builder.models.convert_gguf import open_gguf
 from builder.models.convert_hf import open_hf
 from builder.models import modelfile3, program
-from builder.models.modelfile import Q8_0, WEIGHT_TYPES, Header, ModelFormatError, tensor_layout, write_model
+from builder.models.modelfile import MAGIC, Q8_0, WEIGHT_TYPES, Header, ModelFormatError, tensor_layout, write_model
 from builder.models.modelfile3 import with_q8_0
 
 VERSIONS = (2, 3, 4)
@@ -38,9 +38,17 @@ __all__ = ["ConvertError", "convert", "main", "open_checkpoint"]
 
 
 def open_checkpoint(src: Path) -> Checkpoint:
+    """The checkpoint of a Hugging Face directory or a GGUF file (a model file made by convert
+    or synth is refused with one line that says what it is)."""
     if src.is_dir():
         return open_hf(src)
     if src.is_file():
+        with open(src, "rb") as f:
+            magic, version = f.read(len(MAGIC)), f.read(4)
+        if magic == MAGIC:
+            version = f", version {int.from_bytes(version, 'little')}" if len(version) == 4 else ""
+            raise ConvertError(f"{src}: a gemma model file already (magic GEMMAASM{version}; ./gemma -m runs "
+                               f"version {ENGINE_VERSION}), not a Hugging Face directory or GGUF file")
         return open_gguf(src)
     raise ConvertError(f"{src}: no such file or directory")
 
@@ -79,7 +87,7 @@ def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16", ver
 
 def main(argv: list[str]) -> int:
     p = Parser(prog="python -m builder convert",
-               description="Convert a Gemma 1, 2 or 3 checkpoint, a Hugging Face directory or a "
+               description="Convert a Gemma 1, 2, 3 or 4 checkpoint, a Hugging Face directory or a "
                            "GGUF file (F32, F16, BF16 or quantized), to gemma's model file.")
     p.add_argument("src", type=Path, help="Hugging Face model directory or .gguf file")
     p.add_argument("-o", "--output", type=Path, required=True, help="model file to write")
@@ -92,7 +100,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     return run(p.prog, lambda: convert(args.src, args.output, not args.quiet, args.type, args.format),
-               (ConvertError, ModelFormatError), model_summary(args.output))
+               (ConvertError, ModelFormatError), model_summary(p.prog, args.output))
 
 
 if __name__ == "__main__":

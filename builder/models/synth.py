@@ -327,7 +327,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     return run(p.prog, lambda: synth(args.preset, args.output, args.seed, args.gguf, not args.quiet,
                                       args.type, args.format),
-               (ModelFormatError, ValueError), model_summary(args.output))
+               (ModelFormatError, ValueError), model_summary(p.prog, args.output))
 
 
 if __name__ == "__main__":

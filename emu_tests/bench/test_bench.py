@@ -921,3 +921,15 @@ def test_bytes_per_token_counts_chosen_experts_and_one_ple_row(tmp_path):
     assert experts == len(m.layers) * 4 * (2 * 32 * 64 + 64 * 32) * 2
     want = sum(layout.values()) - layout["ple_embed"] + 10 * 32 * 2 - experts // 2
     assert bench.bytes_per_token(tmp_path / "g4.bin") == want
+
+
+def test_llama_missing_says_how_to_install_it(monkeypatch, tmp_path):
+    """Without llama-cpp-python the report's line names the project's extra that installs it
+    and where the AMX build note is, or llama-bench; without a GGUF or with --no-llama, why."""
+    monkeypatch.setattr(bench_llama, "available", lambda: "llama-cpp-python is not installed (ImportError: x)")
+    gguf = [tmp_path / "m.gguf"]
+    assert bench.llama_missing(bench.Config(), gguf) == (
+        "not run: llama-cpp-python is not installed (ImportError: x); pip install -e '.[bench]' (on a CPU "
+        "with AMX, build it without AMX: pyproject.toml, docs/speed.md), or give --llama-bench PATH")
+    assert bench.llama_missing(bench.Config(llama=False), gguf) == "not run (--no-llama)"
+    assert bench.llama_missing(bench.Config(), []) == "not run (no GGUF given)"

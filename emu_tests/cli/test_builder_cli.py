@@ -1,15 +1,24 @@
 """`python -m builder`'s own command line: --help names every command with its line,
---version prints the installed version, and every command answers --help."""
+--version prints the installed version, and every command answers --help. And what the model
+tools and the demo tell a new user: convert's help names every generation it converts, a model
+file given to convert says what it is, a file ./gemma cannot run gets one line of warning, and
+the demo builds ./gemma only when a source is newer."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib import metadata
+from types import SimpleNamespace
 
 import pytest
 
+from builder import demo
 from builder.__main__ import COMMANDS
 from builder.asm.build import REPO_ROOT
+from builder.cli import ENGINE_VERSION
+from emu_tests.asm_facts import constant
+from modelfiles import fixture_path
 
 
 def builder(*args: str) -> subprocess.CompletedProcess:
@@ -51,7 +60,70 @@ def test_convert_and_synth_end_with_a_summary_and_unwritable_output_is_a_sentenc
         f"wrote {tmp_path / 't.bin'}: {(tmp_path / 't.bin').stat().st_size:,} bytes; vocab 1024, "
         "d 64, ffn 192, 6 layers, 4 heads (1 kv) of 32, flags 3, f16 weights, context 512\n"), r
     r = builder("convert", str(tmp_path / "t.bin"), "-q", "-o", str(tmp_path / "none" / "x.bin"))
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", f"python -m builder convert: error: {tmp_path / 't.bin'}: a gemma model file already (magic "
+               f"GEMMAASM, version 2; ./gemma -m runs version {ENGINE_VERSION}), not a Hugging Face directory "
+               "or GGUF file\n")
     r = builder("synth", "--preset", "tiny", "-q", "-o", str(tmp_path / "none" / "x.bin"))
     assert (r.returncode, r.stdout, r.stderr) == (
         1, "", f"python -m builder synth: error: {tmp_path / 'none' / 'x.bin'}: No such file or directory\n")
+
+
+def test_convert_help_names_every_generation():
+    r = builder("convert", "--help")
+    assert r.returncode == 0 and "Convert a Gemma 1, 2, 3 or 4 checkpoint" in " ".join(r.stdout.split())
+
+
+def test_engine_version_is_the_one_format_asm_reads():
+    """The version the warning below compares with is the engine's own."""
+    assert ENGINE_VERSION == constant("MODEL_VERSION")
+
+
+def warning(prog: str, out, version: int) -> str:
+    """What convert or synth print on stderr after writing a file of this version."""
+    return "" if version == ENGINE_VERSION else (
+        f"python -m builder {prog}: warning: ./gemma cannot run {out} yet: it is model file version "
+        f"{version}, this build's engine runs version {ENGINE_VERSION}\n")
+
+
+@pytest.mark.parametrize("prog, args, version", [
+    ("synth", ["--preset", "tiny-g3"], 2), ("synth", ["--preset", "tiny-g4"], 3),
+    ("convert", [str(fixture_path("tiny_wide"))], 2),
+    ("convert", [str(fixture_path("tiny_wide")), "--format", "3"], 3)])
+def test_a_file_the_engine_cannot_run_is_written_with_one_line_of_warning(tmp_path, prog, args, version):
+    """Every file is written and summarised on stdout, status 0; one it is not ENGINE_VERSION's
+    (today a Gemma 4 preset and `convert --format 3`) also gets one warning line on stderr."""
+    out = tmp_path / "m.bin"
+    r = builder(prog, *args, "-q", "-o", str(out))
+    assert (r.returncode, r.stderr) == (0, warning(prog, out, version)), r.stderr
+    assert r.stdout.startswith(f"wrote {out}: ") and out.read_bytes()[8] == version
+
+
+def test_demo_builds_the_engine_only_when_a_source_is_newer(tmp_path, monkeypatch):
+    """./gemma missing: built; then reused while no source is newer; an asm/ source or the
+    builder's or linker's Python touched later: built again."""
+    for name in ("asm/main.asm", "builder/asm/build.py", "linker/link.py", "builder/demo.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+        os.utime(tmp_path / name, (1000, 1000))
+    builds = []
+
+    def fake_build(root):
+        builds.append(root)
+        (root / "gemma").write_bytes(b"")
+        os.utime(root / "gemma", (2000, 2000))
+        return SimpleNamespace(binary=root / "gemma")
+    monkeypatch.setattr(demo, "build", fake_build)
+    assert demo.engine_binary(tmp_path) == tmp_path / "gemma" and len(builds) == 1
+    assert demo.engine_binary(tmp_path) == tmp_path / "gemma" and len(builds) == 1
+    os.utime(tmp_path / "builder/demo.py", (3000, 3000))  # not a source of the build
+    assert demo.engine_binary(tmp_path) == tmp_path / "gemma" and len(builds) == 1
+    sources = ("asm/main.asm", "builder/asm/build.py", "linker/link.py")
+    for n, name in enumerate(sources, 2):  # each alone newer than ./gemma (built at 2000)
+        for other in sources:
+            os.utime(tmp_path / other, (1000, 1000))
+        os.utime(tmp_path / name, (3000, 3000))
+        demo.engine_binary(tmp_path)
+        assert len(builds) == n, name
+    assert {s.relative_to(tmp_path).as_posix() for s in demo.build_sources(tmp_path)} == {
+        "asm/main.asm", "builder/asm/build.py", "linker/link.py"}

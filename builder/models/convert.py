@@ -53,7 +53,8 @@ def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16", ver
     ckpt = open_checkpoint(src)
     version = version or DEFAULT_VERSION
     if version == 2 and ckpt.dims is None:
-        raise ConvertError(f"{src}: a Gemma 4 model needs model file version 3 (--format 3)")
+        raise ConvertError(f"{src}: model file version 2 holds Gemma 1-3 only: a Gemma 4 model is version 4 "
+                           "(the default) or 3 (--format 3)")
     names = {e: t.name for e, t in ckpt.tensors.items()}
     try:
         if version == 2:

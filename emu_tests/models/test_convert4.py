@@ -209,7 +209,7 @@ def test_tokenizer_refusals(tmp_path):
 
 
 def test_version_2_cannot_hold_gemma4(tmp_path):
-    fail(tmp_path, fixture_path("tiny_g4"), "a Gemma 4 model needs model file version 3", version=2)
+    fail(tmp_path, fixture_path("tiny_g4"), "model file version 2 holds Gemma 1-3 only: a Gemma 4 model is version 4", version=2)
 
 
 @pytest.mark.parametrize("values, message", [

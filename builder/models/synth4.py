@@ -1,5 +1,6 @@
-"""Gemma 4 presets for `python -m builder synth`, written as model file version 3, and their GGUF
-twins in llama.cpp's `gemma4` layout.
+"""Gemma 4 presets for `python -m builder synth` (described in model file version 3's terms; synth
+writes them as version 4, the MoE ones as version 3 only), and their GGUF twins in llama.cpp's
+`gemma4` layout.
 
 PRESETS4: `tiny-g4` (every Gemma 4 feature at once: per-layer inputs, KV sharing with a
 double-wide FFN, k = v on full layers, MoE; small), `tiny-g4-dense` (the same without the

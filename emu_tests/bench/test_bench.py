@@ -16,6 +16,7 @@ import math
 import mmap
 import os
 import re
+import struct
 import threading
 from dataclasses import asdict
 
@@ -27,8 +28,9 @@ from builder.bench import (level as bench_level, llama as bench_llama, machine a
                            report as bench_report, startup as bench_startup)
 from builder.bench.run import run
 from builder.models.gguf_meta import read_gguf_meta
-from builder.models.modelfile import Q8_0, ModelFile, dequantize_q8_0
 from builder.models import modelfile3
+from builder.models.modelfile import dequantize_q8_0
+from builder.models.modelfile4 import ModelFile4
 from builder.models.synth import PRESETS
 from emu_tests.asm_facts import constant
 
@@ -53,13 +55,12 @@ LLAMA_ROWS = ["llama.cpp prompt tokens/s", "llama.cpp decode tokens/s",
 
 
 def tiny_bytes() -> int:
-    """The tiny preset's tensor bytes, counted from its dimensions (not from the file layout):
-    per layer the FP16 matrices, two float32 norms, the u32 window and hd/2 float32 rope
-    frequencies."""
+    """The tiny preset's weight bytes, counted from its dimensions (not from the file layout):
+    the embedding (the logits' matrix too), the final norm, and per layer the FP16 matrices, two
+    float32 norms and hd/2 float32 rope frequencies (the window is a field of the ATTN op)."""
     d = PRESETS["tiny"].dims
     q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
-    layer = (2 * (q * d.dim + 2 * kv * d.dim + d.dim * q + 3 * d.ffn * d.dim) + 4 * 2 * d.dim
-             + 4 + 4 * (d.head_dim // 2))
+    layer = 2 * (q * d.dim + 2 * kv * d.dim + d.dim * q + 3 * d.ffn * d.dim) + 4 * 2 * d.dim + 4 * (d.head_dim // 2)
     return 2 * d.vocab * d.dim + d.layers * layer + 4 * d.dim
 
 
@@ -135,9 +136,9 @@ def test_figures_are_positive_and_consistent(report):
     assert engine["bytes_per_token"] == tiny_bytes()
     assert sorted(map(int, res["bandwidth"])) == threads
     llama = res["peers"][0]["figures"] if res["peers"] else []
-    if res["peers"]:  # the F16 twin holds the same tensors but each layer's window and rope
+    if res["peers"]:  # the F16 twin holds the same tensors but each layer's rope
         d = PRESETS["tiny"].dims
-        assert res["peers"][0]["bytes_per_token"] == tiny_bytes() - d.layers * (4 + 4 * (d.head_dim // 2))
+        assert res["peers"][0]["bytes_per_token"] == tiny_bytes() - d.layers * 4 * (d.head_dim // 2)
     for name, figures in (("gemma", engine["figures"]), ("llama.cpp", llama)):
         for i, f in enumerate(figures):
             t = f["threads"]
@@ -390,13 +391,26 @@ def test_model_pair_is_cached(report):
     assert [(cache / f).stat().st_mtime_ns for f in files] == stamp, "the model was made again"
 
 
-def test_damaged_cached_model_is_made_again(tmp_path):
-    for name in ("tiny-seed3.bin", "tiny-seed3.gguf"):
-        (tmp_path / name).write_bytes(b"GEMMAASM" + bytes(300))
-    model, (gguf,) = bench.model_paths(bench.Config(preset="tiny", seed=3, cache=tmp_path))
-    assert ModelFile(model).dims.vocab == PRESETS["tiny"].dims.vocab
-    assert gguf.read_bytes()[:4] == b"GGUF"
+@pytest.mark.parametrize("why", ["damaged", "version 2"])
+def test_a_cached_model_the_engine_refuses_is_made_again(tmp_path, capsys, why):
+    """A cached model file the engine would refuse (another version, by its version field, or
+    damaged) is made again as version 4, which one line on stderr says."""
+    from builder.models.synth import synth
+    model = tmp_path / "tiny-seed3.bin"
+    (tmp_path / "tiny-seed3.gguf").write_bytes(b"GGUF" + bytes(300))
+    if why == "damaged":
+        model.write_bytes(b"GEMMAASM" + struct.pack("<I", 4) + bytes(300))
+        reason = f"{model}: header_size is 0, expected 256"  # version 4, the rest of the header zeros
+    else:
+        synth("tiny", model, seed=3, progress=False, version=2)
+        reason = f"{model}: not a version 4 model file (version 2)"
+    got, (gguf,) = bench.model_paths(bench.Config(preset="tiny", seed=3, cache=tmp_path))
+    assert got == model and ModelFile4(model).header.vocab == PRESETS["tiny"].dims.vocab
+    assert gguf.read_bytes()[:4] == b"GGUF" and gguf.stat().st_size > 304
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-seed3.bin", "tiny-seed3.gguf"]
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"bench: {reason}") and \
+        err[0].endswith(f": making the tiny f16 model and its GGUF in {tmp_path} (again)"), err
 
 
 def test_plot_is_drawn_or_refused_in_one_line(report, capsys, tmp_path):
@@ -882,7 +896,7 @@ def test_type_option():
 def test_q8_0_pair_is_made_and_cached_beside_the_f16_one(tmp_path):
     model, (gguf,) = bench.model_paths(bench.Config(preset="tiny", cache=tmp_path), "q8_0")
     assert (model.name, gguf.name) == ("tiny-seed0-q8_0.bin", "tiny-seed0-q8_0.gguf")
-    assert ModelFile(model).dims.flags & Q8_0
+    assert bench.weight_type(ModelFile4(model)) == "q8_0"
     assert {t.type for t in read_gguf_meta(gguf).tensors.values()} == {"Q8_0", "F32"}
 
 
@@ -908,19 +922,22 @@ def test_both_types_in_one_run(gemma, tmp_path):
         assert "decode ratio gemma[q8_0]/llama.cpp[tiny-seed0-q8_0.gguf]" in rows
 
 
-def test_bytes_per_token_counts_chosen_experts_and_one_ple_row(tmp_path):
-    """A Gemma 4 file (synth tiny-g4: per-layer inputs of 32 for 10 layers, 4 experts of 32, top
-    2, in every layer): a token reads every tensor but the PLE table, of which one row (10 x 32
-    FP16 values), and the experts, of which 2 of 4 -- counted here from the shapes."""
+@pytest.mark.parametrize("wtype", ["f16", "q8_0"])
+def test_bytes_per_token_counts_one_ple_row_and_each_weight_once(tmp_path, wtype):
+    """A Gemma 4 file (synth tiny-g4-dense: per-layer inputs of 32 for 10 layers): a token reads
+    every tensor of the model once but the PLE table, of which one row (10 x 32 values), plus
+    the ones vector every value norm shares (of the widest head, 32) -- counted here from the
+    shapes of the model's version 3 description."""
     from builder.models.synth import synth
     from builder.models.synth4 import PRESETS4
-    synth("tiny-g4", tmp_path / "g4.bin", progress=False)
-    m = PRESETS4["tiny-g4"][0]
-    layout = {s.name: s.nbytes for s in modelfile3.tensor_layout(m)}
-    experts = sum(n for k, n in layout.items() if "experts_" in k)
-    assert experts == len(m.layers) * 4 * (2 * 32 * 64 + 64 * 32) * 2
-    want = sum(layout.values()) - layout["ple_embed"] + 10 * 32 * 2 - experts // 2
-    assert bench.bytes_per_token(tmp_path / "g4.bin") == want
+    from builder.models.modelfile3 import with_q8_0
+    synth("tiny-g4-dense", tmp_path / "g4.bin", progress=False, wtype=wtype)
+    m = PRESETS4["tiny-g4-dense"][0]
+    layout = {s.name: s.nbytes for s in modelfile3.tensor_layout(with_q8_0(m) if wtype == "q8_0" else m)}
+    assert not any("experts_" in k for k in layout)
+    ple_row = 10 * 32 * 2 if wtype == "f16" else 10 * 34
+    want = sum(layout.values()) - layout["ple_embed"] + ple_row + 4 * 32
+    assert bench.bytes_per_token(ModelFile4(tmp_path / "g4.bin")) == want
 
 
 def test_llama_missing_says_how_to_install_it(monkeypatch, tmp_path):

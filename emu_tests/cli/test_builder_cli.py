@@ -55,9 +55,16 @@ def test_unknown_command_names_itself_and_lists_the_commands():
 
 
 def test_convert_and_synth_end_with_a_summary_and_unwritable_output_is_a_sentence(tmp_path):
+    # version 4 by default: 6 layers of 15 ops (norm; q, k, v; q and k norms; rope; attention;
+    # output, post norm; norm; gate, up with GEGLU; down, post norm), embedding, final norm,
+    # logits; slots x, xb, q, hb, hb2 and each layer's K and V
     r = builder("synth", "--preset", "tiny-g3", "-q", "-o", str(tmp_path / "t.bin"))
     assert r.returncode == 0 and r.stdout == (
-        f"wrote {tmp_path / 't.bin'}: {(tmp_path / 't.bin').stat().st_size:,} bytes; vocab 1024, "
+        f"wrote {tmp_path / 't.bin'}: {(tmp_path / 't.bin').stat().st_size:,} bytes; version 4 (Gemma 3), "
+        "vocab 1024, 93 ops on 17 slots, context 512\n"), r
+    r = builder("synth", "--preset", "tiny-g3", "-q", "--format", "2", "-o", str(tmp_path / "t2.bin"))
+    assert r.returncode == 0 and r.stdout == (
+        f"wrote {tmp_path / 't2.bin'}: {(tmp_path / 't2.bin').stat().st_size:,} bytes; vocab 1024, "
         "d 64, ffn 192, 6 layers, 4 heads (1 kv) of 32, flags 3, f16 weights, context 512\n"), r
     r = builder("convert", str(tmp_path / "t.bin"), "-q", "-o", str(tmp_path / "none" / "x.bin"))
     assert (r.returncode, r.stdout, r.stderr) == (

@@ -1,7 +1,14 @@
 """builder.models.convert: both fixture formats give the same model (weights byte for byte) for Gemma
 1, 2 and 3, every source variant (dtypes, shards, older config keys, the multimodal Gemma 3
 layout, GGUF metadata conventions, quantized tensors) converts as specified, reading is
-bounded in memory, and each user error is one clear line."""
+bounded in memory, and each user error is one clear line.
+
+Files are version 4 (convert's default: what the engine runs) where the test is about the
+model the engine gets: byte equality of variants, each layer's window and rope table (the ATTN
+and ROPE ops), the soft-caps and scales, the context, the command line. Tests that look a
+tensor up by name read version 2 (asked for explicitly): the checkpoint readers give every
+version the same tensors (test_modelfile3: version 3 holds version 2's; test_modelfile4:
+version 4 version 3's)."""
 from __future__ import annotations
 
 import json
@@ -15,8 +22,10 @@ from builder.models import checkpoint
 from builder.models import convert as conv
 from builder.models import convert_gguf, convert_hf
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
-from builder.models.modelfile import (BYTE, CONTROL, DIM_LIMITS, HEADER_FIELDS, NORMAL, Q8_0, UNKNOWN, UNUSED, USER_DEFINED, LayerAttn, ModelFile,
-                               ModelFormatError, quantize_q8_0, rope_freqs, tensor_layout)
+from builder.models.modelfile import (BYTE, CONTROL, DIM_LIMITS, NORMAL, Q8_0, UNKNOWN, UNUSED, USER_DEFINED, LayerAttn,
+                                      ModelFile, ModelFormatError, quantize_q8_0, rope_freqs, tensor_layout)
+from builder.models.modelfile3 import f32
+from builder.models.modelfile4 import HEADER_FIELDS, ModelFile4, Op, WType
 from modelfiles import TWINS, convert_fixture, fixture_path
 from variants import (K_SCALES, bf16_to_f32, gguf_variant, hf_variant, kv_set, quantized,
                       read_safetensors, write_safetensors)
@@ -30,11 +39,32 @@ def converted(tmp: Path, src: Path) -> bytes:
     return out.read_bytes()
 
 
+def convert_v2(src: Path, out: Path, **kw) -> ModelFile:
+    """src converted to model file version 2, opened."""
+    conv.convert(src, out, progress=False, version=2, **kw)
+    return ModelFile(out)
+
+
 @pytest.fixture(scope="module")
 def reference_files(tmp_path_factory):
+    """Each fixture converted with convert's defaults (version 4)."""
     d = tmp_path_factory.mktemp("conv")
     return {(n, s): convert_fixture(n, s, d) for n in TWINS for s in ("hf", "gguf")} | \
         {("tiny_g2q", "hf"): convert_fixture("tiny_g2q", "hf", d)}
+
+
+def ops_of(path: Path, op: Op) -> list:
+    """The ops of one opcode in a version 4 file's program, in program order."""
+    return [o for o in ModelFile4(path).ops if o.op == op]
+
+
+def scalars(path: Path) -> tuple[float, float, float]:
+    """(attention scale, attention soft-cap, final soft-cap) of a version 4 file: every ATTN op's
+    a and c (one value each across the layers) and the LOGITS op's c."""
+    attn = {(o.a, o.c) for o in ops_of(path, Op.ATTN)}
+    assert len(attn) == 1, attn
+    (scale, cap), = attn
+    return scale, cap, ops_of(path, Op.LOGITS)[0].c
 
 
 def fail(tmp: Path, src: Path, match: str) -> str:
@@ -54,18 +84,22 @@ def fail(tmp: Path, src: Path, match: str) -> str:
 # one respect: llama.cpp's convert_hf_to_gguf.py marks a piece USER_DEFINED only from
 # tokenizer_config.json, which the fixtures lack, so their GGUFs list the 11 user-defined
 # pieces of tokenizer.model (<start_of_turn>, tab, U+2581 runs, <h1> ...) as NORMAL. Pieces,
-# scores and every other type are identical; hence n_index/n_user/user_off differ and the
-# index holds 11 more ids. The converter keeps what each source says.
-TABLE_FIELDS = {"n_index", "n_user", "user_off"}
+# scores and every other type are identical; hence n_index/n_user differ, the index holds 11
+# more ids and the sections after it start 44 bytes later. The converter keeps what each
+# source says.
+TABLE_FIELDS = {"n_index", "n_user", "user_off", "merges_off", "blob_off"}
 
 
 @pytest.mark.parametrize("name", TWINS)
 def test_hf_and_gguf_give_the_same_model(reference_files, name):
-    hf, gg = (ModelFile(reference_files[name, s]) for s in ("hf", "gguf"))
+    hf, gg = (ModelFile4(reference_files[name, s]) for s in ("hf", "gguf"))
     for field, _, _ in HEADER_FIELDS[1:]:
         if field not in TABLE_FIELDS:
             assert getattr(hf.header, field) == getattr(gg.header, field), field
+    assert gg.header.user_off - hf.header.user_off == 4 * (gg.header.n_index - hf.header.n_index)
     a, b = reference_files[name, "hf"].read_bytes(), reference_files[name, "gguf"].read_bytes()
+    program = slice(hf.header.slots_off, hf.header.pieces_off)  # slots, ops, chat strings
+    assert a[program] == b[program]
     w = hf.header.weights_off
     assert a[w:] == b[w:], f"weights differ first at byte {next(i for i in range(len(a) - w) if a[w + i] != b[w + i])}"
     assert hf.pieces == gg.pieces and hf.scores.tobytes() == gg.scores.tobytes()
@@ -79,8 +113,8 @@ def test_hf_and_gguf_give_the_same_model(reference_files, name):
     assert sorted(gg.user.tolist()) == sorted(i for i in hf.user.tolist() if hf.types[i] == CONTROL)
 
 
-def test_norms_hold_one_plus_w_and_weights_are_exact(reference_files):
-    m = ModelFile(reference_files["tiny_mqa", "hf"])
+def test_norms_hold_one_plus_w_and_weights_are_exact(tmp_path):
+    m = convert_v2(fixture_path("tiny_mqa"), tmp_path / "v2.bin")
     st = read_safetensors(fixture_path("tiny_mqa") / "model.safetensors")
     w = bf16_to_f32(st["model.layers.1.post_attention_layernorm.weight"][2])
     assert np.array_equal(m.tensor("layers.1.ffn_norm"), np.float32(1) + w)
@@ -113,19 +147,20 @@ def test_hf_variants(tmp_path, reference_files, variant):
 def test_hf_rope_theta_is_read(tmp_path, reference_files):
     src = hf_variant(tmp_path, config=lambda c: c["rope_parameters"].update(rope_theta=500000.0))
     conv.convert(src, tmp_path / "x.bin", progress=False)
-    m = ModelFile(tmp_path / "x.bin")
-    for i in range(m.dims.layers):
-        assert np.array_equal(m.tensor(f"layers.{i}.rope"), rope_freqs(16, LayerAttn(0, 500000.0)))
-        assert m.tensor(f"layers.{i}.window").tolist() == [0]
+    got = attn_of(tmp_path / "x.bin")
+    assert len(got) == 2
+    for window, rope in got:
+        assert np.array_equal(rope, rope_freqs(16, LayerAttn(0, 500000.0)))
+        assert window == 0
 
 
 def test_context_beyond_the_engine_is_capped(tmp_path):
     """Gemma 3 4B and larger say max_position_embeddings 131072: the file gets the engine's
     limit (DIM_LIMITS max_ctx, 65536), so such a model runs with that much context, and the
-    engine accepts the header."""
+    engine accepts the header (the reader checks what the engine checks)."""
     src = hf_variant(tmp_path, config=lambda c: c.update(max_position_embeddings=131072))
     conv.convert(src, tmp_path / "x.bin", progress=False)
-    assert ModelFile(tmp_path / "x.bin").dims.max_ctx == DIM_LIMITS["max_ctx"] == 65536
+    assert ModelFile4(tmp_path / "x.bin").header.max_ctx == DIM_LIMITS["max_ctx"] == 65536
 
 
 @pytest.mark.parametrize("name", TWINS)
@@ -247,7 +282,9 @@ def test_unsupported_dtype_and_bad_files(tmp_path):
 def test_cli(tmp_path, capsys):
     out = tmp_path / "m.bin"
     assert conv.main([str(fixture_path("tiny_wide")), "-o", str(out), "-q"]) == 0
-    assert ModelFile(out).dims.dim == 144
+    m = ModelFile4(out)  # version 4 unless --format says otherwise
+    assert (m.header.version, m.header.generation, m.ops[0].op, m.ops[0].n) == (4, 1, Op.EMBED, 144)  # d 144
+    assert "version 4 (Gemma 1)" in capsys.readouterr().out
     assert conv.main([str(tmp_path / "none"), "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("python -m builder convert: error:") and "no such file" in err
@@ -328,15 +365,19 @@ def test_gguf_metadata_types(tmp_path):
 
 
 def attn_of(path: Path) -> list[tuple[int, np.ndarray]]:
-    m = ModelFile(path)
-    return [(int(m.tensor(f"layers.{i}.window")[0]), m.tensor(f"layers.{i}.rope")) for i in range(m.dims.layers)]
+    """Each layer's window (its ATTN op's j) and rope table (its ROPE op's weight), version 4."""
+    m = ModelFile4(path)
+    windows = [o.j for o in m.ops if o.op == Op.ATTN]
+    ropes = [m.weight(o) for o in m.ops if o.op == Op.ROPE]
+    assert len(windows) == len(ropes)
+    return list(zip(windows, ropes))
 
 
 def test_gemma2_and_3_headers_and_layers(reference_files):
-    g2, g3, g2q = (ModelFile(reference_files[n, "hf"]) for n in ("tiny_g2", "tiny_g3", "tiny_g2q"))
-    assert (g2.dims.flags, g2.dims.att_softcap, g2.dims.final_softcap) == (1, 4.0, 3.0)
-    assert (g3.dims.flags, g3.dims.att_softcap, g3.dims.final_softcap) == (3, 0.0, 0.0)
-    assert g2q.dims.att_scale == np.float32(20 ** -0.5)  # query_pre_attn_scalar, not head_dim
+    g2, g3, g2q = (reference_files[n, "hf"] for n in ("tiny_g2", "tiny_g3", "tiny_g2q"))
+    assert ModelFile4(g2).header.generation == 2 and scalars(g2) == (f32(16 ** -0.5), 4.0, 3.0)
+    assert ModelFile4(g3).header.generation == 3 and scalars(g3) == (f32(32 ** -0.5), 0.0, 0.0)
+    assert scalars(g2q)[0] == f32(20 ** -0.5)  # query_pre_attn_scalar, not head_dim
     slide, full = rope_freqs(16, LayerAttn(5, 10000.0)), rope_freqs(16, LayerAttn(0, 10000.0))
     got = attn_of(reference_files["tiny_g2", "hf"])
     assert [w for w, _ in got] == [5, 0, 5, 0] and all(np.array_equal(r, slide if w else full) for w, r in got)
@@ -406,13 +447,12 @@ def test_gemma2_defaults_and_nulls(tmp_path, reference_files):
         for k in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"):
             c.pop(k)
     conv.convert(hf_variant(tmp_path, "tiny_g2", config=absent), tmp_path / "a.bin", progress=False)
-    d = ModelFile(tmp_path / "a.bin").dims
-    assert (d.att_softcap, d.final_softcap, d.att_scale) == (50.0, 30.0, np.float32(1 / 16))  # Gemma2Config's
+    assert scalars(tmp_path / "a.bin") == (np.float32(1 / 16), 50.0, 30.0)  # Gemma2Config's
     (tmp_path / "b").mkdir()
     src = hf_variant(tmp_path / "b", "tiny_g2",
                      config=lambda c: c.update(attn_logit_softcapping=None, final_logit_softcapping=None))
     conv.convert(src, tmp_path / "b.bin", progress=False)
-    assert (ModelFile(tmp_path / "b.bin").dims.att_softcap, ModelFile(tmp_path / "b.bin").dims.final_softcap) == (0, 0)
+    assert scalars(tmp_path / "b.bin")[1:] == (0, 0)
 
 
 def test_rope_scaling_linear(tmp_path):
@@ -491,8 +531,7 @@ def test_gguf_gemma2_defaults(tmp_path):
                                                        gemma2__attn_logit_softcapping=None,
                                                        gemma2__final_logit_softcapping=None))
     conv.convert(src, tmp_path / "d.bin", progress=False)
-    m = ModelFile(tmp_path / "d.bin")
-    assert (m.dims.att_softcap, m.dims.final_softcap) == (50.0, 30.0)
+    assert scalars(tmp_path / "d.bin")[1:] == (50.0, 30.0)
     assert [w for w, _ in attn_of(tmp_path / "d.bin")] == [4096, 0, 4096, 0]
 
 
@@ -541,8 +580,7 @@ def test_gguf_quantized_tensors(tmp_path):
     src = gguf_variant(tmp_path, "tiny_g3", tensors=edit)
     kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(src).tensors}
     assert [kinds[n] for n, _ in places] == [q for _, q in places]
-    conv.convert(src, tmp_path / "q.bin", progress=False)
-    m = ModelFile(tmp_path / "q.bin")
+    m = convert_v2(src, tmp_path / "q.bin")
     engine = {convert_gguf.gguf_name(n): n for n in checkpoint.stored_tensors(m.dims)}
     for name, x in want.items():
         assert np.array_equal(m.tensor(engine[name]), x), f"{name} ({kinds[name]})"
@@ -618,9 +656,7 @@ def test_hf_to_q8_0_quantizes_the_exact_values(tmp_path):
                 x = bf16_to_f32(data) * np.float32(1 + 2 ** -10)  # not BF16 values any more
                 ts[k] = ("F32", shape, x.tobytes())
     src = hf_variant(tmp_path, "tiny_wide", tensors=f32_down)
-    conv.convert(src, tmp_path / "q.bin", progress=False, wtype="q8_0")
-    conv.convert(src, tmp_path / "f.bin", progress=False)
-    q, f = ModelFile(tmp_path / "q.bin"), ModelFile(tmp_path / "f.bin")
+    q, f = convert_v2(src, tmp_path / "q.bin", wtype="q8_0"), convert_v2(src, tmp_path / "f.bin")
     assert q.dims.flags == f.dims.flags | Q8_0
     st = read_safetensors(src / "model.safetensors")
     kinds = set()
@@ -651,9 +687,7 @@ def test_gguf_q8_0_blocks_are_copied_as_they_are(tmp_path):
             raw[name] = quantized(qtype, x, rng)
             ts[name] = (raw[name], gguf.GGMLQuantizationType[qtype])
     src = gguf_variant(tmp_path, "tiny_g3", tensors=edit)
-    conv.convert(src, tmp_path / "q.bin", progress=False, wtype="q8_0")
-    conv.convert(src, tmp_path / "f.bin", progress=False)
-    q, f = ModelFile(tmp_path / "q.bin"), ModelFile(tmp_path / "f.bin")
+    q, f = convert_v2(src, tmp_path / "q.bin", wtype="q8_0"), convert_v2(src, tmp_path / "f.bin")
     meta = read_gguf_meta(src).tensors
     engine = {convert_gguf.gguf_name(n): n for n in checkpoint.stored_tensors(q.dims)}
     for g, name in engine.items():
@@ -698,6 +732,11 @@ def test_q8_0_block_reading_memory_is_bounded_by_a_chunk(tmp_path, monkeypatch):
 def test_cli_type(tmp_path, capsys):
     out = tmp_path / "m.bin"
     assert conv.main([str(fixture_path("tiny_g3")), "-o", str(out), "-q", "--type", "q8_0"]) == 0
+    m = ModelFile4(out)
+    assert m.header.version == 4 and WType.Q8_0 in {o.wtype for o in m.ops}
+    assert capsys.readouterr().out.endswith(f"; version 4 (Gemma 3), vocab 2048, {m.header.n_ops} ops on "
+                                            f"{m.header.n_slots} slots, context 2048\n")
+    assert conv.main([str(fixture_path("tiny_g3")), "-o", str(out), "-q", "--type", "q8_0", "--format", "2"]) == 0
     assert ModelFile(out).dims.flags & Q8_0
     assert capsys.readouterr().out.endswith(", flags 7, q8_0 weights, context 2048\n")
     with pytest.raises(SystemExit) as e:

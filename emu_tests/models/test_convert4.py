@@ -3,7 +3,12 @@ file (byte for byte: weights, records and tokenizer tables), the records say wha
 say (per-layer head_dim and kv heads, k = v, KV sharing by transformers' rule, double-wide FFN,
 proportional rope, layer_scalar), the unused k/v of kv-shared layers are dropped, both config
 forms and the multimodal layout convert identically, --type q8_0 quantizes every matrix (the
-PLE table and the experts included), and what cannot run exactly is refused with one line."""
+PLE table and the experts included), and what cannot run exactly is refused with one line.
+
+The records are version 3's (asked for explicitly: the only version that holds every Gemma 4
+model, MoE included, and names each tensor); convert's default, version 4 (what the engine
+runs), is checked for the twins' equality, --type q8_0 and the refusal of MoE, which it cannot
+hold yet; test_modelfile4 holds version 4 to version 3's bytes."""
 from __future__ import annotations
 
 import json
@@ -16,6 +21,7 @@ from builder.models import convert as conv
 from builder.models.gguf_meta import read_gguf_meta
 from builder.models.modelfile import POST_NORMS, QK_NORM, ModelFormatError, quantize_q8_0
 from builder.models.modelfile3 import K_EQ_V, MERGES, MOE, V_NORM, Layer, ModelFile3, Rope, rope_table
+from builder.models.modelfile4 import ModelFile4, Op, WType
 from modelfiles import GEMMA4, convert_fixture, fixture_path
 from variants import bf16_to_f32, gguf_variant, hf_variant, kv_set, read_safetensors, write_safetensors
 
@@ -24,8 +30,9 @@ G4 = POST_NORMS | QK_NORM
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
+    """Each fixture converted to version 3."""
     d = tmp_path_factory.mktemp("conv4")
-    return {(n, s): convert_fixture(n, s, d) for n in GEMMA4 for s in ("hf", "gguf")}
+    return {(n, s): convert_fixture(n, s, d, 3) for n in GEMMA4 for s in ("hf", "gguf")}
 
 
 def fail(tmp, src, match: str, **kw) -> None:
@@ -38,7 +45,7 @@ def fail(tmp, src, match: str, **kw) -> None:
 
 def same_file(tmp, src, want) -> None:
     out = tmp / "same.bin"
-    conv.convert(src, out, progress=False)
+    conv.convert(src, out, progress=False, version=3)
     assert out.read_bytes() == want.read_bytes()
 
 
@@ -46,6 +53,19 @@ def same_file(tmp, src, want) -> None:
 def test_hf_and_gguf_give_the_same_model(files, name):
     # The fixtures' GGUFs carry tok_a's piece types, so even the tokenizer tables agree.
     assert files[name, "hf"].read_bytes() == files[name, "gguf"].read_bytes()
+
+
+@pytest.mark.parametrize("name", ["tiny_g4", "tiny_g4k"])
+def test_version_4_by_default_and_the_twins_agree(tmp_path_factory, name):
+    d = tmp_path_factory.getbasetemp()
+    hf, gg = (convert_fixture(name, s, d) for s in ("hf", "gguf"))
+    m = ModelFile4(hf)
+    assert (m.header.version, m.header.generation, m.header.flags) == (4, 4, MERGES)
+    assert hf.read_bytes() == gg.read_bytes()
+
+
+def test_moe_is_refused_by_default_naming_format_3(tmp_path):
+    fail(tmp_path, fixture_path("tiny_g4moe"), "(use --format 3)")
 
 
 def test_records_say_what_the_configs_say(files):
@@ -120,13 +140,22 @@ def test_multimodal_layout(tmp_path, files):
 def test_q8_0_quantizes_every_matrix(tmp_path):
     """--type q8_0: every matrix whose rows are whole 32-weight blocks is llama.cpp's reference
     quantization of the checkpoint's exact values -- the PLE table and projection and the
-    experts included; the router, scales and norms stay FP32; HF and GGUF agree."""
-    for name in ("tiny_g4", "tiny_g4moe"):
+    experts included; the router, scales and norms stay FP32; HF and GGUF agree (version 3, and
+    version 4 without the experts)."""
+    for name, version in (("tiny_g4", 3), ("tiny_g4moe", 3), ("tiny_g4", 4)):
         for s in ("hf", "gguf"):
             src = fixture_path(name) / ("model-f16.gguf" if s == "gguf" else "")
-            conv.convert(src, tmp_path / f"{name}-{s}.bin", progress=False, wtype="q8_0")
-        assert (tmp_path / f"{name}-hf.bin").read_bytes() == (tmp_path / f"{name}-gguf.bin").read_bytes()
-    g4, moe = ModelFile3(tmp_path / "tiny_g4-hf.bin"), ModelFile3(tmp_path / "tiny_g4moe-hf.bin")
+            conv.convert(src, tmp_path / f"{name}-{s}-v{version}.bin", progress=False, wtype="q8_0", version=version)
+        assert (tmp_path / f"{name}-hf-v{version}.bin").read_bytes() == \
+            (tmp_path / f"{name}-gguf-v{version}.bin").read_bytes()
+    # version 4: a product's or an embedding's rows in Q8_0 when they are whole blocks (not the
+    # PLE's, of P = 16), norms and rope tables FP32
+    ops = [o for o in ModelFile4(tmp_path / "tiny_g4-hf-v4.bin").ops if o.op in (Op.EMBED, Op.MATMUL, Op.LOGITS)]
+    assert {(o.n, WType(o.wtype)) for o in ops} == {(64, WType.Q8_0), (128, WType.Q8_0), (256, WType.Q8_0),
+                                                   (16, WType.F16)}
+    assert {WType(o.wtype) for o in ModelFile4(tmp_path / "tiny_g4-hf-v4.bin").ops
+            if o.op in (Op.NORM, Op.ROPE)} == {WType.F32}
+    g4, moe = ModelFile3(tmp_path / "tiny_g4-hf-v3.bin"), ModelFile3(tmp_path / "tiny_g4moe-hf-v3.bin")
     kinds = {s.name: s.dtype for m in (g4, moe) for s in m.specs}
     assert kinds["ple_embed"] == kinds["ple_proj"] == kinds["layers.0.ple_gate"] == "q8_0"
     assert kinds["layers.0.ple_out"] == "f16"  # rows of P = 16 weights
@@ -180,7 +209,7 @@ def test_tokenizer_refusals(tmp_path):
 
 
 def test_version_2_cannot_hold_gemma4(tmp_path):
-    fail(tmp_path, fixture_path("tiny_g4"), "a Gemma 4 model needs model file version 3", version=2)
+    fail(tmp_path, fixture_path("tiny_g4"), "model file version 2 holds Gemma 1-3 only: a Gemma 4 model is version 4", version=2)
 
 
 @pytest.mark.parametrize("values, message", [

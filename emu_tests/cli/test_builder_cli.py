@@ -69,7 +69,7 @@ def test_convert_and_synth_end_with_a_summary_and_unwritable_output_is_a_sentenc
     r = builder("convert", str(tmp_path / "t.bin"), "-q", "-o", str(tmp_path / "none" / "x.bin"))
     assert (r.returncode, r.stdout, r.stderr) == (
         1, "", f"python -m builder convert: error: {tmp_path / 't.bin'}: a gemma model file already (magic "
-               f"GEMMAASM, version 2; ./gemma -m runs version {ENGINE_VERSION}), not a Hugging Face directory "
+               f"GEMMAASM, version 4; ./gemma -m runs version {ENGINE_VERSION}), not a Hugging Face directory "
                "or GGUF file\n")
     r = builder("synth", "--preset", "tiny", "-q", "-o", str(tmp_path / "none" / "x.bin"))
     assert (r.returncode, r.stdout, r.stderr) == (
@@ -94,12 +94,14 @@ def warning(prog: str, out, version: int) -> str:
 
 
 @pytest.mark.parametrize("prog, args, version", [
-    ("synth", ["--preset", "tiny-g3"], 2), ("synth", ["--preset", "tiny-g4"], 3),
-    ("convert", [str(fixture_path("tiny_wide"))], 2),
+    ("synth", ["--preset", "tiny-g3"], 4), ("synth", ["--preset", "tiny-g3", "--format", "2"], 2),
+    ("synth", ["--preset", "tiny-g4", "--format", "3"], 3),
+    ("convert", [str(fixture_path("tiny_wide"))], 4),
+    ("convert", [str(fixture_path("tiny_wide")), "--format", "2"], 2),
     ("convert", [str(fixture_path("tiny_wide")), "--format", "3"], 3)])
 def test_a_file_the_engine_cannot_run_is_written_with_one_line_of_warning(tmp_path, prog, args, version):
     """Every file is written and summarised on stdout, status 0; one it is not ENGINE_VERSION's
-    (today a Gemma 4 preset and `convert --format 3`) also gets one warning line on stderr."""
+    (`--format 2` or `3`) also gets one warning line on stderr."""
     out = tmp_path / "m.bin"
     r = builder(prog, *args, "-q", "-o", str(out))
     assert (r.returncode, r.stderr) == (0, warning(prog, out, version)), r.stderr

@@ -101,7 +101,6 @@ V_SLOTS         = slots_ptr - front_base
 V_PIECES        = pieces_ptr - front_base
 V_INDEX         = index_ptr - front_base
 V_USER          = user_ptr - front_base
-V_MERGES        = merges_ptr - front_base
 V_BLOB          = blob_ptr - front_base
 V_CTX_LEN       = ctx_len - front_base
 V_LOGITS_FD     = logits_fd - front_base

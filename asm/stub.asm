@@ -24,7 +24,9 @@ segment readable executable
 include 'unpack.asm'            ; the decoder
 
 PAGE_MASK       = 0xFFF
-IMAGE_MAP_END   = (IMAGE_END + PAGE_MASK) and not PAGE_MASK        ; the table's first byte
+IMAGE_MAP_END   = (IMAGE_END + PAGE_MASK) and not PAGE_MASK
+UNPACK_OUT             = IMAGE_TEXT - PACK_TABLES                          ; the field tables, then
+MAP_BASE        = (UNPACK_OUT and not PAGE_MASK) - PACK_SCRATCH            ; the image; the table
 IMAGE_CODE_MAP  = ((IMAGE_CODE_END + PAGE_MASK) and not PAGE_MASK) - IMAGE_BASE
 
 SYS_write       = 1
@@ -44,26 +46,26 @@ MAP_STUB        = 0x108022      ; MAP_FIXED_NOREPLACE (a hint before Linux 4.17)
 ;   in: rsp -> argc, argv[], 0, envp[], auxv; every other general register 0 (Linux's ELF
 ;   loader; rdx and rax are set by byte moves)   out: never returns (jumps to IMAGE_ENTRY)
 stub_start:
-        ; mmap(IMAGE_BASE, image pages + table, read+write, private anonymous, fd 0, 0):
-        ; Linux ignores fd with MAP_ANONYMOUS; every general register but rsp is zero at a
-        ; program's first instruction (the x86-64 ELF loader clears them), so byte moves
-        ; set rdx and rax
-        mov     edi, IMAGE_BASE
-        mov     esi, IMAGE_MAP_END - IMAGE_BASE + PACK_SCRATCH
+        ; mmap(MAP_BASE, table + field tables' pages + image pages, read+write, private
+        ; anonymous, fd 0, 0): Linux ignores fd with MAP_ANONYMOUS; every general register
+        ; but rsp is zero at a program's first instruction (the x86-64 ELF loader clears
+        ; them), so byte moves set rdx and rax
+        mov     edi, MAP_BASE
+        mov     esi, IMAGE_MAP_END - MAP_BASE
         mov     dl, PROT_READ or PROT_WRITE
         mov     r10d, MAP_STUB
         mov     al, SYS_mmap
         syscall
         cmp     rax, rdi                ; -errno, or elsewhere (a hint not taken)
         jne     stub_no_memory
-        mov     edi, IMAGE_TEXT
+        xchg    ecx, eax                ; the table, first
+        mov     edi, UNPACK_OUT
         mov     esi, payload
-        mov     edx, IMAGE_BYTES
-        mov     ecx, IMAGE_MAP_END      ; the table, after the image's pages
+        mov     edx, PACK_TABLES + IMAGE_BYTES
         call    unpack                  ; (r11: the table)
-        ; munmap(the table, PACK_SCRATCH)
+        ; munmap(the table and the field tables' page: all below the image)
         mov     rdi, r11
-        mov     esi, PACK_SCRATCH
+        mov     esi, IMAGE_BASE - MAP_BASE
         push    SYS_munmap
         pop     rax
         syscall

@@ -41,11 +41,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .pack_fields import TABLES, Fields
+
 TABLE_BITS = 18                   # asm/unpack.asm PACK_TABLE_BITS
 SCRATCH = 4 << TABLE_BITS         # PACK_SCRATCH: the table's bytes, a slot per dword
 HASH = 0x9E3779B97F4A7C15         # PACK_HASH
 PRIOR = 2                         # PACK_PRIOR
-HISTORY = 6                       # bytes a mask can select
+MASK_BITS = 8                     # a mask: the field, the opcode, six history bytes
 MAX_MODELS = 15                   # so that a model's index fits beside c0 in its key
 MAX_SHIFT = 12                    # keeps the sums below 2^25: p >= 2^8, every bit codable
 COUNT_MAX = 255
@@ -73,9 +75,9 @@ class Model:
         if len(set(self.masks)) != len(self.masks):
             raise PackError(f"masks repeat: {self.masks}")
         for mask, shift in zip(self.masks, self.shifts):
-            if not 0 <= mask < 1 << HISTORY or not 0 <= shift <= MAX_SHIFT:
+            if not 0 <= mask <= 0xFF or not 0 <= shift <= MAX_SHIFT:
                 raise PackError(f"mask {mask} or shift {shift} out of range "
-                                f"(0..{(1 << HISTORY) - 1}, 0..{MAX_SHIFT})")
+                                f"(0..255, 0..{MAX_SHIFT})")
 
     def header(self) -> bytes:
         """The payload's first bytes: N, then (mask, shift) per context model."""
@@ -92,35 +94,45 @@ class Model:
         return cls(tuple(pairs[0::2]), tuple(pairs[1::2])), 1 + 2 * n
 
 
-def key_mask(mask: int, index: int) -> int:
-    """R_i of asm/unpack.asm: 0xFF in the lanes (bytes) 2..7 of the chosen history bytes,
-    the model's index in lane 0. ANDed with the state word (history bytes in lanes 2..7, c0
-    in lane 1, 0xFF in lane 0) it gives the model's key."""
-    lanes = sum(0xFF << 8 * (k + 2) for k in range(HISTORY) if mask >> k & 1)
-    return lanes | index
+def key_mask(mask: int) -> int:
+    """R_i of asm/unpack.asm: 0xFF in the lanes (bytes) of the state word that the mask's
+    bits choose (bit k: lane k): 0 the byte's field, 1 its instruction's opcode, 2..7 the
+    history bytes 1..6 back."""
+    return sum(0xFF << 8 * k for k in range(8) if mask >> k & 1)
+
+
+def key_of(word: int, mask: int, index: int, models: int) -> int:
+    """Model `index`'s key: the lanes of the state word its mask chooses, plus its record's
+    offset in the asm (32 bytes a model, the first highest) to tell equal lanes apart."""
+    return (word & key_mask(mask)) + 32 * (models - 1 - index)
 
 
 class ContextMixer:
-    """The model's state while coding: the table, the state word, each model's slot base,
-    check and previous slot."""
+    """The model's state while coding: the table, the history, c0, the field machine, each
+    model's slot base, check and previous slot."""
 
     def __init__(self, model: Model):
-        self.models = [(key_mask(mask, i), shift)
-                       for i, (mask, shift) in enumerate(zip(model.masks, model.shifts))]
+        self.model = model
         self.n0 = bytearray(1 << TABLE_BITS)
         self.n1 = bytearray(1 << TABLE_BITS)
         self.check = [0] * (1 << TABLE_BITS)
-        self.slots = [0] * len(self.models)        # each model's previous slot
+        self.slots = [0] * len(model.masks)        # each model's previous slot
         self.bit = 0                               # the previous bit
-        self.state = 0x1FF                         # no history, c0 = 1, lane 0 all ones
+        self.history = 0                           # the last six bytes in lanes 2..7
+        self.c0 = 1
+        self.fields = Fields()
+        self.out = bytearray()                     # the bytes so far (TABLES first)
         self.bases: list[tuple[int, int]] = []
         self.hash_byte()
 
     def hash_byte(self) -> None:
-        """Each model's slot base and check for the byte that starts (c0 = 1)."""
+        """Each model's slot base and check for the byte that starts: the state word is the
+        history, the field context in lanes 0 and 1 (pack_fields.Fields.context)."""
+        word = self.history | self.fields.context()
+        n = len(self.model.masks)
         self.bases = []
-        for key_and, _ in self.models:
-            h = (self.state & key_and) * HASH & M64
+        for i, mask in enumerate(self.model.masks):
+            h = key_of(word, mask, i, n) * HASH & M64
             self.bases.append((h >> 64 - TABLE_BITS, h >> 48 - TABLE_BITS & 0xFFFF))
 
     def predict(self) -> int:
@@ -129,8 +141,8 @@ class ContextMixer:
         num = den = 0
         n0, n1, check = self.n0, self.n1, self.check
         same, other = (n1, n0) if self.bit else (n0, n1)
-        c0 = self.state >> 8 & 0xFF
-        for i, ((_, shift), (base, tag)) in enumerate(zip(self.models, self.bases)):
+        c0 = self.c0
+        for i, (shift, (base, tag)) in enumerate(zip(self.model.shifts, self.bases)):
             slot = self.slots[i]
             same[slot] = min(same[slot] + 1, COUNT_MAX)
             if other[slot]:
@@ -145,12 +157,13 @@ class ContextMixer:
     def update(self, bit: int) -> int | None:
         """Take `bit` (learnt at the next predict); return the byte it completes, if any."""
         self.bit = bit
-        c0 = (self.state >> 8 & 0xFF) << 1 | bit
-        if c0 < 0x100:
-            self.state = self.state & ~0xFF00 | c0 << 8
+        self.c0 = self.c0 << 1 | bit
+        if self.c0 < 0x100:
             return None
-        byte = c0 & 0xFF                           # into lane 2, the oldest byte out
-        self.state = (self.state & ~0xFFFF | byte << 8) << 8 & M64 | 0x1FF
+        byte, self.c0 = self.c0 & 0xFF, 1          # into lane 2, the oldest byte out
+        self.history = (self.history << 8 | byte << 16) & M64
+        self.out.append(byte)
+        self.fields.step(byte, self.out)
         self.hash_byte()
         return byte
 
@@ -221,8 +234,9 @@ def compress(data: bytes, model: Model | None = None) -> bytes:
         raise PackError("nothing to pack")
     if model is None:
         from .pack_model import MODEL as model
-    coded_data = encode_calls(data)
-    if decode_calls(coded_data) != data:
+    stream = TABLES + data
+    coded_data = encode_calls(stream)
+    if decode_calls(coded_data) != stream:
         raise PackError("the call filter does not undo itself")
     mixer = ContextMixer(model)
     coded: list[tuple[int, int]] = []   # (probability, bit)
@@ -254,14 +268,17 @@ def decompress(payload: bytes, size: int) -> bytes:
     mixer = ContextMixer(model)
     decoder = RangeDecoder(payload, pos)
     out = bytearray()
+    size += len(TABLES)
     while len(out) < size:
         try:
             bit = decoder.bit(mixer.predict())
         except PackError:
-            raise PackError(f"the payload ends after {len(out)} of {size} bytes") from None
+            raise PackError(f"the payload ends after {len(out) - len(TABLES)} of "
+                            f"{size - len(TABLES)} bytes") from None
         byte = mixer.update(bit)
         if byte is not None:
             out.append(byte)
     if decoder.left():
-        raise PackError(f"{decoder.left()} payload bytes left after {size} bytes")
-    return decode_calls(bytes(out))
+        raise PackError(f"{decoder.left()} payload bytes left after {size - len(TABLES)} "
+                        "bytes")
+    return decode_calls(bytes(out))[len(TABLES):]

@@ -3,5 +3,5 @@
 byte k + 1 back) and its weight as a shift."""
 from .pack import Model
 
-MODEL = Model(masks=(1, 2, 7, 4, 3, 0, 9, 26, 57, 6, 5),
-              shifts=(2, 1, 5, 0, 4, 0, 3, 4, 7, 2, 3))
+MODEL = Model(masks=(3, 1, 12, 227, 20, 60, 212, 40, 5, 19, 11),
+              shifts=(0, 0, 3, 5, 1, 5, 6, 1, 0, 2, 1))

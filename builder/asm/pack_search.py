@@ -42,14 +42,33 @@ def bits_of(data: bytes) -> np.ndarray:
     return np.unpackbits(np.frombuffer(data, np.uint8)).astype(np.int64)
 
 
-def ideal_counts(data: bytes, mask: int) -> tuple[np.ndarray, np.ndarray]:
-    """(n0, n1) before each bit for the context of `mask` (the chosen history bytes and c0),
-    with pack's update rule and no collisions."""
-    counts: dict[tuple, tuple[int, int]] = {}
-    n0s, n1s = [], []
-    history = [0] * pack.HISTORY
+def state_words(data: bytes) -> list[int]:
+    """The state word each byte of `data` is coded in (pack.ContextMixer.hash_byte's: the
+    history in lanes 2..7, the field context in lanes 0 and 1)."""
+    mixer = pack.ContextMixer(pack.Model((0,), (0,)))
+    words = []
     for byte in data:
-        chosen = tuple(history[k] for k in range(pack.HISTORY) if mask >> k & 1)
+        words.append(mixer.history | mixer.fields.context())
+        for k in range(7, -1, -1):
+            mixer.c0 = 1 << 8 - k | byte >> k   # (only the byte's end matters here)
+        mixer.c0 = 1
+        mixer.history = (mixer.history << 8 | byte << 16) & pack.M64
+        mixer.out.append(byte)
+        mixer.fields.step(byte, mixer.out)
+    return words
+
+
+def ideal_counts(data: bytes, mask: int, words: list[int] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(n0, n1) before each bit for the context of `mask` (the lanes of the state word it
+    chooses, and c0), with pack's update rule and no collisions."""
+    if words is None:
+        words = state_words(data)
+    key_and = pack.key_mask(mask)
+    counts: dict[tuple[int, int], tuple[int, int]] = {}
+    n0s, n1s = [], []
+    for byte, word in zip(data, words):
+        chosen = word & key_and
         c0 = 1
         for k in range(7, -1, -1):
             bit = byte >> k & 1
@@ -62,7 +81,6 @@ def ideal_counts(data: bytes, mask: int) -> tuple[np.ndarray, np.ndarray]:
                 n0, n1 = min(n0 + 1, pack.COUNT_MAX), (n1 // 2 + 1 if n1 else 0)
             counts[(chosen, c0)] = (n0, n1)
             c0 = c0 << 1 | bit
-        history = [byte] + history[:-1]
     return np.array(n0s, np.int64), np.array(n1s, np.int64)
 
 
@@ -96,11 +114,12 @@ def tune_shifts(bits: np.ndarray, counts: list, shifts: list[int]) -> tuple[floa
 def search(data: bytes, models: int, progress: bool = True) -> pack.Model:
     """A model for `data`: greedy masks, tuned shifts (see the module docstring), counted on
     the bytes the model codes (pack.encode_calls')."""
-    data = pack.encode_calls(data)
+    data = pack.encode_calls(pack.TABLES + data)
     bits = bits_of(data)
-    masks = range(1 << pack.HISTORY)
-    table = {m: ideal_counts(data, m) for m in tqdm(masks, desc="counting contexts",
-                                                     disable=not progress, leave=False)}
+    words = state_words(data)
+    masks = range(1 << pack.MASK_BITS)
+    table = {m: ideal_counts(data, m, words)
+             for m in tqdm(masks, desc="counting contexts", disable=not progress, leave=False)}
     chosen: list[int] = []
     shifts: list[int] = []
     best = math.inf
@@ -137,18 +156,19 @@ def code_length(data: bytes, model: pack.Model) -> float:
     return bits / 8
 
 
-def refine(data: bytes, model: pack.Model, progress: bool = True) -> pack.Model:
+def refine(data: bytes, model: pack.Model, progress: bool = True,
+           candidates: range | list[int] = range(1 << pack.MASK_BITS)) -> pack.Model:
     """Coordinate descent from `model` on code_length (exact where search's estimate is
-    not): each shift one step either way, then each mask replaced by every unused one; a step
-    that saves a quarter of a byte is kept; until a pass keeps none."""
-    data = pack.encode_calls(data)
+    not): each shift one step either way, then each mask replaced by every unused one of
+    `candidates`; a step that saves a quarter of a byte is kept; until a pass keeps none."""
+    data = pack.encode_calls(pack.TABLES + data)
     masks, shifts = list(model.masks), list(model.shifts)
     best = code_length(data, model)
     improved = True
     while improved:
         improved = False
         trials = [(i, None, shifts[i] + step) for i in range(len(shifts)) for step in (-1, 1)]
-        trials += [(i, m, None) for i in range(len(masks)) for m in range(1 << pack.HISTORY)]
+        trials += [(i, m, None) for i in range(len(masks)) for m in candidates]
         for i, mask, shift in tqdm(trials, desc=f"refining (~{best:.0f} bytes)",
                                    disable=not progress, leave=False):
             trial_masks, trial_shifts = list(masks), list(shifts)

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from builder.asm import pack
+from builder.asm import pack_fields as fields
 from builder.asm.fasm import Instr, parse
 from builder.asm.build import REPO_ROOT
 from builder.asm.packed import STUB_ENTRY_FILE, image_bytes
@@ -40,19 +41,25 @@ def stub(gemma):
 
 
 def unpack_in(runner, payload: bytes, size: int, **kw) -> bytes:
-    """The shipped decoder on `payload`: `size` bytes out, a zeroed table (it keeps no
-    register: not SysV)."""
-    out = runner.call("unpack", Out(np.zeros(size, np.uint8), "out"),
-                      In(np.frombuffer(payload, np.uint8), "src"), I64(size),
+    """The shipped decoder on `payload`: the field tables and `size` bytes out (those
+    returned), a zeroed out and table (it keeps no register: not SysV)."""
+    tables = len(pack.TABLES)
+    out = runner.call("unpack", Out(np.zeros(tables + size, np.uint8), "out"),
+                      In(np.frombuffer(payload, np.uint8), "src"), I64(tables + size),
                       Out(np.zeros(pack.SCRATCH, np.uint8), "scratch"), sysv=False, **kw)
-    return out.outputs[0].tobytes()
+    got = out.outputs[0].tobytes()
+    assert got[:tables] == pack.TABLES
+    return got[tables:]
 
 
 def test_constants_mirror_the_codec(gemma):
     consts = gemma.result.packed.stub.symbols
-    names = ("PACK_TABLE_BITS", "PACK_SCRATCH", "PACK_HASH", "PACK_PRIOR", "PACK_CALL")
-    assert tuple(consts[n] for n in names) == (pack.TABLE_BITS, pack.SCRATCH, pack.HASH,
-                                               pack.PRIOR, pack.CALL)
+    names = ("PACK_TABLE_BITS", "PACK_SCRATCH", "PACK_HASH", "PACK_PRIOR", "PACK_CALL",
+             "PACK_TABLES", "PACK_MODRM", "PACK_LOOKUPS", "PACK_VEXP", "PACK_P0",
+             "PACK_DISP32")
+    assert tuple(consts[n] for n in names) == (
+        pack.TABLE_BITS, pack.SCRATCH, pack.HASH, pack.PRIOR, pack.CALL, len(pack.TABLES),
+        fields.MODRM, fields.LOOKUPS, fields.VEXP, fields.P0, fields.DISP32)
 
 
 def calls_and_small_dwords(size: int) -> bytes:
@@ -78,7 +85,7 @@ def test_decoder_in_unicorn_matches_the_codec(gemma, stub, name):
     assert pack.decompress(payload, len(data)) == data
     info = gemma.result.stub_symbols["unpack"]
     header = read_header((REPO_ROOT / info["file"]).read_text(), "unpack")
-    budget = len(data) * 8 * (40 + 35 * payload[0])         # payload[0]: the context models
+    budget = (len(pack.TABLES) + len(data)) * 8 * (40 + 35 * payload[0])  # [0]: the models
     got = unpack_in(Emulator(stub), payload, len(data), budget=budget,
                     preserves=header.preserved())
     assert got == data, next(i for i in range(len(data)) if got[i] != data[i])

@@ -21,7 +21,8 @@ PACK_SCRATCH    = 4 shl PACK_TABLE_BITS ; its bytes: a slot is n0, n1, the check
 PACK_HASH       = 0x9E3779B97F4A7C15    ; odd: the key times it, mod 2^64, is the hash
 PACK_PRIOR      = 2
 PACK_CALL       = 0xE8                  ; call rel32: the call filter's opcode
-PACK_TABLES     = 1280                  ; the field machine's tables: out's first bytes
+PACK_TABLES     = 4*256 + 0xC8          ; the field machine's tables: out's first bytes
+PACK_MODRM_REG  = 0xC7                  ; a ModRM's entry: mod and rm, not reg
 PACK_MODRM      = 4                     ; its codes (pack_fields.py): 0..3 an opcode of map
 PACK_LOOKUPS    = 5                     ; 0..3, 4 a ModRM (these look their byte up),
 PACK_VEXP       = 5                     ; a VEX/EVEX payload byte, the first of VEX3's or
@@ -49,7 +50,7 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; bytes to come, a nibble each: a dword), [rsp+r12+12] the opcode.
 ;   in: rdi out (zero), rsi src, rdx n (>= PACK_TABLES + 1), rcx scratch (PACK_SCRATCH
 ;   bytes, zero, 4-aligned)
-;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r10 r12-r15 (not
+;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r10 r12-r14 (not
 ;   SysV: the stub keeps none)
 unpack:
         mov     r11, rcx                ; the table
@@ -107,8 +108,6 @@ unpack:
         mov     r10b, al
         jmp     .bit
 .coded_bit:
-        movzx   eax, bh
-        mov     r15d, eax               ; c0
         xor     r13d, r13d              ; num = sum n1 << shift
         xor     r14d, r14d              ; den = sum (n0 + n1) << shift
         lea     ebp, [r12-32]
@@ -123,10 +122,11 @@ unpack:
         neg     dl
         adc     byte [rax], 0           ; n / 2 + 1, or 0
         mov     eax, [rsp+rbp+20]
-        lea     edx, [r15+r15]
+        movzx   edx, bh                 ; c0
+        add     edx, edx
         xor     edx, eax
         prefetcht0 [r11+rdx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
-        xor     eax, r15d
+        xor     al, bh
         lea     rax, [r11+rax*4]        ; this bit's slot
         mov     [rsp+rbp+8], rax
         movzx   ecx, word [rsp+rbp+18]
@@ -158,7 +158,7 @@ unpack:
         cmovnz  r9d, edx                ; 1: range = bound
         adc     bh, bh                  ; c0 = 2 c0 + bit; CF: the byte is complete
         jnc     .bit
-        mov     al, bh
+        movzx   eax, bh
         stosb
         shl     rbx, 8                  ; the byte into lane 2, the oldest one out; bh: its field
 .fields:                                ; the field machine (pack_fields.Fields.step): al byte
@@ -170,7 +170,7 @@ unpack:
         jb      .lookup
         cmp     cl, PACK_P0
         jne     .wide
-        and     eax, 3                  ; VEX3's or EVEX's first payload byte: a payload
+        and     al, 3                   ; VEX3's or EVEX's first payload byte: a payload
         shl     eax, 4                  ; byte, then an opcode of map al, after the plan
         or      al, PACK_VEXP
         xchg    eax, edx
@@ -183,11 +183,13 @@ unpack:
         jmp     .append
 .lookup:                                ; an opcode (of map cl) or a ModRM: its entry
         cmp     cl, PACK_MODRM
-        je      .entry
+        jne     .opcode
+        and     al, PACK_MODRM_REG      ; (a ModRM's without its reg bits)
+        jmp     .entry
+.opcode:
         mov     [rbp+4], al             ; the instruction's opcode
 .entry:
         mov     ah, cl
-        movzx   eax, ax
         add     rax, [rbp+8]
         movzx   eax, byte [rax]
 .append:                                ; rdx <- the codes of eax (a nibble each), then rdx's
@@ -204,6 +206,7 @@ unpack:
         and     dl, 15
         mov     bl, dl                  ; the next byte's code
         mov     bh, [rbp+4]             ; and its instruction's opcode, for the hashes
+.fielded:
         cmp     rdi, [rsp+r12]
         jb      .byte
         lea     rsp, [rsp+r12+16]       ; drop the records, the end and the machine

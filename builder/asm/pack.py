@@ -9,13 +9,18 @@ input, a byte 0xE8 the call filter cannot code, a payload that ends too soon or 
 over, a bad model). Everything is integer arithmetic, so the two decoders agree bit for bit on
 any input.
 
-The payload: a count byte N, N pairs (mask, shift) — the model — then the coded bits of `data`,
-each byte's most significant bit first. The model's parameters (`Model`: which of the last
-six bytes each context model hashes, and its weight as a shift) are committed data in
+The payload: a count byte N, N pairs (mask, shift) — the model — then the coded bits of the
+stream TABLES + `data`: the field machine's tables (pack_fields.py), then the data, each
+byte's most significant bit first. The model's parameters (`Model`: which lanes of the state
+word each context model hashes, and its weight as a shift) are committed data in
 `builder/asm/pack_model.py`; `python -m builder pack --search` searches new ones.
 
-Once per byte, each context model i hashes its key — the bytes its mask selects from the last
-six, and i — into a slot base and a 16-bit check. A bit's slot in the table of
+The state word, when a byte starts: lane 0 (its low byte) the byte's x86 field and lane 1
+its instruction's opcode, as the field machine (pack_fields.Fields) decides them from the
+bytes before it; lanes 2..7 the last six bytes, the last one first. Once per byte, each
+context model i hashes its key — the lanes its mask chooses, plus 32 times its distance from
+the last model (its record's offset in the asm) — into a slot base and a 16-bit check. A
+bit's slot in the table of
 2^TABLE_BITS slots is its byte's slot base xor c0 (the bits of the byte seen so far, after a
 leading 1); a slot holds two counts, n0 and n1, and the check of its context (a slot whose
 check differs is a new context: its counts restart at 0). The probability of a 1 is
@@ -28,8 +33,8 @@ them): first model i's previous slot learns the previous bit — its count goes 
 most 255; the other count n becomes n // 2 + 1, 0 stays 0 — then model i reads its new slot.
 The first bit's loop teaches slot 0 a 0 (every model's previous slot starts there).
 
-Before coding, `encode_calls` rewrites each x86 `call rel32` (0xE8 and a displacement) to
-name its target as an offset from the data's start: the same target, called from many places,
+Before coding, `encode_calls` rewrites each x86 `call rel32` (0xE8 and a displacement) of
+the stream to name its target as an offset from the stream's start: the same target, called from many places,
 is then the same four bytes, which the contexts learn (the image: 64 bytes less). Decoding
 ends with `decode_calls`, its inverse, as asm/unpack.asm does: from the last position whose
 four bytes are inside the data down to the first, a byte 0xE8 followed by a dword below
@@ -63,8 +68,9 @@ class PackError(Exception):
 
 @dataclass(frozen=True)
 class Model:
-    """The context models: `masks[i]` selects bytes back 1..6 (bit k: the byte k + 1 back),
-    `shifts[i]` is its weight as a power of two."""
+    """The context models: `masks[i]` chooses lanes of the state word (bit k: lane k; 0 the
+    field, 1 the opcode, 2..7 the bytes 1..6 back), `shifts[i]` is its weight as a power of
+    two."""
     masks: tuple[int, ...]
     shifts: tuple[int, ...]
 
@@ -198,9 +204,10 @@ def _dword(data: bytearray, pos: int) -> int:
     return int.from_bytes(data[pos:pos + 4], "little")
 
 
-def encode_calls(data: bytes) -> bytes:
+def encode_calls(data: bytes, image_at: int = 0) -> bytes:
     """`data` with each call rel32 whose target offset is below CALL_SPAN naming that
-    offset (see the module docstring); decode_calls undoes it."""
+    offset (see the module docstring); decode_calls undoes it. A refusal names the byte's
+    offset from `image_at` (where the image starts in `data`)."""
     out = bytearray(data)
     for pos in range(len(out) - 4):
         if out[pos] != CALL:
@@ -210,8 +217,8 @@ def encode_calls(data: bytes) -> bytes:
         if target < CALL_SPAN:
             out[pos + 1:pos + 5] = target.to_bytes(4, "little")
         elif rel < CALL_SPAN:
-            raise PackError(f"byte {pos} is 0x{CALL:X} before the dword 0x{rel:X}: the call "
-                            f"filter cannot code it (move the bytes there)")
+            raise PackError(f"byte {pos - image_at} is 0x{CALL:X} before the dword "
+                            f"0x{rel:X}: the call filter cannot code it (move the bytes there)")
     return bytes(out)
 
 
@@ -230,18 +237,27 @@ def compress(data: bytes, model: Model | None = None) -> bytes:
     RangeDecoder, fed the model's probability for each bit, and must give every bit of `data`
     and use every byte. (decompress feeds the same decoder from its own ContextMixer, which on
     the same bits gives the same probabilities: so decompress returns `data`.)"""
+    return encode(data, model)[0]
+
+
+def encode(data: bytes, model: Model | None = None) -> tuple[bytes, int]:
+    """compress's payload, and the coded bytes the field tables took (the range coder's
+    output when their last bit was coded: within a byte of their share)."""
     if not data:
         raise PackError("nothing to pack")
     if model is None:
         from .pack_model import MODEL as model
     stream = TABLES + data
-    coded_data = encode_calls(stream)
+    coded_data = encode_calls(stream, len(TABLES))
     if decode_calls(coded_data) != stream:
         raise PackError("the call filter does not undo itself")
     mixer = ContextMixer(model)
     coded: list[tuple[int, int]] = []   # (probability, bit)
     low, rng, size = 0, 1, 0           # low: every byte so far, an integer of `size` bytes
-    for byte in coded_data:
+    tables = 0
+    for at, byte in enumerate(coded_data):
+        if at == len(TABLES):
+            tables = size
         for k in range(7, -1, -1):
             while rng < TOP:
                 rng, low, size = rng << 8, low << 8, size + 1
@@ -257,28 +273,23 @@ def compress(data: bytes, model: Model | None = None) -> bytes:
     decoder = RangeDecoder(payload, len(model.header()))
     if any(decoder.bit(p) != bit for p, bit in coded) or decoder.left():
         raise PackError("the payload does not decode to its input")
-    return payload
+    return payload, tables
 
 
 def decompress(payload: bytes, size: int) -> bytes:
-    """`size` bytes decoded from `payload` exactly as asm/unpack.asm decodes them."""
+    """`size` bytes decoded from `payload` exactly as asm/unpack.asm decodes them (after
+    the field tables, which it decodes first)."""
     if size < 1:
         raise PackError("nothing to unpack")
     model, pos = Model.read(payload)
     mixer = ContextMixer(model)
     decoder = RangeDecoder(payload, pos)
-    out = bytearray()
-    size += len(TABLES)
-    while len(out) < size:
+    while len(mixer.out) < len(TABLES) + size:
         try:
-            bit = decoder.bit(mixer.predict())
+            mixer.update(decoder.bit(mixer.predict()))
         except PackError:
-            raise PackError(f"the payload ends after {len(out) - len(TABLES)} of "
-                            f"{size - len(TABLES)} bytes") from None
-        byte = mixer.update(bit)
-        if byte is not None:
-            out.append(byte)
+            raise PackError(f"the payload ends after {max(len(mixer.out) - len(TABLES), 0)} "
+                            f"of {size} bytes") from None
     if decoder.left():
-        raise PackError(f"{decoder.left()} payload bytes left after {size - len(TABLES)} "
-                        "bytes")
-    return decode_calls(bytes(out))[len(TABLES):]
+        raise PackError(f"{decoder.left()} payload bytes left after {size} bytes")
+    return decode_calls(bytes(mixer.out))[len(TABLES):]

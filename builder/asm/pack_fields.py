@@ -36,7 +36,9 @@ MODRM, VEXP, P0, SIB = 4, 5, 6, 7 # ModRM; a VEX/EVEX payload byte, the first of
 IMM8, REL8 = 8, 9                 # an imm8 (or each byte of an imm16), a rel8
 DISP, IMM32_REST, REL32_REST = 10, 11, 12   # a disp8 or a disp32's last three bytes, ...
 DISP32, IMM32, REL32 = 13, 14, 15 # the first byte of a 32-bit field: code - 3 the others
-LOOKUPS = 5                       # codes 0..4 look their byte up: 256 table bytes each
+LOOKUPS = 5                       # codes 0..4 look their byte up: 256 table bytes each,
+MODRM_REG = 0xC7                  # but a ModRM's without its reg bits (the last table's
+MODRM_ENTRIES = 0xC8              # entries: up to mod 3, rm 7)
 
 
 def _plan(*codes: int) -> int:
@@ -66,18 +68,17 @@ def _tables() -> bytes:
                       0xFF: m}.items():
         one[op] = entry
     two = [m] * 256                                   # 0F: mostly a ModRM
-    for op in (0x05, 0x06, 0x07, 0x08, 0x09, 0x0B, 0x0E, 0x30, 0x31, 0x32, 0x33, 0x34, 0x35,
-               0x37, 0x77, 0xA0, 0xA1, 0xA2, 0xA8, 0xA9, 0xAA, *range(0xC8, 0xD0)):
+    for op in (0x05, 0x0B, 0x31, 0x77, 0xA2, *range(0xC8, 0xD0)):  # (system ones left out)
         two[op] = 0
     two[0x80:0x90] = [_plan(REL32)] * 16
     for op in (0x70, 0x71, 0x72, 0x73, 0xA4, 0xAC, 0xBA, 0xC2, 0xC4, 0xC5, 0xC6):
         two[op] = m_i8
     two[0x38], two[0x3A] = _plan(OP2), _plan(OP3)
-    modrm = [0] * 256                                 # what follows a ModRM
-    for byte in range(0xC0):
-        mod, rm = byte >> 6, byte & 7
-        disp = (DISP32 if rm == 5 else 0, DISP, DISP32)[mod]
-        modrm[byte] = _plan(SIB, disp) if rm == 4 else _plan(disp)
+    modrm = [0] * MODRM_ENTRIES                       # what follows a ModRM (reg 0)
+    for mod in range(3):
+        for rm in range(8):
+            disp = (DISP32 if rm == 5 else 0, DISP, DISP32)[mod]
+            modrm[mod << 6 | rm] = _plan(SIB, disp) if rm == 4 else _plan(disp)
     return bytes(one + two + [m] * 256 + [m_i8] * 256 + modrm)
 
 
@@ -101,7 +102,7 @@ class Fields:
         if code < LOOKUPS:                              # an opcode, a ModRM: its entry
             if code < MODRM:
                 self.opcode = byte
-            at = code << 8 | byte
+            at = code << 8 | (byte & MODRM_REG if code == MODRM else byte)
             plan = _append(plan, out[at] if at < len(out) else 0)
         elif code == P0:                                # the map after the payload
             plan = _append((byte & 3) << 4 | VEXP, plan)

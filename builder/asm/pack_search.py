@@ -7,11 +7,13 @@ and `--write` rewrites asm/gemma.asm). `--search` chooses a new
 model for today's image: context masks greedily (each round adds the mask that lowers the
 estimated size most, up to `--models`), then each model's shift by coordinate descent;
 `--refine` goes on from the model found (or the committed one) by coordinate descent on the
-exact code length: shifts, and each mask swapped for every unused one. It prints the exact
-size of the committed model and of the found one, and with `--write` rewrites
-builder/asm/pack_model.py (never part of a normal build: the model stays fixed, so
+exact code length: shifts, and each mask swapped for each of the `--candidates` unused masks
+that the estimate ranks best as an addition to the model (all 256: about an hour a pass).
+It prints the exact size of the committed model and of the found one, and with `--write`
+rewrites builder/asm/pack_model.py (never part of a normal build: the model stays fixed, so
 an asm change moves the packed size by about what it should).
 
+Both count on the stream the coder codes: the field tables, then the image, call-coded.
 The estimate codes every bit with counts that never collide (a dictionary per mask instead of
 the shared table) and without the one-bit lag of learning; `--refine` measures each trial with
 pack's own mixer (code_length: collisions and lag included, an ideal coder); the last step is
@@ -45,16 +47,12 @@ def bits_of(data: bytes) -> np.ndarray:
 def state_words(data: bytes) -> list[int]:
     """The state word each byte of `data` is coded in (pack.ContextMixer.hash_byte's: the
     history in lanes 2..7, the field context in lanes 0 and 1)."""
-    mixer = pack.ContextMixer(pack.Model((0,), (0,)))
-    words = []
+    fields, out, history, words = pack.Fields(), bytearray(), 0, []
     for byte in data:
-        words.append(mixer.history | mixer.fields.context())
-        for k in range(7, -1, -1):
-            mixer.c0 = 1 << 8 - k | byte >> k   # (only the byte's end matters here)
-        mixer.c0 = 1
-        mixer.history = (mixer.history << 8 | byte << 16) & pack.M64
-        mixer.out.append(byte)
-        mixer.fields.step(byte, mixer.out)
+        words.append(history | fields.context())
+        history = (history << 8 | byte << 16) & pack.M64
+        out.append(byte)
+        fields.step(byte, out)
     return words
 
 
@@ -156,6 +154,21 @@ def code_length(data: bytes, model: pack.Model) -> float:
     return bits / 8
 
 
+def rank_masks(data: bytes, model: pack.Model, n: int) -> list[int]:
+    """The `n` masks outside `model` whose context, added to it with its best shift (0..7),
+    lowers the estimate most, best first (refine's candidates)."""
+    data = pack.encode_calls(pack.TABLES + data)
+    bits, words = bits_of(data), state_words(data)
+    counts = [ideal_counts(data, m, words) for m in model.masks]
+    scores = []
+    for mask in range(1 << pack.MASK_BITS):
+        if mask not in model.masks:
+            added = counts + [ideal_counts(data, mask, words)]
+            scores.append((min(estimate(bits, added, list(model.shifts) + [shift])
+                               for shift in range(8)), mask))
+    return [mask for _, mask in sorted(scores)[:n]]
+
+
 def refine(data: bytes, model: pack.Model, progress: bool = True,
            candidates: range | list[int] = range(1 << pack.MASK_BITS)) -> pack.Model:
     """Coordinate descent from `model` on code_length (exact where search's estimate is
@@ -206,7 +219,11 @@ def main(argv: list[str]) -> int:
                              "start-up time); default 11")
     parser.add_argument("--refine", action="store_true",
                         help="refine the model found (or the committed one) by coordinate "
-                             "descent on its exact code length (~4 minutes a pass)")
+                             "descent on its exact code length (~10 minutes a pass with "
+                             "40 candidates)")
+    parser.add_argument("--candidates", type=int, default=40, metavar="N",
+                        help="with --refine: the N masks the estimate ranks best, tried in "
+                             "place of each mask (default 40; 256: all)")
     parser.add_argument("--order", action="store_true",
                         help="search the include order of asm/gemma.asm that packs smallest "
                              "(a build per move of one file: ~8 minutes a pass on the "
@@ -234,7 +251,8 @@ def main(argv: list[str]) -> int:
         if args.search or args.refine:
             model = search(data, args.models) if args.search else MODEL
             if args.refine:
-                model = refine(data, model)
+                model = refine(data, model, candidates=rank_masks(data, model,
+                                                                  args.candidates))
             print(f"found: {len(pack.compress(data, model))} bytes of payload "
                   f"({len(model.masks)} context models): masks {model.masks}, shifts "
                   f"{model.shifts}")

@@ -38,7 +38,8 @@ class Packed:
     elf: bytes
     stub: Image
     payload: bytes
-    image_bytes: int          # bytes the stub decodes
+    tables: int               # the payload's bytes that code the field tables (pack.encode)
+    image_bytes: int          # bytes of the image the stub decodes
 
     @property
     def headers(self) -> int:
@@ -67,7 +68,7 @@ def pack_program(root: Path, image: Image) -> Packed:
     """Pack `image` behind the stub (see the module docstring)."""
     raw = image_bytes(image)
     try:
-        payload = pack.compress(raw)            # (decoded again before it returns)
+        payload, tables = pack.encode(raw)      # (decoded again before it returns)
     except pack.PackError as exc:
         raise BuildError(f"pack: {exc}") from None
     stub = assemble(parse(root, STUB_ENTRY_FILE, stub_defines(image)),
@@ -83,4 +84,4 @@ def pack_program(root: Path, image: Image) -> Packed:
         linker.check(elf)
     except (ValueError, linker.ElfCheckError) as exc:
         raise BuildError(f"link (packed): {exc}") from None
-    return Packed(elf, stub, payload, len(raw))
+    return Packed(elf, stub, payload, tables, len(raw))

@@ -69,13 +69,13 @@ stub_start:
         push    SYS_munmap
         pop     rax
         syscall
-        ; mprotect(IMAGE_BASE, the code's pages, read+execute)
-        mov     edi, IMAGE_BASE
+        ; mprotect(IMAGE_BASE, the code's pages, read+execute): munmap left rdi, rsi and
+        ; its result, 0
+        add     edi, esi                ; IMAGE_BASE
         mov     esi, IMAGE_CODE_MAP
         push    PROT_READ or PROT_EXEC
         pop     rdx
-        push    SYS_mprotect
-        pop     rax
+        mov     al, SYS_mprotect
         syscall
         jmp     IMAGE_ENTRY             ; rsp as the kernel left it
 

@@ -50,7 +50,7 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; bytes to come, a nibble each: a dword), [rsp+r12+12] the opcode.
 ;   in: rdi out (zero), rsi src, rdx n (>= PACK_TABLES + 1), rcx scratch (PACK_SCRATCH
 ;   bytes, zero, 4-aligned)
-;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r10 r12-r14 (not
+;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r15 (not
 ;   SysV: the stub keeps none)
 unpack:
         mov     r11, rcx                ; the table
@@ -81,6 +81,7 @@ unpack:
         pop     r9                      ; range
         xor     r10d, r10d              ; code
         xor     ebx, ebx                ; no history, field 0 (an opcode of map 0), opcode 0
+        mov     r15d, PACK_TABLES       ; bytes until the image
 .byte:                                  ; each model's slot base and check for this byte
         lea     ebp, [r12-32]
         mov     rcx, PACK_HASH
@@ -207,6 +208,15 @@ unpack:
         mov     bl, dl                  ; the next byte's code
         mov     bh, [rbp+4]             ; and its instruction's opcode, for the hashes
 .fielded:
+        dec     r15d
+        jnz     .more
+        push    rdi                     ; the field tables decoded: the image starts with
+        mov     rdi, r11                ; a zeroed table (what the tables taught would
+        mov     ecx, PACK_SCRATCH / 4   ; mislead)
+        xor     eax, eax
+        rep     stosd
+        pop     rdi
+.more:
         cmp     rdi, [rsp+r12]
         jb      .byte
         lea     rsp, [rsp+r12+16]       ; drop the records, the end and the machine

@@ -31,7 +31,9 @@ and the range coder splits its range at range * p >> 32. A slot learns its bit w
 bit is predicted, in one loop over the models (the first to the last, as the asm walks
 them): first model i's previous slot learns the previous bit — its count goes up by one, at
 most 255; the other count n becomes n // 2 + 1, 0 stays 0 — then model i reads its new slot.
-The first bit's loop teaches slot 0 a 0 (every model's previous slot starts there).
+The first bit's loop teaches slot 0 a 0 (every model's previous slot starts there). When the
+field tables are decoded, the table is zeroed (no counts, no checks): what the contexts
+learnt from the tables would mislead them on the image (37 bytes of the image's payload).
 
 Before coding, `encode_calls` rewrites each x86 `call rel32` (0xE8 and a displacement) of
 the stream to name its target as an offset from the stream's start: the same target, called from many places,
@@ -169,6 +171,9 @@ class ContextMixer:
         byte, self.c0 = self.c0 & 0xFF, 1          # into lane 2, the oldest byte out
         self.history = (self.history << 8 | byte << 16) & M64
         self.out.append(byte)
+        if len(self.out) == len(TABLES):           # the image starts afresh: no counts
+            self.n0[:], self.n1[:] = bytes(len(self.n0)), bytes(len(self.n1))
+            self.check[:] = [0] * len(self.check)
         self.fields.step(byte, self.out)
         self.hash_byte()
         return byte

@@ -59,13 +59,16 @@ def state_words(data: bytes) -> list[int]:
 def ideal_counts(data: bytes, mask: int, words: list[int] | None = None
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(n0, n1) before each bit for the context of `mask` (the lanes of the state word it
-    chooses, and c0), with pack's update rule and no collisions."""
+    chooses, and c0), with pack's update rule and no collisions; no counts again after the
+    field tables, as in pack's table."""
     if words is None:
         words = state_words(data)
     key_and = pack.key_mask(mask)
     counts: dict[tuple[int, int], tuple[int, int]] = {}
     n0s, n1s = [], []
-    for byte, word in zip(data, words):
+    for at, (byte, word) in enumerate(zip(data, words)):
+        if at == len(pack.TABLES):
+            counts.clear()
         chosen = word & key_and
         c0 = 1
         for k in range(7, -1, -1):

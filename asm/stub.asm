@@ -1,16 +1,17 @@
 ; stub.asm: the entry file of the packed ./gemma. The build assembles asm/gemma.asm into the
 ; image (gemma.elf), packs the image's bytes (builder/asm/pack.py), then assembles this file
 ; with the image's addresses as constants (fasm's -d; below) and appends the packed bytes at
-; `payload`. At start-up the stub maps the image's pages where the image was linked, decodes
-; it into them, unmaps its own table, makes its code read+execute and jumps to the image's
-; entry with the stack as Linux hands it to a new program (rsp, argc, argv, envp, auxv), DF
-; clear and the x87 and SSE state untouched; the general registers hold what the decoder and
+; `payload`. At start-up the stub maps the image's pages where the image was linked, and
+; below them a page for the decoder's field tables and the decoder's table; decodes the field
+; tables and the image into place, unmaps what lies below the image, makes the image's code
+; read+execute and jumps to the image's entry with the stack as Linux hands it to a new
+; program (rsp, argc, argv, envp, auxv), DF clear and the x87 and SSE state untouched; the general registers hold what the decoder and
 ; the system calls left (the image reads none before writing it). The second file, after
 ; sys.asm, that holds `syscall`.
 ;
 ; Constants from the build:
 ;   IMAGE_BASE      the image's first page (its link base)
-;   IMAGE_TEXT      the address of the image's first code byte: where decoding starts
+;   IMAGE_TEXT      the address of the image's first code byte: the field tables end there
 ;   IMAGE_BYTES     the bytes to decode: .text (and .data after it, when there is one)
 ;   IMAGE_CODE_END  the end of .text: its pages become read+execute
 ;   IMAGE_END       the end of .bss: the image's pages end on the page boundary after it
@@ -25,8 +26,8 @@ include 'unpack.asm'            ; the decoder
 
 PAGE_MASK       = 0xFFF
 IMAGE_MAP_END   = (IMAGE_END + PAGE_MASK) and not PAGE_MASK
-UNPACK_OUT             = IMAGE_TEXT - PACK_TABLES                          ; the field tables, then
-MAP_BASE        = (UNPACK_OUT and not PAGE_MASK) - PACK_SCRATCH            ; the image; the table
+UNPACK_OUT      = IMAGE_TEXT - PACK_TABLES                  ; the field tables, then the image
+MAP_BASE        = (UNPACK_OUT and not PAGE_MASK) - PACK_SCRATCH    ; the table, below them
 IMAGE_CODE_MAP  = ((IMAGE_CODE_END + PAGE_MASK) and not PAGE_MASK) - IMAGE_BASE
 
 SYS_write       = 1

@@ -1,32 +1,32 @@
 """The packer's field machine: which x86 instruction field each byte is in, mirrored by
-asm/unpack.asm (its `.fields` step).
+asm/unpack.asm (its `.fields` step); docs/build.md "The model" gives it field by field.
 
-Contract: `TABLES` (bytes) are the opcode tables, coded in the payload ahead of the image
-(the decoded stream is TABLES, then the image); `Fields()` starts before the stream's first
-byte; `context()` is the field context of the next byte (a 16-bit word: lane 0 its field's
-code and its index in the field, lane 1 the opcode of its instruction); `step(byte, out)`
-moves past `byte`, reading the tables from `out` (the stream decoded so far, the byte
-included: while the tables are themselves being decoded the machine reads what is there,
-and 0 past it, as the asm reads its zeroed buffer). It is no exact x86 decoder: the packer
-and the decoder only have to compute the same thing, so rare forms are approximated
-(an imm64, a 66-prefixed imm16, `test` with an immediate: F6/F7 /0, the disp32 of a SIB
-whose base is 5 under mod 0: 3 bytes of the image's payload, for ~12 of decoder).
+Contract: `TABLES` (bytes) are its tables, coded in the payload ahead of the image (the
+decoded stream is TABLES, then the image); `Fields()` starts before the stream's first byte;
+`context()` is the field context of the next byte (a 16-bit word: lane 0 its field's code,
+lane 1 the opcode of its instruction); `step(byte, out)` moves past `byte`, reading the
+tables from `out` (the stream decoded so far, the byte included: while the tables are
+themselves being decoded the machine reads what is there, and 0 past it, as the asm reads
+its zeroed buffer). It is no exact x86 decoder: the packer and the decoder only have to
+compute the same thing, so rare forms are approximated (an imm64 as an imm32, a 66-prefixed
+imm16 as an imm32, F6/F7 /0 `test` without its immediate, a SIB whose base is 5 under mod 0
+without its disp32: 3 bytes of the image's payload, for ~12 of decoder; map 1's system
+instructions as taking a ModRM).
 
 The machine keeps a plan: the codes of the bytes still to come in the instruction, a
-nibble each, the next one lowest; an empty plan (0) means the next byte starts an
-instruction (code OP0: a prefix, a REX or an opcode of the one-byte map). A byte moves the
-plan on by a nibble, then by its code:
-- an opcode (codes OP0..OP3, the maps 1-byte, 0F, 0F38, 0F3A): the plan becomes the byte of
-  the tables at 256 * code + byte: what follows it, in two nibbles: a ModRM, an immediate,
-  a branch offset, or an escape (0F to map 1, 0F 38 / 0F 3A to maps 2 / 3, C5 a VEX payload
-  byte and map 1, C4 two payload bytes, 62 EVEX's three), opcode bytes of maps 2 and 3 as
-  the tables give them;
-- the first payload byte of a VEX3 or an EVEX prefix: its low two bits are the map of the
-  opcode after the payload;
-- a ModRM: a SIB before the rest when rm is 4 (a memory operand), the displacement's bytes
-  (mod 1: one; mod 2, or mod 0 with rm 5: four);
-- the first byte of an imm32 or a rel32: three more of the field's other code.
-The index counts the bytes since the code last changed (mod 16).
+nibble each, the next one lowest (at most four: a dword); an empty plan (0) means the next
+byte starts an instruction (code OP0: a prefix, a REX or an opcode of the one-byte map). A
+byte moves the plan on by a nibble, then by its code:
+- an opcode (codes OP0..OP3: maps one-byte, 0F, 0F 38, 0F 3A) or a ModRM (MODRM): the
+  tables' entry for it goes first: for an opcode (256 entries per map), in two nibbles, a
+  ModRM, an immediate, a branch offset's first byte, or an escape (0F to map 1, 0F 38 /
+  0F 3A to maps 2 / 3; C5 a VEX payload byte and map 1; C4 and 62 the first payload byte of
+  VEX3 / EVEX, and 62 one more); for a ModRM (its mod and rm: MODRM_ENTRIES entries), a SIB
+  when rm is 4 and mod not 3, then a disp8 (mod 1) or a disp32's first byte (mod 2, or mod 0
+  with rm 5);
+- VEX3's or EVEX's first payload byte (P0): a payload byte (EVEX: two), then an opcode of
+  the map in its low two bits, go after the plan;
+- a 32-bit field's first byte (DISP32, IMM32, REL32): its three other bytes (code - 3) first.
 """
 from __future__ import annotations
 

@@ -5,9 +5,9 @@
 ; below them a page for the decoder's field tables and the decoder's table; decodes the field
 ; tables and the image into place, unmaps what lies below the image, makes the image's code
 ; read+execute and jumps to the image's entry with the stack as Linux hands it to a new
-; program (rsp, argc, argv, envp, auxv), DF clear and the x87 and SSE state untouched; the general registers hold what the decoder and
-; the system calls left (the image reads none before writing it). The second file, after
-; sys.asm, that holds `syscall`.
+; program (rsp, argc, argv, envp, auxv), DF clear and the x87 and SSE state untouched; the
+; general registers hold what the decoder and the system calls left (the image reads none
+; before writing it). The second file, after sys.asm, that holds `syscall`.
 ;
 ; Constants from the build:
 ;   IMAGE_BASE      the image's first page (its link base)

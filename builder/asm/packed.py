@@ -10,9 +10,10 @@ non-executable stack, which linker.check then checks. The packed program depends
 image and the sources (byte-identical for identical inputs). Failures raise BuildError.
 
 Memory at run time: the stub's segment at STUB_BASE (headers, stub, payload; read+execute),
-and what the stub maps at the image's base: the image's pages (its code, then .data and .bss
-as they were linked) and, after them, the decoder's table (PACK_SCRATCH bytes), unmapped
-before the jump.
+and what the stub maps: the image's pages at the image's base (its code, then .data and .bss
+as they were linked) and, below them, a page that ends with the field machine's tables
+(pack_fields.TABLES, decoded just before the image's first code byte) and the decoder's
+table (PACK_SCRATCH bytes), both unmapped before the jump.
 """
 from __future__ import annotations
 

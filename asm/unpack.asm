@@ -1,20 +1,22 @@
 ; unpack.asm: the decoder of the packed ./gemma. builder/asm/pack.py is its mirror in Python
 ; (and the packer); docs/build.md "The packed program" explains the model. In short, a
 ; bitwise context-mixing model drives a range decoder:
-; - each of the model's N context models (at most 15) chooses some of the last six bytes (a
-;   mask); once per byte it hashes them with its index into a slot base and a 16-bit check;
-;   a bit's slot in the shared table is the slot base xor c0 (the bits of the byte so far,
-;   after a leading 1). A slot holds two counts, n0 and n1, and the check of its context: a
-;   slot with another check belongs to another context and starts again from no counts;
+; - each of the model's N context models (at most 15) chooses some lanes of a state word (a
+;   mask): the byte's x86 field and its instruction's opcode, as the field machine below
+;   (`.fields`, pack_fields.py) decides them, and the last six bytes; once per byte it
+;   hashes them with its record's offset into a slot base and a 16-bit check; a bit's slot
+;   in the shared table is the slot base xor c0 (the bits of the byte so far, after a
+;   leading 1). A slot holds two counts, n0 and n1, and the check of its context: a slot
+;   with another check belongs to another context and starts again from no counts;
 ; - P(1) = (sum n1 << shift + PRIOR) / (sum (n0 + n1) << shift + 2 PRIOR) over the models;
 ; - after each bit its count goes up by one (at most 255) and the other count n becomes
 ;   n / 2 + 1 (0 stays 0).
 ; Integers only, so the Python mirror and this routine agree bit for bit on any input.
-; The contexts may also choose the byte's x86 field (pack_fields.py: the field machine below,
-; `.fields`) and its instruction's opcode. Last, the call filter: the packer wrote each call rel32 (0xE8, a dword) as its target's
-; offset in out, so that calls of one routine repeat; from the last byte whose dword is in
-; out down to the first, a byte 0xE8 before a dword below 2^16 gets that dword minus its own
-; offset + 5 (pack.py's decode_calls).
+; The stream holds the field machine's tables, then the image; the table is zeroed between
+; them. Last, the call filter: the packer wrote each call rel32 (0xE8, a dword) as its
+; target's offset in out, so that calls of one routine repeat; from the last byte whose dword
+; is in out down to the first, a byte 0xE8 before a dword below 2^16 gets that dword minus
+; its own offset + 5 (pack.py's decode_calls).
 
 PACK_TABLE_BITS = 18                    ; the table: 2^18 slots
 PACK_SCRATCH    = 4 shl PACK_TABLE_BITS ; its bytes: a slot is n0, n1, the check (word)

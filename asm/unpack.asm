@@ -1,82 +1,96 @@
 ; unpack.asm: the decoder of the packed ./gemma. builder/asm/pack.py is its mirror in Python
 ; (and the packer); docs/build.md "The packed program" explains the model. In short, a
 ; bitwise context-mixing model drives a range decoder:
-; - each of the model's N context models (at most 15) chooses some of the last six bytes (a
-;   mask); once per byte it hashes them with its index into a slot base and a 16-bit check;
-;   a bit's slot in the shared table is the slot base xor c0 (the bits of the byte so far,
-;   after a leading 1). A slot holds two counts, n0 and n1, and the check of its context: a
-;   slot with another check belongs to another context and starts again from no counts;
+; - each of the model's N context models (at most 15) chooses some lanes of a state word (a
+;   mask): the byte's x86 field and its instruction's opcode, as the field machine below
+;   (`.fields`, pack_fields.py) decides them, and the last six bytes; once per byte it
+;   hashes them with its record's offset into a slot base and a 16-bit check; a bit's slot
+;   in the shared table is the slot base xor c0 (the bits of the byte so far, after a
+;   leading 1). A slot holds two counts, n0 and n1, and the check of its context: a slot
+;   with another check belongs to another context and starts again from no counts;
 ; - P(1) = (sum n1 << shift + PRIOR) / (sum (n0 + n1) << shift + 2 PRIOR) over the models;
 ; - after each bit its count goes up by one (at most 255) and the other count n becomes
 ;   n / 2 + 1 (0 stays 0).
 ; Integers only, so the Python mirror and this routine agree bit for bit on any input.
-; Last, the call filter: the packer wrote each call rel32 (0xE8, a dword) as its target's
-; offset in out, so that calls of one routine repeat; from the last byte whose dword is in
-; out down to the first, a byte 0xE8 before a dword below 2^16 gets that dword minus its own
-; offset + 5 (pack.py's decode_calls).
+; The stream holds the field machine's tables, then the image; the table is zeroed between
+; them. Last, the call filter: the packer wrote each call rel32 (0xE8, a dword) as its
+; target's offset in out, so that calls of one routine repeat; from the last byte whose dword
+; is in out down to the first, a byte 0xE8 before a dword below 2^16 gets that dword minus
+; its own offset + 5 (pack.py's decode_calls).
 
 PACK_TABLE_BITS = 18                    ; the table: 2^18 slots
 PACK_SCRATCH    = 4 shl PACK_TABLE_BITS ; its bytes: a slot is n0, n1, the check (word)
 PACK_HASH       = 0x9E3779B97F4A7C15    ; odd: the key times it, mod 2^64, is the hash
 PACK_PRIOR      = 2
 PACK_CALL       = 0xE8                  ; call rel32: the call filter's opcode
+PACK_TABLES     = 4*256 + 0xC8          ; the field machine's tables: out's first bytes
+PACK_MODRM_REG  = 0xC7                  ; a ModRM's entry: mod and rm, not reg
+PACK_MODRM      = 4                     ; its codes (pack_fields.py): 0..3 an opcode of map
+PACK_LOOKUPS    = 5                     ; 0..3, 4 a ModRM (these look their byte up),
+PACK_VEXP       = 5                     ; a VEX/EVEX payload byte, the first of VEX3's or
+PACK_P0         = 6                     ; EVEX's, ..., 13..15 a 32-bit field's first
+PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its others
 
 ; unpack: out (n,) <- the packed bytes at src: the model (a count byte N, then N pairs
-; mask, shift) and the range-coded bits of out, each byte's most significant bit first.
+; mask, shift) and the range-coded bits of out, each byte's most significant bit first; out
+; holds the field machine's tables (PACK_TABLES bytes), then the image.
 ; Records on the stack, 32 bytes per model i, the first model's highest (the loops walk down
-; from it): [+0] R_i = 0xFF in the lanes (bytes) 2..7 of the history bytes the mask
-; chooses, i in lane 0; [+8] the slot of the previous bit; [+16] the check << 16 (a new
-; context's slot: its check, no counts); [+20] the slot base of the byte's context;
-; [+24] the shift. rbx holds history bytes 0..5 (the last first) in lanes 2..7, c0 in bh
-; and 0xFF in bl, so that rbx & R_i is model i's key (hashed once per byte, c0 = 1: lane
-; 1 of R_i is 0). The loop over the models first teaches each model's previous slot the
-; previous bit (r8d; the first bit's loop teaches slot 0 a 0), then reads its new slot.
+; from it): [+0] R_i = 0xFF in the lanes (bytes) of rbx the mask chooses (bit k: lane k):
+; 0 the byte's field, 1 its opcode, 2..7 the history bytes; [+8] the slot of the
+; previous bit; [+16] the check << 16 (a new context's slot: its check, no counts); [+20]
+; the slot base of the byte's context; [+24] the shift. rbx holds history bytes 0..5 (the
+; last first) in lanes 2..7, c0 in bh and the byte's field in bl; when a byte starts, bh is
+; the opcode while rbx & R_i plus the record's offset, model i's key, is hashed. The loop over
+; the models first teaches each model's previous slot the previous bit (r8d; the first bit's
+; loop teaches slot 0 a 0), then reads its new slot.
 ; Lookups in the 1 MiB table are the decoder's hot spot, so the lines come early: when a
 ; byte starts, each model's slots base xor 1..15 (its first four bits: one 64-byte line);
 ; during each bit, the next bit's two candidate slots (one line). ~15% off `./gemma -h`.
 ; The range decoder: r9d range, r10d code (the stream's bytes read so far minus the low end
 ; of the range), starting at 1 and 0, so that the first bit's renormalisation reads three
-; bytes.
-;   in: rdi out, rsi src, rdx n (>= 1), rcx scratch (PACK_SCRATCH bytes, zero, 4-aligned)
-;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r10 r12-r15 (not
+; bytes. The field machine's state: [rsp+r12+8] the plan (the codes of the instruction's
+; bytes to come, a nibble each: a dword), [rsp+r12+12] the opcode.
+;   in: rdi out (zero), rsi src, rdx n (>= PACK_TABLES + 1), rcx scratch (PACK_SCRATCH
+;   bytes, zero, 4-aligned)
+;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r15 (not
 ;   SysV: the stub keeps none)
 unpack:
         mov     r11, rcx                ; the table
-        push    rdi                     ; out, for the call filter
+        push    rdi                     ; out: the field tables; for the call filter
+        push    0                       ; the plan (dword), the opcode
         add     rdx, rdi
         push    rdx                     ; the end of out: [rsp + r12] below the records
         lodsb
         movzx   r8d, al                 ; N
         imul    r12d, r8d, 32           ; the records' bytes
-        xor     ebp, ebp                ; model 0
 .record:
         lodsw                           ; al mask, ah shift
         movzx   edx, ah
         push    rdx                     ; [+24] shift
         push    rdx                     ; [+16] (the check and slot base, per byte)
         push    r11                     ; [+8] slot 0
-        push    10
+        push    8
         pop     rcx
-.lane:                                  ; mask bit k -> lane k + 2: ten steps, high bit first
+.lane:                                  ; mask bit k -> lane k: eight steps, high bit first
         shl     rdx, 8
         shl     al, 1
         sbb     dl, dl
         loop    .lane
-        or      rdx, rbp
         push    rdx                     ; [+0] R_i
-        inc     ebp
         dec     r8d
         jnz     .record
         push    1
         pop     r9                      ; range
         xor     r10d, r10d              ; code
-        mov     ebx, 0x1FF              ; no history, c0 = 1
+        xor     ebx, ebx                ; no history, field 0 (an opcode of map 0), opcode 0
+        mov     r15d, PACK_TABLES       ; bytes until the image
 .byte:                                  ; each model's slot base and check for this byte
         lea     ebp, [r12-32]
+        mov     rcx, PACK_HASH
 .hash:
         mov     rax, rbx
-        and     rax, [rsp+rbp]          ; the key
-        mov     rcx, PACK_HASH
+        and     rax, [rsp+rbp]
+        add     rax, rbp                ; the key
         imul    rax, rcx
         shr     rax, 48 - PACK_TABLE_BITS
         mov     edx, eax
@@ -87,6 +101,7 @@ unpack:
         prefetcht0 [r11+rax*4]          ; the line of the byte's first four bits' slots
         sub     ebp, 32
         jnc     .hash
+        mov     bh, 1                   ; c0 = 1
 .bit:                                   ; renormalise: below 2^24 the range takes a byte
         cmp     r9d, 1 shl 24
         jae     .coded_bit
@@ -96,8 +111,6 @@ unpack:
         mov     r10b, al
         jmp     .bit
 .coded_bit:
-        movzx   eax, bh
-        mov     r15d, eax               ; c0
         xor     r13d, r13d              ; num = sum n1 << shift
         xor     r14d, r14d              ; den = sum (n0 + n1) << shift
         lea     ebp, [r12-32]
@@ -112,10 +125,11 @@ unpack:
         neg     dl
         adc     byte [rax], 0           ; n / 2 + 1, or 0
         mov     eax, [rsp+rbp+20]
-        lea     edx, [r15+r15]
+        movzx   edx, bh                 ; c0
+        add     edx, edx
         xor     edx, eax
         prefetcht0 [r11+rdx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
-        xor     eax, r15d
+        xor     al, bh
         lea     rax, [r11+rax*4]        ; this bit's slot
         mov     [rsp+rbp+8], rax
         movzx   ecx, word [rsp+rbp+18]
@@ -147,13 +161,67 @@ unpack:
         cmovnz  r9d, edx                ; 1: range = bound
         adc     bh, bh                  ; c0 = 2 c0 + bit; CF: the byte is complete
         jnc     .bit
-        mov     al, bh
+        movzx   eax, bh
         stosb
-        shl     rbx, 8                  ; the byte into lane 2, the oldest one out
-        mov     bx, 0x1FF               ; c0 = 1
+        shl     rbx, 8                  ; the byte into lane 2, the oldest one out; bh: its field
+.fields:                                ; the field machine (pack_fields.Fields.step): al byte
+        lea     rbp, [rsp+r12+8]        ; [rbp] the plan, [rbp+4] the opcode, [rbp+8] out
+        mov     edx, [rbp]
+        shr     edx, 4                  ; the plan after this byte
+        movzx   ecx, bh                 ; the byte's code
+        cmp     cl, PACK_LOOKUPS
+        jb      .lookup
+        cmp     cl, PACK_P0
+        jne     .wide
+        and     al, 3                   ; VEX3's or EVEX's first payload byte: a payload
+        shl     eax, 4                  ; byte, then an opcode of map al, after the plan
+        or      al, PACK_VEXP
+        xchg    eax, edx
+        jmp     .append
+.wide:
+        cmp     cl, PACK_DISP32         ; a 32-bit field's first byte (codes PACK_DISP32
+        jb      .field                  ; on): three bytes of code - 3 first
+        lea     eax, [rcx-3]
+        imul    eax, eax, 0x111
+        jmp     .append
+.lookup:                                ; an opcode (of map cl) or a ModRM: its entry
+        cmp     cl, PACK_MODRM
+        jne     .opcode
+        and     al, PACK_MODRM_REG      ; (a ModRM's without its reg bits)
+        jmp     .entry
+.opcode:
+        mov     [rbp+4], al             ; the instruction's opcode
+.entry:
+        mov     ah, cl
+        add     rax, [rbp+8]
+        movzx   eax, byte [rax]
+.append:                                ; rdx <- the codes of eax (a nibble each), then rdx's
+        mov     ecx, eax
+.nibble:
+        jecxz   .or
+        shl     edx, 4
+        shr     ecx, 4
+        jmp     .nibble
+.or:
+        or      edx, eax
+.field:
+        mov     [rbp], edx
+        and     dl, 15
+        mov     bl, dl                  ; the next byte's code
+        mov     bh, [rbp+4]             ; and its instruction's opcode, for the hashes
+.fielded:
+        dec     r15d
+        jnz     .more
+        push    rdi                     ; the field tables decoded: the image starts with
+        mov     rdi, r11                ; a zeroed table (what the tables taught would
+        mov     ecx, PACK_SCRATCH / 4   ; mislead)
+        xor     eax, eax
+        rep     stosd
+        pop     rdi
+.more:
         cmp     rdi, [rsp+r12]
         jb      .byte
-        lea     rsp, [rsp+r12+8]        ; drop the records and the end
+        lea     rsp, [rsp+r12+16]       ; drop the records, the end and the machine
         pop     rcx                     ; out
         sub     rdi, 5                  ; the last byte whose dword ends in out
 .call:                                  ; the call filter, down to out's first byte: a call's

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import linker
 
+from . import pack
 from .assemble import Image, assemble
 from .errors import BuildError
 from .fasm import Label, parse
@@ -112,7 +113,8 @@ def size_table(image: Image, packed: Packed, budget: int) -> str:
     sizes = per_file(image)
     stub_files = {name: t for name, (t, _, _) in per_file(packed.stub).items()}
     width = max([len(f) for f in (*sizes, *stub_files)] + [14])
-    model, coded = packed.payload[:1 + 2 * packed.payload[0]], packed.payload[1 + 2 * packed.payload[0]:]
+    head = 1 + 2 * packed.payload[0]
+    model, coded = packed.payload[:head], packed.payload[head:]
     total = len(packed.elf)
     rows = [f"{'image section':<{width}} {'bytes':>6}",
             f"{'headers etc.':<{width}} {lay.file_end - len(image.text) - len(image.data):>6}",
@@ -127,10 +129,18 @@ def size_table(image: Image, packed: Packed, budget: int) -> str:
              "",
              f"{'packed file':<{width}} {'bytes':>6}",
              f"{'headers':<{width}} {packed.headers:>6}"]
-    rows += [f"{name:<{width}} {t:>6}  (the stub)" for name, t in stub_files.items()]
-    rows += [f"{'payload':<{width}} {len(packed.payload):>6}  (model {len(model)}, the image's "
-             f"{packed.image_bytes} bytes coded in {len(coded)}: "
-             f"{len(coded) / packed.image_bytes:.1%})",
+    machine = packed.stub.symbols["unpack.fielded"] - packed.stub.symbols["unpack.fields"]
+    notes = {"asm/unpack.asm": f"the decoder; its field machine's step {machine}",
+             "asm/stub.asm": "the start-up"}
+    rows += [f"{name:<{width}} {t:>6}  ({notes.get(name, 'the stub')})"
+             for name, t in stub_files.items()]
+    image_coded = len(coded) - packed.tables
+    rows += [f"{'payload':<{width}} {len(packed.payload):>6}",
+             f"{'  model':<{width}} {len(model):>6}  ({len(model) // 2} context models)",
+             f"{'  field tables':<{width}} {packed.tables:>6}  (their {len(pack.TABLES)} "
+             "bytes, coded ahead of the image)",
+             f"{'  image':<{width}} {image_coded:>6}  (its {packed.image_bytes} bytes coded: "
+             f"{image_coded / packed.image_bytes:.1%})",
              "", f"{'file total':<{width}} {total:>6} of {budget} bytes budget "
                  f"({budget - total} left); {lay.file_end} bytes of image when it runs"]
     return "\n".join(rows)

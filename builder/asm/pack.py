@@ -9,13 +9,18 @@ input, a byte 0xE8 the call filter cannot code, a payload that ends too soon or 
 over, a bad model). Everything is integer arithmetic, so the two decoders agree bit for bit on
 any input.
 
-The payload: a count byte N, N pairs (mask, shift) — the model — then the coded bits of `data`,
-each byte's most significant bit first. The model's parameters (`Model`: which of the last
-six bytes each context model hashes, and its weight as a shift) are committed data in
+The payload: a count byte N, N pairs (mask, shift) — the model — then the coded bits of the
+stream TABLES + `data`: the field machine's tables (pack_fields.py), then the data, each
+byte's most significant bit first. The model's parameters (`Model`: which lanes of the state
+word each context model hashes, and its weight as a shift) are committed data in
 `builder/asm/pack_model.py`; `python -m builder pack --search` searches new ones.
 
-Once per byte, each context model i hashes its key — the bytes its mask selects from the last
-six, and i — into a slot base and a 16-bit check. A bit's slot in the table of
+The state word, when a byte starts: lane 0 (its low byte) the byte's x86 field and lane 1
+its instruction's opcode, as the field machine (pack_fields.Fields) decides them from the
+bytes before it; lanes 2..7 the last six bytes, the last one first. Once per byte, each
+context model i hashes its key — the lanes its mask chooses, plus 32 times its distance from
+the last model (its record's offset in the asm) — into a slot base and a 16-bit check. A
+bit's slot in the table of
 2^TABLE_BITS slots is its byte's slot base xor c0 (the bits of the byte seen so far, after a
 leading 1); a slot holds two counts, n0 and n1, and the check of its context (a slot whose
 check differs is a new context: its counts restart at 0). The probability of a 1 is
@@ -26,10 +31,12 @@ and the range coder splits its range at range * p >> 32. A slot learns its bit w
 bit is predicted, in one loop over the models (the first to the last, as the asm walks
 them): first model i's previous slot learns the previous bit — its count goes up by one, at
 most 255; the other count n becomes n // 2 + 1, 0 stays 0 — then model i reads its new slot.
-The first bit's loop teaches slot 0 a 0 (every model's previous slot starts there).
+The first bit's loop teaches slot 0 a 0 (every model's previous slot starts there). When the
+field tables are decoded, the table is zeroed (no counts, no checks): what the contexts
+learnt from the tables would mislead them on the image (37 bytes of the image's payload).
 
-Before coding, `encode_calls` rewrites each x86 `call rel32` (0xE8 and a displacement) to
-name its target as an offset from the data's start: the same target, called from many places,
+Before coding, `encode_calls` rewrites each x86 `call rel32` (0xE8 and a displacement) of
+the stream to name its target as an offset from the stream's start: the same target, called from many places,
 is then the same four bytes, which the contexts learn (the image: 64 bytes less). Decoding
 ends with `decode_calls`, its inverse, as asm/unpack.asm does: from the last position whose
 four bytes are inside the data down to the first, a byte 0xE8 followed by a dword below
@@ -41,11 +48,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .pack_fields import TABLES, Fields
+
 TABLE_BITS = 18                   # asm/unpack.asm PACK_TABLE_BITS
 SCRATCH = 4 << TABLE_BITS         # PACK_SCRATCH: the table's bytes, a slot per dword
 HASH = 0x9E3779B97F4A7C15         # PACK_HASH
 PRIOR = 2                         # PACK_PRIOR
-HISTORY = 6                       # bytes a mask can select
+MASK_BITS = 8                     # a mask: the field, the opcode, six history bytes
 MAX_MODELS = 15                   # so that a model's index fits beside c0 in its key
 MAX_SHIFT = 12                    # keeps the sums below 2^25: p >= 2^8, every bit codable
 COUNT_MAX = 255
@@ -61,8 +70,9 @@ class PackError(Exception):
 
 @dataclass(frozen=True)
 class Model:
-    """The context models: `masks[i]` selects bytes back 1..6 (bit k: the byte k + 1 back),
-    `shifts[i]` is its weight as a power of two."""
+    """The context models: `masks[i]` chooses lanes of the state word (bit k: lane k; 0 the
+    field, 1 the opcode, 2..7 the bytes 1..6 back), `shifts[i]` is its weight as a power of
+    two."""
     masks: tuple[int, ...]
     shifts: tuple[int, ...]
 
@@ -73,9 +83,9 @@ class Model:
         if len(set(self.masks)) != len(self.masks):
             raise PackError(f"masks repeat: {self.masks}")
         for mask, shift in zip(self.masks, self.shifts):
-            if not 0 <= mask < 1 << HISTORY or not 0 <= shift <= MAX_SHIFT:
+            if not 0 <= mask <= 0xFF or not 0 <= shift <= MAX_SHIFT:
                 raise PackError(f"mask {mask} or shift {shift} out of range "
-                                f"(0..{(1 << HISTORY) - 1}, 0..{MAX_SHIFT})")
+                                f"(0..255, 0..{MAX_SHIFT})")
 
     def header(self) -> bytes:
         """The payload's first bytes: N, then (mask, shift) per context model."""
@@ -92,35 +102,45 @@ class Model:
         return cls(tuple(pairs[0::2]), tuple(pairs[1::2])), 1 + 2 * n
 
 
-def key_mask(mask: int, index: int) -> int:
-    """R_i of asm/unpack.asm: 0xFF in the lanes (bytes) 2..7 of the chosen history bytes,
-    the model's index in lane 0. ANDed with the state word (history bytes in lanes 2..7, c0
-    in lane 1, 0xFF in lane 0) it gives the model's key."""
-    lanes = sum(0xFF << 8 * (k + 2) for k in range(HISTORY) if mask >> k & 1)
-    return lanes | index
+def key_mask(mask: int) -> int:
+    """R_i of asm/unpack.asm: 0xFF in the lanes (bytes) of the state word that the mask's
+    bits choose (bit k: lane k): 0 the byte's field, 1 its instruction's opcode, 2..7 the
+    history bytes 1..6 back."""
+    return sum(0xFF << 8 * k for k in range(8) if mask >> k & 1)
+
+
+def key_of(word: int, mask: int, index: int, models: int) -> int:
+    """Model `index`'s key: the lanes of the state word its mask chooses, plus its record's
+    offset in the asm (32 bytes a model, the first highest) to tell equal lanes apart."""
+    return (word & key_mask(mask)) + 32 * (models - 1 - index)
 
 
 class ContextMixer:
-    """The model's state while coding: the table, the state word, each model's slot base,
-    check and previous slot."""
+    """The model's state while coding: the table, the history, c0, the field machine, each
+    model's slot base, check and previous slot."""
 
     def __init__(self, model: Model):
-        self.models = [(key_mask(mask, i), shift)
-                       for i, (mask, shift) in enumerate(zip(model.masks, model.shifts))]
+        self.model = model
         self.n0 = bytearray(1 << TABLE_BITS)
         self.n1 = bytearray(1 << TABLE_BITS)
         self.check = [0] * (1 << TABLE_BITS)
-        self.slots = [0] * len(self.models)        # each model's previous slot
+        self.slots = [0] * len(model.masks)        # each model's previous slot
         self.bit = 0                               # the previous bit
-        self.state = 0x1FF                         # no history, c0 = 1, lane 0 all ones
+        self.history = 0                           # the last six bytes in lanes 2..7
+        self.c0 = 1
+        self.fields = Fields()
+        self.out = bytearray()                     # the bytes so far (TABLES first)
         self.bases: list[tuple[int, int]] = []
         self.hash_byte()
 
     def hash_byte(self) -> None:
-        """Each model's slot base and check for the byte that starts (c0 = 1)."""
+        """Each model's slot base and check for the byte that starts: the state word is the
+        history, the field context in lanes 0 and 1 (pack_fields.Fields.context)."""
+        word = self.history | self.fields.context()
+        n = len(self.model.masks)
         self.bases = []
-        for key_and, _ in self.models:
-            h = (self.state & key_and) * HASH & M64
+        for i, mask in enumerate(self.model.masks):
+            h = key_of(word, mask, i, n) * HASH & M64
             self.bases.append((h >> 64 - TABLE_BITS, h >> 48 - TABLE_BITS & 0xFFFF))
 
     def predict(self) -> int:
@@ -129,8 +149,8 @@ class ContextMixer:
         num = den = 0
         n0, n1, check = self.n0, self.n1, self.check
         same, other = (n1, n0) if self.bit else (n0, n1)
-        c0 = self.state >> 8 & 0xFF
-        for i, ((_, shift), (base, tag)) in enumerate(zip(self.models, self.bases)):
+        c0 = self.c0
+        for i, (shift, (base, tag)) in enumerate(zip(self.model.shifts, self.bases)):
             slot = self.slots[i]
             same[slot] = min(same[slot] + 1, COUNT_MAX)
             if other[slot]:
@@ -145,12 +165,16 @@ class ContextMixer:
     def update(self, bit: int) -> int | None:
         """Take `bit` (learnt at the next predict); return the byte it completes, if any."""
         self.bit = bit
-        c0 = (self.state >> 8 & 0xFF) << 1 | bit
-        if c0 < 0x100:
-            self.state = self.state & ~0xFF00 | c0 << 8
+        self.c0 = self.c0 << 1 | bit
+        if self.c0 < 0x100:
             return None
-        byte = c0 & 0xFF                           # into lane 2, the oldest byte out
-        self.state = (self.state & ~0xFFFF | byte << 8) << 8 & M64 | 0x1FF
+        byte, self.c0 = self.c0 & 0xFF, 1          # into lane 2, the oldest byte out
+        self.history = (self.history << 8 | byte << 16) & M64
+        self.out.append(byte)
+        if len(self.out) == len(TABLES):           # the image starts afresh: no counts
+            self.n0[:], self.n1[:] = bytes(len(self.n0)), bytes(len(self.n1))
+            self.check[:] = [0] * len(self.check)
+        self.fields.step(byte, self.out)
         self.hash_byte()
         return byte
 
@@ -185,9 +209,10 @@ def _dword(data: bytearray, pos: int) -> int:
     return int.from_bytes(data[pos:pos + 4], "little")
 
 
-def encode_calls(data: bytes) -> bytes:
+def encode_calls(data: bytes, image_at: int = 0) -> bytes:
     """`data` with each call rel32 whose target offset is below CALL_SPAN naming that
-    offset (see the module docstring); decode_calls undoes it."""
+    offset (see the module docstring); decode_calls undoes it. A refusal names the byte's
+    offset from `image_at` (where the image starts in `data`)."""
     out = bytearray(data)
     for pos in range(len(out) - 4):
         if out[pos] != CALL:
@@ -197,8 +222,8 @@ def encode_calls(data: bytes) -> bytes:
         if target < CALL_SPAN:
             out[pos + 1:pos + 5] = target.to_bytes(4, "little")
         elif rel < CALL_SPAN:
-            raise PackError(f"byte {pos} is 0x{CALL:X} before the dword 0x{rel:X}: the call "
-                            f"filter cannot code it (move the bytes there)")
+            raise PackError(f"byte {pos - image_at} is 0x{CALL:X} before the dword "
+                            f"0x{rel:X}: the call filter cannot code it (move the bytes there)")
     return bytes(out)
 
 
@@ -217,17 +242,27 @@ def compress(data: bytes, model: Model | None = None) -> bytes:
     RangeDecoder, fed the model's probability for each bit, and must give every bit of `data`
     and use every byte. (decompress feeds the same decoder from its own ContextMixer, which on
     the same bits gives the same probabilities: so decompress returns `data`.)"""
+    return encode(data, model)[0]
+
+
+def encode(data: bytes, model: Model | None = None) -> tuple[bytes, int]:
+    """compress's payload, and the coded bytes the field tables took (the range coder's
+    output when their last bit was coded: within a byte of their share)."""
     if not data:
         raise PackError("nothing to pack")
     if model is None:
         from .pack_model import MODEL as model
-    coded_data = encode_calls(data)
-    if decode_calls(coded_data) != data:
+    stream = TABLES + data
+    coded_data = encode_calls(stream, len(TABLES))
+    if decode_calls(coded_data) != stream:
         raise PackError("the call filter does not undo itself")
     mixer = ContextMixer(model)
     coded: list[tuple[int, int]] = []   # (probability, bit)
     low, rng, size = 0, 1, 0           # low: every byte so far, an integer of `size` bytes
-    for byte in coded_data:
+    tables = 0
+    for at, byte in enumerate(coded_data):
+        if at == len(TABLES):
+            tables = size
         for k in range(7, -1, -1):
             while rng < TOP:
                 rng, low, size = rng << 8, low << 8, size + 1
@@ -243,25 +278,23 @@ def compress(data: bytes, model: Model | None = None) -> bytes:
     decoder = RangeDecoder(payload, len(model.header()))
     if any(decoder.bit(p) != bit for p, bit in coded) or decoder.left():
         raise PackError("the payload does not decode to its input")
-    return payload
+    return payload, tables
 
 
 def decompress(payload: bytes, size: int) -> bytes:
-    """`size` bytes decoded from `payload` exactly as asm/unpack.asm decodes them."""
+    """`size` bytes decoded from `payload` exactly as asm/unpack.asm decodes them (after
+    the field tables, which it decodes first)."""
     if size < 1:
         raise PackError("nothing to unpack")
     model, pos = Model.read(payload)
     mixer = ContextMixer(model)
     decoder = RangeDecoder(payload, pos)
-    out = bytearray()
-    while len(out) < size:
+    while len(mixer.out) < len(TABLES) + size:
         try:
-            bit = decoder.bit(mixer.predict())
+            mixer.update(decoder.bit(mixer.predict()))
         except PackError:
-            raise PackError(f"the payload ends after {len(out)} of {size} bytes") from None
-        byte = mixer.update(bit)
-        if byte is not None:
-            out.append(byte)
+            raise PackError(f"the payload ends after {max(len(mixer.out) - len(TABLES), 0)} "
+                            f"of {size} bytes") from None
     if decoder.left():
         raise PackError(f"{decoder.left()} payload bytes left after {size} bytes")
-    return decode_calls(bytes(out))
+    return decode_calls(bytes(mixer.out))[len(TABLES):]

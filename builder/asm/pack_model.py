@@ -1,7 +1,8 @@
 """The packer's model (builder/asm/pack.py): committed data, written by `python -m builder pack
---search`, read by every build. Each context model: a mask over the last six bytes (bit k: the
-byte k + 1 back) and its weight as a shift."""
+--search`, read by every build. Each context model: a mask over the lanes of the state word
+(bit 0 the byte's x86 field, bit 1 its opcode, bit k >= 2 the byte k - 1 back) and its weight
+as a shift."""
 from .pack import Model
 
-MODEL = Model(masks=(1, 2, 7, 4, 3, 0, 9, 26, 57, 6, 5),
-              shifts=(2, 1, 5, 0, 4, 0, 3, 4, 7, 2, 3))
+MODEL = Model(masks=(3, 1, 12, 227, 20, 104, 212, 37, 27, 5, 115),
+              shifts=(1, 0, 3, 5, 2, 2, 6, 2, 3, 1, 4))

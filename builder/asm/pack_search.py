@@ -7,11 +7,13 @@ and `--write` rewrites asm/gemma.asm). `--search` chooses a new
 model for today's image: context masks greedily (each round adds the mask that lowers the
 estimated size most, up to `--models`), then each model's shift by coordinate descent;
 `--refine` goes on from the model found (or the committed one) by coordinate descent on the
-exact code length: shifts, and each mask swapped for every unused one. It prints the exact
-size of the committed model and of the found one, and with `--write` rewrites
-builder/asm/pack_model.py (never part of a normal build: the model stays fixed, so
+exact code length: shifts, and each mask swapped for each of the `--candidates` unused masks
+that the estimate ranks best as an addition to the model (all 256: about an hour a pass).
+It prints the exact size of the committed model and of the found one, and with `--write`
+rewrites builder/asm/pack_model.py (never part of a normal build: the model stays fixed, so
 an asm change moves the packed size by about what it should).
 
+Both count on the stream the coder codes: the field tables, then the image, call-coded.
 The estimate codes every bit with counts that never collide (a dictionary per mask instead of
 the shared table) and without the one-bit lag of learning; `--refine` measures each trial with
 pack's own mixer (code_length: collisions and lag included, an ideal coder); the last step is
@@ -42,14 +44,32 @@ def bits_of(data: bytes) -> np.ndarray:
     return np.unpackbits(np.frombuffer(data, np.uint8)).astype(np.int64)
 
 
-def ideal_counts(data: bytes, mask: int) -> tuple[np.ndarray, np.ndarray]:
-    """(n0, n1) before each bit for the context of `mask` (the chosen history bytes and c0),
-    with pack's update rule and no collisions."""
-    counts: dict[tuple, tuple[int, int]] = {}
-    n0s, n1s = [], []
-    history = [0] * pack.HISTORY
+def state_words(data: bytes) -> list[int]:
+    """The state word each byte of `data` is coded in (pack.ContextMixer.hash_byte's: the
+    history in lanes 2..7, the field context in lanes 0 and 1)."""
+    fields, out, history, words = pack.Fields(), bytearray(), 0, []
     for byte in data:
-        chosen = tuple(history[k] for k in range(pack.HISTORY) if mask >> k & 1)
+        words.append(history | fields.context())
+        history = (history << 8 | byte << 16) & pack.M64
+        out.append(byte)
+        fields.step(byte, out)
+    return words
+
+
+def ideal_counts(data: bytes, mask: int, words: list[int] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(n0, n1) before each bit for the context of `mask` (the lanes of the state word it
+    chooses, and c0), with pack's update rule and no collisions; no counts again after the
+    field tables, as in pack's table."""
+    if words is None:
+        words = state_words(data)
+    key_and = pack.key_mask(mask)
+    counts: dict[tuple[int, int], tuple[int, int]] = {}
+    n0s, n1s = [], []
+    for at, (byte, word) in enumerate(zip(data, words)):
+        if at == len(pack.TABLES):
+            counts.clear()
+        chosen = word & key_and
         c0 = 1
         for k in range(7, -1, -1):
             bit = byte >> k & 1
@@ -62,7 +82,6 @@ def ideal_counts(data: bytes, mask: int) -> tuple[np.ndarray, np.ndarray]:
                 n0, n1 = min(n0 + 1, pack.COUNT_MAX), (n1 // 2 + 1 if n1 else 0)
             counts[(chosen, c0)] = (n0, n1)
             c0 = c0 << 1 | bit
-        history = [byte] + history[:-1]
     return np.array(n0s, np.int64), np.array(n1s, np.int64)
 
 
@@ -96,11 +115,12 @@ def tune_shifts(bits: np.ndarray, counts: list, shifts: list[int]) -> tuple[floa
 def search(data: bytes, models: int, progress: bool = True) -> pack.Model:
     """A model for `data`: greedy masks, tuned shifts (see the module docstring), counted on
     the bytes the model codes (pack.encode_calls')."""
-    data = pack.encode_calls(data)
+    data = pack.encode_calls(pack.TABLES + data)
     bits = bits_of(data)
-    masks = range(1 << pack.HISTORY)
-    table = {m: ideal_counts(data, m) for m in tqdm(masks, desc="counting contexts",
-                                                     disable=not progress, leave=False)}
+    words = state_words(data)
+    masks = range(1 << pack.MASK_BITS)
+    table = {m: ideal_counts(data, m, words)
+             for m in tqdm(masks, desc="counting contexts", disable=not progress, leave=False)}
     chosen: list[int] = []
     shifts: list[int] = []
     best = math.inf
@@ -137,18 +157,34 @@ def code_length(data: bytes, model: pack.Model) -> float:
     return bits / 8
 
 
-def refine(data: bytes, model: pack.Model, progress: bool = True) -> pack.Model:
+def rank_masks(data: bytes, model: pack.Model, n: int) -> list[int]:
+    """The `n` masks outside `model` whose context, added to it with its best shift (0..7),
+    lowers the estimate most, best first (refine's candidates)."""
+    data = pack.encode_calls(pack.TABLES + data)
+    bits, words = bits_of(data), state_words(data)
+    counts = [ideal_counts(data, m, words) for m in model.masks]
+    scores = []
+    for mask in range(1 << pack.MASK_BITS):
+        if mask not in model.masks:
+            added = counts + [ideal_counts(data, mask, words)]
+            scores.append((min(estimate(bits, added, list(model.shifts) + [shift])
+                               for shift in range(8)), mask))
+    return [mask for _, mask in sorted(scores)[:n]]
+
+
+def refine(data: bytes, model: pack.Model, progress: bool = True,
+           candidates: range | list[int] = range(1 << pack.MASK_BITS)) -> pack.Model:
     """Coordinate descent from `model` on code_length (exact where search's estimate is
-    not): each shift one step either way, then each mask replaced by every unused one; a step
-    that saves a quarter of a byte is kept; until a pass keeps none."""
-    data = pack.encode_calls(data)
+    not): each shift one step either way, then each mask replaced by every unused one of
+    `candidates`; a step that saves a quarter of a byte is kept; until a pass keeps none."""
+    data = pack.encode_calls(pack.TABLES + data)
     masks, shifts = list(model.masks), list(model.shifts)
     best = code_length(data, model)
     improved = True
     while improved:
         improved = False
         trials = [(i, None, shifts[i] + step) for i in range(len(shifts)) for step in (-1, 1)]
-        trials += [(i, m, None) for i in range(len(masks)) for m in range(1 << pack.HISTORY)]
+        trials += [(i, m, None) for i in range(len(masks)) for m in candidates]
         for i, mask, shift in tqdm(trials, desc=f"refining (~{best:.0f} bytes)",
                                    disable=not progress, leave=False):
             trial_masks, trial_shifts = list(masks), list(shifts)
@@ -186,7 +222,11 @@ def main(argv: list[str]) -> int:
                              "start-up time); default 11")
     parser.add_argument("--refine", action="store_true",
                         help="refine the model found (or the committed one) by coordinate "
-                             "descent on its exact code length (~4 minutes a pass)")
+                             "descent on its exact code length (~10 minutes a pass with "
+                             "40 candidates)")
+    parser.add_argument("--candidates", type=int, default=40, metavar="N",
+                        help="with --refine: the N masks the estimate ranks best, tried in "
+                             "place of each mask (default 40; 256: all)")
     parser.add_argument("--order", action="store_true",
                         help="search the include order of asm/gemma.asm that packs smallest "
                              "(a build per move of one file: ~8 minutes a pass on the "
@@ -214,7 +254,8 @@ def main(argv: list[str]) -> int:
         if args.search or args.refine:
             model = search(data, args.models) if args.search else MODEL
             if args.refine:
-                model = refine(data, model)
+                model = refine(data, model, candidates=rank_masks(data, model,
+                                                                  args.candidates))
             print(f"found: {len(pack.compress(data, model))} bytes of payload "
                   f"({len(model.masks)} context models): masks {model.masks}, shifts "
                   f"{model.shifts}")

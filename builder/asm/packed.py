@@ -10,9 +10,10 @@ non-executable stack, which linker.check then checks. The packed program depends
 image and the sources (byte-identical for identical inputs). Failures raise BuildError.
 
 Memory at run time: the stub's segment at STUB_BASE (headers, stub, payload; read+execute),
-and what the stub maps at the image's base: the image's pages (its code, then .data and .bss
-as they were linked) and, after them, the decoder's table (PACK_SCRATCH bytes), unmapped
-before the jump.
+and what the stub maps: the image's pages at the image's base (its code, then .data and .bss
+as they were linked) and, below them, a page that ends with the field machine's tables
+(pack_fields.TABLES, decoded just before the image's first code byte) and the decoder's
+table (PACK_SCRATCH bytes), both unmapped before the jump.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ class Packed:
     elf: bytes
     stub: Image
     payload: bytes
-    image_bytes: int          # bytes the stub decodes
+    tables: int               # the payload's bytes that code the field tables (pack.encode)
+    image_bytes: int          # bytes of the image the stub decodes
 
     @property
     def headers(self) -> int:
@@ -67,7 +69,7 @@ def pack_program(root: Path, image: Image) -> Packed:
     """Pack `image` behind the stub (see the module docstring)."""
     raw = image_bytes(image)
     try:
-        payload = pack.compress(raw)            # (decoded again before it returns)
+        payload, tables = pack.encode(raw)      # (decoded again before it returns)
     except pack.PackError as exc:
         raise BuildError(f"pack: {exc}") from None
     stub = assemble(parse(root, STUB_ENTRY_FILE, stub_defines(image)),
@@ -83,4 +85,4 @@ def pack_program(root: Path, image: Image) -> Packed:
         linker.check(elf)
     except (ValueError, linker.ElfCheckError) as exc:
         raise BuildError(f"link (packed): {exc}") from None
-    return Packed(elf, stub, payload, len(raw))
+    return Packed(elf, stub, payload, tables, len(raw))

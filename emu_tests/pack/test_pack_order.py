@@ -22,7 +22,8 @@ FILES = {
     "calls.asm": "calls:\n" + "        call twice\n        call noise\n" * 20 + "        ret\n",
     "text.asm": "words:\n" + "        db 'the quick brown fox jumps over the lazy dog', 0\n" * 6,
 }
-GEMMA = (PROLOGUE + "        ret\n" + "".join(f"include '{name}'\n" for name in FILES)
+START = ["text.asm", "calls.asm", "twice.asm", "noise.asm"]   # not a local minimum
+GEMMA = (PROLOGUE + "        ret\n" + "".join(f"include '{name}'\n" for name in START)
          + "segment readable writeable\ninclude 'bss.asm'\n")
 
 
@@ -40,7 +41,7 @@ def test_search_finds_a_local_minimum_and_writes_it(tree):
     before, size0 = includes(tree), pack_order.packed_size(tree)
     order, size, start = pack_order.search_order(tree, passes=5, progress=False)
     assert start == size0
-    assert sorted(order) == sorted(before) and size < size0     # 943 -> 936 bytes
+    assert sorted(order) == sorted(before) and size < size0     # from 1,146 bytes (2026-12-06)
     text = (tree / "asm" / "gemma.asm").read_text()
     pack_order.write_order(tree, order)
     assert includes(tree) == order and pack_order.packed_size(tree) == size

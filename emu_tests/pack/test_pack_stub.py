@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from builder.asm import pack
+from builder.asm import pack_fields as fields
 from builder.asm.fasm import Instr, parse
 from builder.asm.build import REPO_ROOT
 from builder.asm.packed import STUB_ENTRY_FILE, image_bytes
@@ -40,19 +41,25 @@ def stub(gemma):
 
 
 def unpack_in(runner, payload: bytes, size: int, **kw) -> bytes:
-    """The shipped decoder on `payload`: `size` bytes out, a zeroed table (it keeps no
-    register: not SysV)."""
-    out = runner.call("unpack", Out(np.zeros(size, np.uint8), "out"),
-                      In(np.frombuffer(payload, np.uint8), "src"), I64(size),
+    """The shipped decoder on `payload`: the field tables and `size` bytes out (those
+    returned), a zeroed out and table (it keeps no register: not SysV)."""
+    tables = len(pack.TABLES)
+    out = runner.call("unpack", Out(np.zeros(tables + size, np.uint8), "out"),
+                      In(np.frombuffer(payload, np.uint8), "src"), I64(tables + size),
                       Out(np.zeros(pack.SCRATCH, np.uint8), "scratch"), sysv=False, **kw)
-    return out.outputs[0].tobytes()
+    got = out.outputs[0].tobytes()
+    assert got[:tables] == pack.TABLES
+    return got[tables:]
 
 
 def test_constants_mirror_the_codec(gemma):
     consts = gemma.result.packed.stub.symbols
-    names = ("PACK_TABLE_BITS", "PACK_SCRATCH", "PACK_HASH", "PACK_PRIOR", "PACK_CALL")
-    assert tuple(consts[n] for n in names) == (pack.TABLE_BITS, pack.SCRATCH, pack.HASH,
-                                               pack.PRIOR, pack.CALL)
+    names = ("PACK_TABLE_BITS", "PACK_SCRATCH", "PACK_HASH", "PACK_PRIOR", "PACK_CALL",
+             "PACK_TABLES", "PACK_MODRM", "PACK_LOOKUPS", "PACK_VEXP", "PACK_P0",
+             "PACK_DISP32")
+    assert tuple(consts[n] for n in names) == (
+        pack.TABLE_BITS, pack.SCRATCH, pack.HASH, pack.PRIOR, pack.CALL, len(pack.TABLES),
+        fields.MODRM, fields.LOOKUPS, fields.VEXP, fields.P0, fields.DISP32)
 
 
 def calls_and_small_dwords(size: int) -> bytes:
@@ -78,7 +85,7 @@ def test_decoder_in_unicorn_matches_the_codec(gemma, stub, name):
     assert pack.decompress(payload, len(data)) == data
     info = gemma.result.stub_symbols["unpack"]
     header = read_header((REPO_ROOT / info["file"]).read_text(), "unpack")
-    budget = len(data) * 8 * (40 + 35 * payload[0])         # payload[0]: the context models
+    budget = (len(pack.TABLES) + len(data)) * 8 * (40 + 35 * payload[0])  # [0]: the models
     got = unpack_in(Emulator(stub), payload, len(data), budget=budget,
                     preserves=header.preserved())
     assert got == data, next(i for i in range(len(data)) if got[i] != data[i])
@@ -174,19 +181,28 @@ def start_up(gemma, tmp_path_factory) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+def map_base(lay) -> int:
+    """Where the stub maps the decoder's table: below the page of the field tables, which
+    the decoder writes just before the image's first code byte."""
+    return (lay.text_addr - len(pack.TABLES) & ~0xFFF) - pack.SCRATCH
+
+
 def test_stub_maps_writes_then_protects(gemma, start_up):
-    """mmap the image's pages and the table read+write at the image's base; munmap the
-    table; mprotect the code's pages read+execute. Never writable and executable at once."""
+    """mmap the table, the field tables' page and the image's pages read+write; munmap what
+    lies below the image; mprotect the code's pages read+execute. Never writable and
+    executable at once."""
     lay = gemma.result.image.layout
     calls = [(c["orig_rax"], c["rdi"], c["rsi"], c["rdx"], c["ret"])
              for c in start_up["syscalls"]]
     code_pages = (lay.text_end + 0xFFF & ~0xFFF) - lay.base
-    image_pages = (lay.bss_end + 0xFFF & ~0xFFF) - lay.base
-    assert [calls[0][:4], calls[1][:3], calls[2][:4]] == [
-        (9, lay.base, image_pages + pack.SCRATCH, 3),       # PROT_READ | PROT_WRITE
-        (11, lay.base + image_pages, pack.SCRATCH),         # (munmap has two arguments)
+    image_end = lay.bss_end + 0xFFF & ~0xFFF
+    base = map_base(lay)
+    assert lay.base - base == pack.SCRATCH + 0x1000          # (the image's first 232 bytes
+    assert [calls[0][:4], calls[1][:3], calls[2][:4]] == [   # are its headers: too few)
+        (9, base, image_end - base, 3),                     # PROT_READ | PROT_WRITE
+        (11, base, lay.base - base),                        # (munmap has two arguments)
         (10, lay.base, code_pages, 5)]                      # PROT_READ | PROT_EXEC
-    assert [c[4] for c in calls] == [lay.base, 0, 0]
+    assert [c[4] for c in calls] == [base, 0, 0]
     assert start_up["syscalls"][0]["r10"] == 0x108022   # MAP_FIXED_NOREPLACE|POPULATE|ANON|PRIVATE
     for c in (start_up["syscalls"][0], start_up["syscalls"][2]):
         assert c["rdx"] & (PROT_WRITE | PROT_EXEC) != PROT_WRITE | PROT_EXEC, c
@@ -207,7 +223,7 @@ def test_table_is_unmapped_and_image_in_place(gemma, start_up):
     image_end = lay.bss_end + 0xFFF & ~0xFFF
     assert (lay.base, code_end, "r-xp") in rows
     assert (code_end, image_end, "rw-p") in rows
-    assert not [r for r in rows if image_end <= r[0] < image_end + pack.SCRATCH], rows
+    assert not [r for r in rows if map_base(lay) <= r[0] < lay.base], rows
 
 
 def test_image_starts_with_the_stack_and_state_linux_gives_a_program(gemma, start_up):

@@ -88,10 +88,7 @@ forward:
 .next:
         add     r12, OP_REC
         dec     r13d
-        jnz     .op
-        mov     rax, [rbp+FV_OUT]       ; LOGITS' rows
-        mov     rsi, [rbp+FV_OUT+8]
-        mov     edx, [rbp+FV_OUT+16]
+        jnz     .op                     ; (after LOGITS, the last: its rax rsi edx)
 .done:
         pop     rcx
         pop     r15
@@ -213,7 +210,8 @@ h_add:
 
 ; h_logits: LOGITS, logits_t = softcap(W (vocab,n) @ s1_t, c): every token's row with
 ; --logits, else the last token's alone, and none for a block that ends before the prompt
-; does; FV_OUT: -> the last row, -> the first row written, the bytes written.
+; does. It is the program's last op: forward returns what it leaves in rax (-> the last row),
+; rsi (-> the first row written) and edx (the bytes written).
 h_logits:
         mov     ecx, [r12+OP_N]
         mov     eax, [r12+OP_WTYPE]
@@ -223,8 +221,7 @@ h_logits:
         mov     rdi, [rbp+FV_LOGITS]
         lea     ecx, [rax-1]
         imul    ecx, r8d
-        lea     rcx, [rdi+rcx*4]
-        mov     [rbp+FV_OUT], rcx       ; the last token's row (all sampling needs)
+        lea     rcx, [rdi+rcx*4]        ; the last token's row (all sampling needs)
         cmp     dword [logits_fd], 0
         jne     .rows                   ; --logits: every token's row
         mov     edx, [rbp+FV_N_T]
@@ -237,24 +234,26 @@ h_logits:
         push    1
         pop     rax
 .rows:
-        mov     [rbp+FV_OUT+8], rdi
-        push    rdi                     ; (aligns rsp for the calls)
-        imul    ecx, eax, 4
-        imul    ecx, r8d
-        mov     [rbp+FV_OUT+16], ecx    ; the bytes written
+        push    rcx
+        push    rdi
+        push    rax                     ; the rows (rsp now 16-aligned for the calls)
         mov     ecx, [r12+OP_N]
         mov     rdx, [rbp+FV_W]
         xor     r9d, r9d
         call    par_matmul              ; logits = W (vocab,n) @ s1
+        pop     rsi
+        imul    esi, [rbx+HDR_VOCAB]    ; the floats written
         pop     rdi
-        mov     esi, [rbp+FV_OUT+16]
-        shr     esi, 2
         mov     eax, [r12+OP_C]
         test    eax, eax
-        jz      .ret
+        jz      .capped
         movd    xmm1, eax
         movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
-        jmp     softcap                 ; logits = c tanh(logits / c)
+        call    softcap                 ; logits = c tanh(logits / c); keeps rdi rsi
+.capped:
+        lea     edx, [rsi*4]
+        mov     rsi, rdi
+        pop     rax
 .ret:
         ret
 

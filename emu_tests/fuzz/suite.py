@@ -4,10 +4,11 @@ Models (every one version 4): the fixtures converted to engine files (tiny_mqa a
 from Hugging Face, tiny_mqa from GGUF, whose tables have no user-defined pieces: Gemma 1), a
 synthetic Gemma 3 file with every optional tensor (shapes.G3_BASE: post and q/k norms,
 windows, soft-caps) and the same in Q8_0 blocks (shapes.Q8_BASE), the odd-shaped valid models
-and the sparse 2B file of shapes.py. Cases: make_cases over those five mutated files and the
-sparse 2B file (tokenizer runs only: its 5 GB of weights are a hole), the shape and sparse
-runs, then mutate4's program mutations (make_cases4) of the four programs among them (PROGRAMS),
-then seeded random mutations up to the count.
+and the sparse 2B file of shapes.py. Cases: first mutate4's program mutations (make_cases4) of
+the four programs among the five mutated files (PROGRAMS; first: the engine's newest checks,
+run even when a loaded machine makes the campaign's budget cut its tail), then make_cases over
+the five and the sparse 2B file (tokenizer runs only: its 5 GB of weights are a hole), the
+shape and sparse runs, then seeded random mutations up to the count.
 
 Every mutate4 case is decided here, once, by what builder.models.modelfile4.ModelFile4 does
 with its file (`reader_verdicts`): the engine must refuse what the reader refuses and run what
@@ -35,7 +36,7 @@ from .mutate4 import Base4, make_cases4
 from .shapes import G3_BASE, Q8_BASE, SHAPES, shape_cases, sparse_cases, write_bases, write_g3_base
 
 SEED = 20261130
-CASES = 15500   # make_cases' systematic cases (~10,700), the shape and sparse runs, the CASES4, then random ones
+CASES = 15500   # CASES4, make_cases' systematic cases (~10,700), the shape and sparse runs, then random ones
 CASES4 = 4000   # make_cases4's systematic cases of PROGRAMS (~3,750), then random ones
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MUTATED = {"tiny_mqa": ("tiny_mqa", "."), "tiny_wide": ("tiny_wide", "."),
@@ -84,8 +85,9 @@ def reader_verdicts(models: dict[str, Path], cases: list[Case]) -> list[Case]:
 
 
 def cases(models: dict[str, Path], seed: int = SEED, count: int = CASES) -> list[Case]:
-    """make_cases (count in all), then the shape and sparse runs, then CASES4 mutate4 cases."""
+    """CASES4 mutate4 cases, then make_cases' (with the shape and sparse runs): count in all."""
     bases = {name: Base.load(models[name]) for name in [*MUTATED, "sparse_2b"]}
-    four = make_cases4({name: Base4.load(models[name]) for name in PROGRAMS}, seed, CASES4)
-    return make_cases(bases, seed, count, shape_cases(list(SHAPES)) + sparse_cases() + reader_verdicts(models, four),
-                      tokens_only=frozenset({"sparse_2b"}))
+    four = reader_verdicts(models, make_cases4({name: Base4.load(models[name]) for name in PROGRAMS}, seed,
+                                                       min(count, CASES4)))
+    return four + make_cases(bases, seed, count - len(four), shape_cases(list(SHAPES)) + sparse_cases(),
+                             tokens_only=frozenset({"sparse_2b"}))

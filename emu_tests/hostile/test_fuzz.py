@@ -28,6 +28,7 @@ import re
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -397,3 +398,28 @@ def test_regression_F3_logits_is_the_model(engine, base_model, tmp_path, how):
     assert p.returncode == 1 and p.stderr.startswith(b"gemma: ") and p.stderr.count(b"\n") == 1, \
         f"status {p.returncode}, stderr {p.stderr!r}"
     assert p.stdout == b"" and sha256(model) == before
+
+
+@pytest.mark.parametrize("gap", ["n_index - 1", "strings_size - 8", "blob_off + 1", "weights_off + 4096"])
+def test_regression_F6_sections_meet_exactly(engine, base_model, tmp_path, gap):
+    """F6 (the version 4 fuzz): the engine took a section that starts past the end of the one
+    before (a gap: a shorter index, a shorter strings section, the blob moved into the
+    padding, the weights a page later with weights_size one less), which format.md's
+    validation and the reader refuse. Now a one-line refusal, as the reader's."""
+    base = Base.load(base_model)
+    h, at = base.header, {name: (off, code) for name, off, code in HEADER_FIELDS}
+    field, delta = gap.split(" ")[0], int(gap.split(" ")[-1]) * (-1 if "-" in gap else 1)
+    values = {field: h[field] + delta}
+    if field == "weights_off":
+        values["weights_size"] = h["weights_size"] - delta
+    assert header_problems(dict(h, **values), base.length, base.weights_end), gap
+    data = bytearray(base_model.read_bytes())
+    for name, v in values.items():
+        off, code = at[name]
+        data[off:off + struct.calcsize(code)] = struct.pack("<" + code, v)
+    model = tmp_path / "m.bin"
+    model.write_bytes(bytes(data))
+    with pytest.raises(ModelFormatError):
+        ModelFile4(model)
+    p = subprocess.run([engine, "-m", model, "-p", "hi", "--tokens"], capture_output=True, timeout=TIMEOUT)
+    assert (p.returncode, p.stderr, p.stdout) == (1, b"gemma: bad header\n", b""), gap

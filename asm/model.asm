@@ -22,9 +22,9 @@ err_cannot_read:                        ; (before load_model: its jumps here are
 ; weights_ptr). Checks, in order: size >= the header (else truncated), magic, version,
 ; header_size, file_size == the real size (larger: truncated), vocab 1 .. 2^24, max_ctx
 ; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag and no merge (this engine tokenizes
-; by scores only), bos/eos/eot < vocab, byte_base + 256 <= vocab, the sections in order and
-; non-overlapping (slots, program, strings, pieces, index, user, merges, blob, weights)
-; ending at file_size, weights_off % 4096 == 0, every piece's bytes inside the blob,
+; by scores only), bos/eos/eot < vocab, byte_base + 256 <= vocab, each section where the
+; one before ends (slots, program, strings, pieces, index, user, merges, blob; weights at the
+; next multiple of 4096), the last ending at file_size, every piece's bytes inside the blob,
 ; max_piece_len == the longest piece's length (the prompt-length guard relies on it), every
 ; index and user id < vocab, user pieces not empty; then the program (check_program).
 ;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
@@ -151,9 +151,11 @@ check_tables:
         call    check_section
         stosq
         loop    .section
+        dec     r8                      ; the blob's end rounded up to WEIGHTS_ALIGN
+        or      r8w, WEIGHTS_ALIGN - 1
+        inc     r8
+        jz      err_header              ; (past 2^64)
         lodsq                           ; weights_off
-        test    ax, WEIGHTS_ALIGN - 1
-        jnz     err_header
         mov     rdx, [rbx+HDR_WEIGHTS_SIZE]
         call    check_section
         stosq                           ; weights_ptr
@@ -197,12 +199,12 @@ check_ids:
 .bad:
         jmp     err_header
 
-; check_section: check one section against the end of the previous one.
+; check_section: check that one section starts where the previous one ends.
 ;   in: rax offset, rdx size, r8 previous end, rbx header   out: r8 = this end,
 ;   rax = rbx + offset   clobbers: -
 check_section:
         cmp     rax, r8
-        jb      check_ids.bad
+        jne     check_ids.bad
         mov     r8, rax
         add     r8, rdx
         jc      check_ids.bad

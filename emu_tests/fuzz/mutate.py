@@ -1,10 +1,12 @@
 """Seeded mutators: hostile model files and command lines for the real binary.
 
 `make_cases(base, seed, count)` returns `count` Cases: first the systematic list (every header
-field set to edge values; dimensions whose 32- and 64-bit products wrap back to the real sizes;
-offsets and sizes past the end and wrapping; truncation at and around every section, field and
-tensor boundary; corrupted piece records, index, user list and blob; NaN and infinity in float
-fields and weights; hostile command lines), then seeded random mutations up to `count`. The
+field of the version 4 header set to edge values; counts whose 32-bit products wrap back to
+the real sizes; offsets and sizes past the end and wrapping 64 bits; truncation at and around
+every section, field, record and weight boundary; corrupted piece records, index, user list
+and blob; NaN and infinity in the weights; hostile command lines), then seeded random
+mutations up to `count`. The program's own fields (opcodes, operands, widths, scalars ...)
+are mutate4's. The
 same (base, seed, count) always gives the same cases, so a failure is reproduced by its number.
 
 A Case is data only: which model file it starts from (`model`, a name the runner maps to a
@@ -20,10 +22,11 @@ import random
 import struct
 from dataclasses import dataclass, replace
 
-from builder.models.modelfile import BYTE, DIM_LIMITS, HEADER_FIELDS, HEADER_SIZE, PIECE, PIECE_REC, Q8_0_BLOCK, QK8_0
+from builder.models.modelfile import BYTE, DIM_LIMITS, HEADER_SIZE, PIECE, PIECE_REC, Q8_0_BLOCK, QK8_0
+from builder.models.modelfile4 import HEADER_END, HEADER_FIELDS, MAX_SLOTS, Op
 from emu_tests.asm_facts import constant
 
-from .model import PIECE_FIELDS, Base, header_problems, parse_header, weights_size
+from .model import PIECE_FIELDS, Base, header_problems, parse_header
 
 MODEL = b"@MODEL@"      # the case's model file (the base file when the case has no edits)
 LOGITS = b"@LOGITS@"    # a writable path in the runner's directory
@@ -55,7 +58,21 @@ U32_EDGES = [0, 1, 2, 3, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0x
 F32_BITS = [0x7FC00000, 0xFFC00000, 0x7F800001, 0x7F800000, 0xFF800000, 0, 0x80000000,
             0xBF800000, 0x00000001, 0x7F7FFFFF, 0x00800000]
 F16_BITS = [0x7E00, 0x7C00, 0xFC00, 0x7BFF, 0xFBFF, 0x0001]
-DIMS = ["vocab", "dim", "ffn", "layers", "heads", "kv_heads", "head_dim"]
+# counts and the multiple that wraps their table's size (count x record bytes) by 2^32
+COUNT_WRAPS = {"vocab": 1 << 28, "n_slots": 1 << 29, "n_ops": 1 << 28, "n_index": 1 << 30, "n_user": 1 << 30,
+               "n_merges": 1 << 28}
+# the sized sections: offset, size, and the field the end must meet
+SIZED = [("strings_off", "strings_size", "pieces_off"), ("blob_off", "blob_size", None),
+         ("weights_off", "weights_size", "file_size")]
+# weights set whole to NaN, infinity, FP16's and FP32's extremes, 0: (opcode, which of its
+# ops (-1: the last), bits); the ROPE frequencies to what fsincos cannot reduce (inf, NaN,
+# huge), 0 and negative
+WEIGHT_PICKS = [(Op.NORM, 0, 0x7FC00000), (Op.NORM, 0, 0), (Op.NORM, -1, 0x7F800000), (Op.NORM, -1, 0xFF800000),
+                (Op.NORM, 1, 0x7F7FFFFF), (Op.EMBED, 0, 0x7E00), (Op.EMBED, 0, 0x7BFF), (Op.EMBED, 0, 0xFC00),
+                (Op.MATMUL, 0, 0x7C00), (Op.MATMUL, 1, 0x7BFF), (Op.MATMUL, 2, 0x7E00), (Op.MATMUL, 4, 0x7BFF),
+                (Op.MATMUL, -1, 0x7C00), (Op.ROPE, 0, 0x7FC00000), (Op.ROPE, 0, 0x7F800000),
+                (Op.ROPE, 0, 0x7F7FFFFF), (Op.ROPE, 0, 0x5F000000), (Op.ROPE, 0, 0), (Op.ROPE, -1, 0xC0000000),
+                (Op.LOGITS, 0, 0x7C00)]
 
 
 @dataclass(frozen=True)
@@ -115,17 +132,15 @@ class _Maker:
 
     def header_case(self, label: str, values: dict, size: int | None = None,
                     prompt: bytes | None = None) -> Case:
-        """Set header fields (name -> value; f32 fields as their bits); `reject` from the
-        contract's rules (model.header_problems)."""
+        """Set header fields (name -> value); `reject` from version 4's rules
+        (model.header_problems)."""
         h = dict(self.h, **values)
         length = self.len if size is None else size
         edits = []
         for name, off, code in HEADER_FIELDS:
             if name in values and off + struct.calcsize(code) <= length:
-                v = values[name]
-                raw = struct.pack("<" + code, v) if code != "f" else struct.pack("<I", v)
-                edits.append((off, raw))
-        reject = length < HEADER_SIZE or bool(header_problems(h, length))
+                edits.append((off, struct.pack("<" + code, values[name])))
+        reject = length < HEADER_SIZE or bool(header_problems(h, length, self.base.weights_end))
         return Case(label, tuple(edits), size, self.argv(prompt), reject=reject)
 
     def u32_at(self, off: int, v: int) -> tuple[int, bytes]:
@@ -151,12 +166,6 @@ class _Maker:
                     out.append(self.header_case(f"magic byte {i} flipped", {name: bytes(bad)}))
                 out.append(self.header_case("magic zeroed", {name: bytes(8)}))
                 continue
-            if code == "f":
-                bits = struct.unpack("<I", struct.pack("<f", orig))[0]
-                for v in F32_BITS:
-                    if v != bits:
-                        out.append(self.header_case(f"{name} := f32 bits 0x{v:08x}", {name: v}))
-                continue
             if code == "I":
                 values = U32_EDGES + [orig - 1, orig + 1, 2 * orig, orig | 0x80000000]
                 mask = 0xFFFFFFFF
@@ -169,55 +178,33 @@ class _Maker:
             for v in dict.fromkeys(v & mask for v in values):
                 if v != orig:
                     out.append(self.header_case(f"{name} := {v:#x}", {name: v}))
-        pad = (self.header_case("header padding 152..255 := 0xff", {}))
-        out.append(Case(pad.label, ((152, b"\xff" * 104),), None, pad.argv))
+        pad = HEADER_SIZE - HEADER_END         # readers ignore these bytes
+        out.append(Case(f"header padding {HEADER_END}..{HEADER_SIZE - 1} := 0xff", ((HEADER_END, b"\xff" * pad),),
+                        argv=self.argv(), accept=True))
         return out
 
     def wraps(self) -> list[Case]:
-        """Dimensions (one or two) whose products wrap 32 or 64 bits back onto the real sizes."""
-        real, out, seen = weights_size(self.h), [], set()
-        cands = {f: sorted({(self.h[f] + (1 << k)) & 0xFFFFFFFF for k in range(8, 32)}
-                           | {1 << k for k in range(16, 32)}) for f in DIMS}
-        for i, f in enumerate(DIMS):
-            for g in DIMS[i:]:
-                for a in cands[f]:
-                    for b in (cands[g] if g != f else [a]):
-                        h = dict(self.h, **{f: a, g: b})
-                        ws = weights_size(h)
-                        for bits in (32, 64):
-                            m = (1 << bits) - 1
-                            if ws != real and ws & m == real & m and (f, g, bits) not in seen:
-                                seen.add((f, g, bits))
-                                pair = f"{f}={a:#x}" + (f" {g}={b:#x}" if g != f else "")
-                                out.append(self.header_case(
-                                    f"{pair}: weights_size wraps {bits} bits", {f: a, g: b}))
-        v = self.h["vocab"] + (1 << 28)
-        if weights_size(dict(self.h, vocab=v)) & 0xFFFFFFFF == real & 0xFFFFFFFF:
-            out.append(self.header_case("vocab += 2^28: pieces and embed sizes wrap 32 bits",
-                                        {"vocab": v}))
-        for name in ("n_index", "n_user"):
-            out.append(self.header_case(f"{name} += 2^30: table size wraps 32 bits",
-                                        {name: self.h[name] + (1 << 30)}))
-        M = 1 << 64
-        end = {"pieces_off": PIECE_REC * self.h["vocab"], "index_off": 4 * self.h["n_index"],
-               "user_off": 4 * self.h["n_user"], "blob_off": self.h["blob_size"]}
-        for name, n in end.items():
-            o = self.h[name]
-            out.append(self.header_case(f"{name} near 2^64: offset + size wraps 64 bits",
-                                        {name: M - max(n // 2, 1)}))
+        """Counts whose table sizes wrap 32 bits back to the real ones, offsets near 2^64 and
+        2^32 past the real ones, and sized sections whose offset + size wraps 64 bits back onto
+        the next section."""
+        h, M, out = self.h, 1 << 64, []
+        for name, k in COUNT_WRAPS.items():
+            out.append(self.header_case(f"{name} += {k:#x}: its table's size wraps 32 bits", {name: h[name] + k}))
+        out.append(self.header_case("n_slots := 256 (a byte's slot numbers past it)", {"n_slots": MAX_SLOTS + 1}))
+        for name in ("slots_off", "program_off", "strings_off", "pieces_off", "index_off", "user_off", "merges_off",
+                     "blob_off"):
+            o = h[name]
+            out.append(self.header_case(f"{name} near 2^64: offset + size wraps 64 bits", {name: M - 1024}))
             out.append(self.header_case(f"{name} += 2^32", {name: o + (1 << 32)}))
             out.append(self.header_case(f"{name} := 2^64-1", {name: M - 1}))
-        bo, bs = self.h["blob_off"], self.h["blob_size"]
-        out.append(self.header_case("blob_off=2^64-1, blob_size wraps to the real end",
-                                    {"blob_off": M - 1, "blob_size": bo + bs + 1}))
-        wo, fs = self.h["weights_off"], self.h["file_size"]
-        for k in (1, 2, 16):
-            w = M - 4096 * k
-            out.append(self.header_case(f"weights_off=2^64-{4096 * k}: off+size wraps to file_size",
-                                        {"weights_off": w, "weights_size": (fs - w) % M}))
-        out.append(self.header_case("weights_off += 2^32, weights_size -= 2^32 (mod 2^64)",
-                                    {"weights_off": wo + (1 << 32),
-                                     "weights_size": (self.h["weights_size"] - (1 << 32)) % M}))
+        for off, size, nxt in SIZED:
+            end = h[off] + h[size] if nxt is None else h[nxt]
+            for k in (1, 2, 16):
+                o = M - 4096 * k
+                out.append(self.header_case(f"{off}=2^64-{4096 * k}: {off} + {size} wraps to the real end",
+                                            {off: o, size: (end - o) % M}))
+            out.append(self.header_case(f"{off} += 2^32, {size} -= 2^32 (mod 2^64)",
+                                        {off: h[off] + (1 << 32), size: (h[size] - (1 << 32)) % M}))
         return out
 
     def truncations(self, above: int = -1, around=(-1, 0, 1)) -> list[Case]:
@@ -297,34 +284,23 @@ class _Maker:
         return out
 
     def float_weights(self) -> list[Case]:
-        """NaN, infinity and f16 extremes in weights, sampled greedily and with temperature."""
+        """NaN, infinity and f16 extremes in the weights the program reads (WEIGHT_PICKS),
+        sampled greedily and with temperature."""
         out, wo = [], self.h["weights_off"]
-        tensors = {t.name: t for t in self.base.tensors}
-        picks = [("layers.0.attn_norm", 0x7FC00000), ("layers.0.attn_norm", 0),
-                 ("final_norm", 0x7F800000), ("final_norm", 0xFF800000),
-                 ("layers.0.ffn_norm", 0x7F7FFFFF), ("embed", 0x7E00), ("embed", 0x7BFF),
-                 ("embed", 0xFC00), ("layers.0.wq", 0x7C00), ("layers.0.wk", 0x7BFF),
-                 ("layers.0.wv", 0x7E00), ("layers.0.gate", 0x7BFF), ("layers.0.down", 0x7C00),
-                 # version 2: any window (u32) and rope frequency (NaN, inf, huge: fsincos out
-                 # of range, 0, negative) must run; the optional norms like the others
-                 ("layers.0.window", 0xFFFFFFFF), ("layers.0.window", 0x80000000),
-                 ("layers.0.window", 1), ("layers.0.rope", 0x7FC00000),
-                 ("layers.0.rope", 0x7F800000), ("layers.0.rope", 0x7F7FFFFF),
-                 ("layers.0.rope", 0x5F000000), ("layers.0.rope", 0), ("layers.0.rope", 0xC0000000),
-                 ("layers.0.q_norm", 0x7FC00000), ("layers.0.k_norm", 0x7F800000),
-                 ("layers.0.post_attn_norm", 0x7F7FFFFF), ("layers.0.post_ffn_norm", 0xFF800000)]
-        for name, bits in picks:
-            if name not in tensors:             # an optional tensor this file does not have
+        at = {t.offset: t for t in self.base.weights}
+        for op, which, bits in WEIGHT_PICKS:
+            ops = [o for o in self.base.ops if o.op == op]
+            if not -len(ops) <= which < len(ops):
                 continue
-            t = tensors[name]
+            t = at[ops[which].w]
             if t.dtype == "q8_0":  # every block's FP16 scale := bits, its weights q := 127
                 edit = ((wo + t.offset, (bits.to_bytes(2, "little") + b"\x7f" * QK8_0) * (t.nbytes // Q8_0_BLOCK)),)
             else:
                 width = 2 if t.dtype == "f16" else 4
-                edit = ((wo + t.offset, bits.to_bytes(width, "little") * (t.nbytes // width)),)
+                edit = ((wo + t.offset, (bits & (1 << 8 * width) - 1).to_bytes(width, "little") * (t.nbytes // width)),)
             for tail in ((), (b"--temp", b"1", b"--top-p", b"0.9", b"-s", b"3", b"-t", b"3"),
                          (b"--baseline",)):
-                out.append(Case(f"{name} all {t.dtype} bits {bits:#x}", edit,
+                out.append(Case(f"{t.name} all {t.dtype} bits {bits:#x}", edit,
                                 argv=(b"-m", MODEL, b"-p", PROMPTS[0], b"-n", b"3") + tail))
         return out
 
@@ -496,9 +472,8 @@ class _Maker:
             fields = r.sample(HEADER_FIELDS[1:], r.randint(1, 3))
             values = {}
             for name, off, code in fields:
-                width = {"I": 32, "f": 32, "Q": 64}[code]
-                v = r.choice([r.getrandbits(width), r.choice(U32_EDGES), h[name] + r.randint(-3, 3)
-                              if code != "f" else r.choice(F32_BITS)])
+                width = {"I": 32, "Q": 64}[code]
+                v = r.choice([r.getrandbits(width), r.choice(U32_EDGES), h[name] + r.randint(-3, 3)])
                 values[name] = v & ((1 << width) - 1)
             return self.header_case(f"random #{k}: header " + ", ".join(
                 f"{n}={v:#x}" for n, v in values.items()), values)
@@ -508,7 +483,7 @@ class _Maker:
             data = bytearray(self.base.data[:HEADER_SIZE])
             for off, raw in edits:
                 data[off:off + 1] = raw
-            bad = bool(header_problems(parse_header(bytes(data)), self.len))
+            bad = bool(header_problems(parse_header(bytes(data)), self.len, self.base.weights_end))
             return Case(f"random #{k}: header bytes", edits, argv=self.argv(), reject=bad)
         if kind == 2:
             lo, hi = h["pieces_off"], h["blob_off"] + h["blob_size"]
@@ -533,7 +508,7 @@ class _Maker:
             return Case(f"random #{k}: {table}[{pos}] := {v:#x}",
                         (self.u32_at(h[table] + 4 * pos, v),), argv=self.argv())
         if kind == 6:
-            t = r.choice(self.base.tensors)
+            t = r.choice(self.base.weights)
             if t.dtype == "q8_0":  # a block's FP16 scale (or, bits < 256, one of its int8 q)
                 bits = r.choice(F16_BITS + [0x80, 0x7F])
                 edits = tuple((h["weights_off"] + t.offset + Q8_0_BLOCK * r.randrange(t.nbytes // Q8_0_BLOCK)

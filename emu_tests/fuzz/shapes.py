@@ -5,12 +5,15 @@ but far from the fixtures: dimensions of 1, 3, 5, 7 (no multiple of a vector wid
 larger than dim, many heads over one kv head, ffn smaller than dim (4: one geglu pass),
 contexts of 1..7 positions. They are where
 a kernel that assumes a multiple of 4 or 8, or a loop that assumes at least one row, reads
-past a tensor. `write_shape` writes one (builder.models.synth's vocabulary and seeded weights);
-`shape_cases` runs each with short and context-filling prompts, sampling and --logits.
+past a tensor. `write_shape` writes one as version 4 (program.write_dims, builder.models.synth's
+vocabulary and seeded weights; `writer=modelfile.write_model` writes the version 2 file of the
+same weights, which the numpy reference reads); `shape_cases` runs each with short and
+context-filling prompts, sampling and --logits.
 
-`write_sparse_2b` writes Gemma-2B's header and tokenizer tables at their real offsets and
-leaves the 5 GB of weights as a hole (a sparse file: no disk, no reads), for the 64-bit
-offset arithmetic of validation and the tokenizer (`--tokens` never touches the weights).
+`write_sparse_2b` writes Gemma-2B's version 4 header, program and tokenizer tables at their
+real offsets and leaves the 5 GB of weights as a hole (a sparse file: no disk, no reads), for
+the 64-bit offset arithmetic of validation and the tokenizer (`--tokens` never touches the
+weights).
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ import dataclasses
 import os
 from pathlib import Path
 
-from builder.models.modelfile import Q8_0, Dims, LayerAttn, make_header, write_model
+from builder.models.modelfile import Q8_0, Dims, LayerAttn
+from builder.models.modelfile3 import from_v2
+from builder.models.program import compile_program, generation_of, make_header, write_dims
 from builder.models.synth import PRESETS, synth_source, synth_vocab
 from emu_tests.asm_facts import constant
 
@@ -34,50 +39,50 @@ SHAPES: dict[str, Dims] = {   # vocab dim ffn layers heads kv_heads head_dim max
     "d17_hd2": Dims(512, 17, 36, 1, 4, 2, 2, 3),
     "d33_mha5": Dims(513, 33, 68, 2, 5, 5, 4, 64),
     "d12_h16k1": Dims(600, 12, 40, 1, 16, 1, 64, 7),
-    # version 2's features on odd shapes (their windows and rope in SHAPE_ATTN)
+    # Gemma 2 and 3's features on odd shapes (their windows and rope in SHAPE_ATTN)
     "d6_g3": Dims(400, 6, 12, 3, 2, 1, 4, 12, flags=3, att_scale=0.9, att_softcap=2.0,
                   final_softcap=1.5),
     "d8_g2": Dims(400, 8, 12, 2, 4, 2, 6, 9, flags=1, att_scale=0.5, att_softcap=50.0,
                   final_softcap=30.0),
-    "d16_qk": Dims(512, 16, 16, 2, 2, 2, 2, 6, flags=2, att_scale=3.0, final_softcap=1e-3),
+    "d16_qk": Dims(512, 16, 16, 2, 2, 2, 2, 6, flags=3, att_scale=3.0, final_softcap=1e-3),
     # Q8_0 and FP16 matrices in one file: rows of 32 and 64 weights in blocks, of 48 in FP16
     "d32_q8": Dims(400, 32, 48, 2, 2, 1, 32, 9, flags=Q8_0 | 3),
 }
-# per-layer attention of the version-2 shapes (the others: full attention, theta 10000):
+# per-layer attention of those shapes (the others: full attention, theta 10000):
 # windows of 1 position, shorter than the prompts, beyond any context (2^32 - 1)
 SHAPE_ATTN: dict[str, list[LayerAttn]] = {
     "d6_g3": [LayerAttn(2), LayerAttn(0, 1e6, 8.0), LayerAttn(1, 100.0)],
     "d8_g2": [LayerAttn(3), LayerAttn(2**32 - 1, 1e4, 0.5)],
     "d16_qk": [LayerAttn(1, 3.0), LayerAttn(5, 1e30)],
 }
-# the version-2 file the mutators work on (besides the Gemma 1 fixtures): post norms, q/k
-# norms, windows, both soft-caps
-V2_BASE = "g3_base"
-Q8_BASE = "g3_q8_base"          # V2_BASE with every matrix in Q8_0 blocks
-V2_DIMS = Dims(512, 32, 64, 2, 4, 2, 8, 64, flags=3, att_scale=0.35, att_softcap=4.0,
+# the synthetic file the mutators work on (besides the Gemma 1 fixtures): a Gemma 3 program
+# with post norms, q/k norms, windows, both soft-caps
+G3_BASE = "g3_base"
+Q8_BASE = "g3_q8_base"          # G3_BASE with every matrix in Q8_0 blocks
+G3_DIMS = Dims(512, 32, 64, 2, 4, 2, 8, 64, flags=3, att_scale=0.35, att_softcap=4.0,
                final_softcap=3.0)
-V2_ATTN = [LayerAttn(4), LayerAttn(0, 1e6, 8.0)]
+G3_ATTN = [LayerAttn(4), LayerAttn(0, 1e6, 8.0)]
 
 
-def write_shape(name: str, out: Path) -> Path:
+def write_shape(name: str, out: Path, writer=write_dims) -> Path:
+    """Shape `name` at out, as version 4 (or by `writer`, write_dims' signature)."""
     dims = SHAPES[name]
-    write_model(out, dims, synth_vocab(dims.vocab, 0), synth_source(0), progress=False,
-                attn=SHAPE_ATTN.get(name))
+    writer(out, dims, synth_vocab(dims.vocab, 0), synth_source(0), False, attn=SHAPE_ATTN.get(name))
     return out
 
 
-def write_v2_base(out: Path, q8_0: bool = False) -> Path:
-    dims = dataclasses.replace(V2_DIMS, flags=V2_DIMS.flags | Q8_0) if q8_0 else V2_DIMS
-    write_model(out, dims, synth_vocab(V2_DIMS.vocab, 0), synth_source(0), progress=False,
-                attn=V2_ATTN)
+def write_g3_base(out: Path, q8_0: bool = False) -> Path:
+    dims = dataclasses.replace(G3_DIMS, flags=G3_DIMS.flags | Q8_0) if q8_0 else G3_DIMS
+    write_dims(out, dims, synth_vocab(G3_DIMS.vocab, 0), synth_source(0), False, attn=G3_ATTN)
     return out
 
 
 def write_sparse_2b(out: Path) -> Path:
     dims = PRESETS["2b"].dims
-    header, t = make_header(dims, synth_vocab(dims.vocab, 0))
+    header, front = make_header(compile_program(*from_v2(dims, [LayerAttn()] * dims.layers), generation_of(dims)),
+                                synth_vocab(dims.vocab, 0))
     with open(out, "wb") as f:
-        f.write(header.pack() + t.pieces + t.index + t.user + t.blob)
+        f.write(header.pack() + front)
         f.truncate(header.file_size)
     return out
 

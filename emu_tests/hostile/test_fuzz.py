@@ -1,18 +1,22 @@
 """Hostile input on the real binary.
 
-- The fuzz run: fuzz.suite's CASES seeded cases (emu_tests/fuzz: mutated engine files of
-  tiny_mqa, tiny_wide, tiny_mqa-from-GGUF, a synthetic Gemma 3 file in FP16 and in Q8_0, valid
-  odd-shaped and sparse 2B models, hostile command lines), two subprocesses of ./gemma at a time, TIMEOUT s each. Budget: no case is
-  started after BUDGET s, and at least MIN_CASES must have run (the report line the test
-  prints gives the count and the rate). Every run must exit normally; a refusal is exactly one
-  "gemma: ..." line on stderr and nothing on stdout; inputs the contract makes invalid must
-  be refused. Replay a failure: `python -m emu_tests.fuzz --binary ./gemma --case N`.
-- Valid odd shapes give the numpy reference's logits (no silent read past a tensor).
+- The fuzz run: fuzz.suite's CASES seeded cases (emu_tests/fuzz: mutated version 4 files of
+  tiny_mqa, tiny_wide, tiny_mqa-from-GGUF, a synthetic Gemma 3 file in FP16 and in Q8_0, their
+  programs mutated by mutate4, valid odd-shaped and sparse 2B models, hostile command lines),
+  two subprocesses of ./gemma at a time, TIMEOUT s each. Budget: no case is started after
+  BUDGET s, and at least MIN_CASES must have run (the report line the test prints gives the
+  count and the rate). Every run must exit normally; a refusal is exactly one "gemma: ..." line
+  on stderr and nothing on stdout; inputs the format's rules make invalid must be refused, and
+  the program mutations as the Python reader (ModelFile4) judges them. Replay a failure:
+  `python -m emu_tests.fuzz --binary ./gemma --case N`.
+- Valid odd shapes give the numpy reference's logits (no silent read past a tensor): the
+  engine runs the version 4 file, the reference the version 2 file of the same weights.
 - Output into a closed pipe ends promptly and without a signal.
 - The model file keeps its bytes and modification time; it is opened read-only and mapped
   PROT_READ + MAP_PRIVATE (seen through qemu-user's -strace).
-- The mutators themselves: reproducible, covering every boundary, and never calling a file
-  invalid that builder.models.modelfile's reader accepts.
+- The mutators themselves: reproducible, covering every boundary, reading the program as the
+  reader does, and never calling a file invalid that builder.models.modelfile4's reader
+  accepts (but for MERGES, which the engine alone refuses for now).
 - test_regression_F*: each crash fuzzing found (F1, F2, ...), kept as a named case.
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ import re
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -31,20 +36,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.models.modelfile import HEADER_FIELDS, HEADER_SIZE, Dims, ModelFile, ModelFormatError
-from builder.models.modelfile import weights_size as modelfile_weights_size
+from builder.models.modelfile import HEADER_SIZE, TENSOR_ALIGN, ModelFile, ModelFormatError, write_model
+from builder.models.modelfile4 import HEADER_FIELDS, RULES, ModelFile4, Op, weight_bytes
 from builder.twins.reference import Reference
 from emu_tests.asm_facts import constant
 from fuzz import suite
-from fuzz.model import Base, header_problems, parse_header, read_prefix, weights_size, write_case
+from fuzz.model import ENGINE_ONLY, Base, header_problems, parse_header, write_case
 from fuzz.mutate import Case, MODEL
 from fuzz.runner import judge, run
-from fuzz.shapes import SHAPES
+from fuzz.shapes import SHAPES, write_shape
+from linker.layout import align_up
 
-pytestmark = pytest.mark.slow  # the fuzz campaign: ~100 s on 2 cores, and its qemu runs
+pytestmark = pytest.mark.slow  # the fuzz campaign: ~150 s on 2 cores, and its qemu runs
 
 MIN_CASES = 2000    # at least this many in CI
-BUDGET = 150.0      # seconds after which no case is started (the suite takes ~100 s)
+BUDGET = 150.0      # seconds after which no case is started (the suite takes ~160 s: its random tail is cut)
 TIMEOUT = 10.0      # per case; runs take milliseconds
 
 
@@ -52,6 +58,12 @@ TIMEOUT = 10.0      # per case; runs take milliseconds
 def models(tmp_path_factory) -> dict[str, Path]:
     """The suite's model files: fixtures converted, odd shapes, the sparse 2B file."""
     return suite.models(tmp_path_factory.mktemp("fuzz-models"))
+
+
+@pytest.fixture(scope="module")
+def cases(models) -> list[Case]:
+    """The suite's cases (seed suite.SEED)."""
+    return suite.cases(models)
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +81,8 @@ def sha256(path: Path) -> str:
 
 
 # -- point 1: the fuzz run ---------------------------------------------------------------------
-def test_fuzz_model_files_and_command_lines(engine, models, tmp_path):
+def test_fuzz_model_files_and_command_lines(engine, models, cases, tmp_path):
     before = {name: sha256(path) for name, path in models.items() if name != "sparse_2b"}
-    cases = suite.cases(models)
     report = run(engine, models, cases, tmp_path, timeout=TIMEOUT, budget=BUDGET)
     print(f"\nfuzz (seed {suite.SEED}, budget {BUDGET:g} s, {TIMEOUT:g} s per case): "
           f"{report.summary()}")
@@ -83,33 +94,40 @@ def test_fuzz_model_files_and_command_lines(engine, models, tmp_path):
     assert after == before, "a model file changed during the fuzz run"
 
 
-def test_fuzz_baseline_under_qemu(engine, models, tmp_path):
+def test_fuzz_baseline_under_qemu(engine, models, cases, tmp_path):
     """The runs that reach the forward pass and the tokenizer (odd shapes, the sparse 2B
     file, corrupted and random tokenizer tables, NaN and infinite weights) again under
     qemu-x86_64 -cpu Nehalem: the baseline (SSE4.1) code, whatever the host has."""
     def chosen(c: Case) -> bool:
         return (c.model in SHAPES or c.label.startswith("sparse_2b:")
-                or c.model in ("tiny_mqa", suite.V2_BASE)
+                or c.model in ("tiny_mqa", suite.G3_BASE)
                 and any(k in c.label for k in (" all ", "every piece", "index[", "index ")))
-    everything = suite.cases(models)
-    tables = [c for c in everything if c.model == "tiny_mqa" and "valid tokenizer" in c.label]
-    cases = [c for c in everything if chosen(c)] + tables[:30]
-    report = run(engine, models, cases, tmp_path, timeout=30,
+    tables = [c for c in cases if c.model == "tiny_mqa" and "valid tokenizer" in c.label]
+    picked = [c for c in cases if chosen(c)] + tables[:30]
+    report = run(engine, models, picked, tmp_path, timeout=30,
                  launcher=("qemu-x86_64", "-cpu", "Nehalem"))
     print(f"\nfuzz under qemu Nehalem: {report.summary()}")
     shown = "\n".join(str(f) for f in report.failures[:25])
     assert not report.failures, f"{len(report.failures)} of {report.ran} runs failed:\n{shown}"
-    assert report.ran == len(cases) > 200
+    assert report.ran == len(picked) > 200
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory) -> dict[str, Path]:
+    """The odd shapes as version 2 files of the same weights (what the reference reads)."""
+    tmp = tmp_path_factory.mktemp("fuzz-twins")
+    return {name: write_shape(name, tmp / f"{name}.v2.bin", writer=write_model) for name in SHAPES}
 
 
 @pytest.mark.parametrize("how", ["-t 1", "-t 3", "-t 256", "-t 3 --baseline"])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_odd_shapes_compute_the_reference_logits(engine, models, shape, how, tmp_path):
+def test_odd_shapes_compute_the_reference_logits(engine, models, twins, shape, how, tmp_path):
     """Valid odd shapes (dims 1..33, head_dim > dim, ffn 4), on 1, 3 and 256 threads (more
     threads than rows), on the host's fast path and the baseline one: --logits of a prompt
-    filling most of the context equal builder.twins.reference's. A read past a tensor's end that
-    does not crash, or rows no thread computes, show here as wrong numbers."""
-    model = ModelFile(models[shape])
+    filling most of the context equal builder.twins.reference's on the version 2 file of the
+    same weights. A read past a tensor's end that does not crash, or rows no thread computes,
+    show here as wrong numbers."""
+    model = ModelFile(twins[shape])
     ctx = min(model.dims.max_ctx, constant("DEFAULT_CTX"))
     k = max(0, min(ctx - 2, 6))                # prompt: BOS + k byte pieces <0x01>
     ids = [model.header.bos] + [model.header.byte_base + 1] * k
@@ -195,15 +213,14 @@ def test_model_mapped_read_only_and_private(engine, base_model):
 
 
 # -- the mutators --------------------------------------------------------------------------------
-def test_cases_are_reproducible_and_seeded(models):
-    a, b, c = (suite.cases(models, s) for s in (suite.SEED, suite.SEED, suite.SEED + 1))
+def test_cases_are_reproducible_and_seeded(models, cases):
+    a, b, c = cases, suite.cases(models), suite.cases(models, suite.SEED + 1)
     assert a == b
     assert sum(x != y for x, y in zip(a, c)) > 500, "another seed changes the random cases"
     assert len({(x.model, x.label) for x in a}) > 0.9 * len(a)
 
 
-def test_truncations_cover_every_boundary(models):
-    cases = suite.cases(models)
+def test_truncations_cover_every_boundary(models, cases):
     for model in suite.MUTATED:
         base = Base.load(models[model])
         sizes = {c.size for c in cases if c.size is not None and c.model == model}
@@ -212,16 +229,17 @@ def test_truncations_cover_every_boundary(models):
             assert not missing, f"{model}: no truncation to {sorted(missing)} around {name} ({off})"
 
 
-def test_closed_form_weights_size_equals_modelfile(base_model):
-    h = Base.load(base_model).header
-    for change in ({}, {"layers": 5}, {"heads": 8, "kv_heads": 2}, {"head_dim": 48, "dim": 144},
-                   {"vocab": 1000, "ffn": 100}, {"flags": 1}, {"flags": 2, "head_dim": 6},
-                   {"flags": 3, "head_dim": 34, "layers": 3}, {"flags": 4}, {"flags": 7, "dim": 96},
-                   {"flags": 4, "dim": 144, "ffn": 96, "head_dim": 24}):  # Q8_0: whole blocks, mixed
-        d = dict(h, **change)
-        dims = Dims(*(d[k] for k in ("vocab", "dim", "ffn", "layers", "heads", "kv_heads",
-                                     "head_dim", "max_ctx")), flags=d["flags"])
-        assert weights_size(d) == modelfile_weights_size(dims), change
+def test_base_reads_the_program_as_the_reader_does(models):
+    """fuzz.model.Base's weights (what the weight mutators and truncations aim at) are the
+    reader's: each op's weight once, its bytes by the op's shape and type; weights_size is the
+    last one's end rounded up to TENSOR_ALIGN, and no base breaks a rule."""
+    for name in [*suite.MUTATED, *SHAPES]:
+        base, f = Base.load(models[name]), ModelFile4(models[name])
+        want = {(o.w, weight_bytes(f.weight_shape(o), o.wtype)) for o in f.ops if RULES[Op(o.op)].weight}
+        assert {(t.offset, t.nbytes) for t in base.weights} == want, name
+        assert len(base.weights) == len(want) and base.ops == f.ops, name
+        assert align_up(base.weights_end, TENSOR_ALIGN) == f.header.weights_size, name
+        assert header_problems(base.header, base.length, base.weights_end) == [], name
 
 
 def test_mutators_make_q8_0_cases(tmp_path):
@@ -231,15 +249,15 @@ def test_mutators_make_q8_0_cases(tmp_path):
     runs such cases through the engine on shapes.Q8_BASE.)"""
     from builder.models import synth
     from fuzz import mutate
-    synth.synth("tiny-g3", tmp_path / "q.bin", progress=False, wtype="q8_0")
+    synth.synth("tiny-g3", tmp_path / "q.bin", progress=False, wtype="q8_0", version=4)
     base = Base.load(tmp_path / "q.bin")
-    assert header_problems(base.header, base.length) == []
-    tensors = {t.name: t for t in base.tensors}
+    assert header_problems(base.header, base.length, base.weights_end) == []
+    tensors = {t.name: t for t in base.weights}
     wo = base.header["weights_off"]
     cases = mutate.make_cases({"q8": base}, seed=3, count=3000)
-    embed = [c for c in cases if c.label.startswith("embed all q8_0 bits")]
-    assert embed and all(len(c.edits) == 1 and c.edits[0][0] == wo + tensors["embed"].offset
-                         and len(c.edits[0][1]) == tensors["embed"].nbytes
+    embed = [c for c in cases if c.label.startswith("op0.EMBED all q8_0 bits")]
+    assert embed and all(len(c.edits) == 1 and c.edits[0][0] == wo + tensors["op0.EMBED"].offset
+                         and len(c.edits[0][1]) == tensors["op0.EMBED"].nbytes
                          and c.edits[0][1][34:36] == c.edits[0][1][:2] and c.edits[0][1][2:34] == b"\x7f" * 32
                          for c in embed)
     blocks = [c for c in cases if " blocks := " in c.label]
@@ -251,28 +269,30 @@ def test_mutators_make_q8_0_cases(tmp_path):
             assert 0 <= off - wo - t.offset < t.nbytes and (at == 0 if len(raw) == 2 else at >= 2), c.label
 
 
-def _python_refusals(models: dict[str, Path], tmp: str) -> tuple[int, list[str]]:
+def _python_refusals(models: dict[str, Path], cases: list[Case], tmp: str) -> tuple[int, list[str]]:
     """In a child process (address space 2 GB, 3 s per file): every mutated file that
-    fuzz.model.header_problems calls invalid, opened with builder.models.modelfile.ModelFile; what
-    it did not refuse."""
+    fuzz.model.header_problems calls invalid (for more than ENGINE_ONLY), opened with
+    builder.models.modelfile4.ModelFile4; what it did not refuse."""
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
     def too_slow(*_):
         raise TimeoutError("more than 3 s")
     signal.signal(signal.SIGALRM, too_slow)
-    bases, path = {n: read_prefix(models[n]) for n in suite.MUTATED}, Path(tmp) / "m.bin"
+    bases, path = {n: Base.load(models[n]) for n in suite.MUTATED}, Path(tmp) / "m.bin"
     checked, wrong = 0, []
-    for i, case in enumerate(suite.cases(models)):
+    for i, case in enumerate(cases):
         if not (case.edits or case.size is not None) or case.model not in bases:
             continue
-        write_case(path, *bases[case.model], case.edits, case.size)
+        base = bases[case.model]
+        write_case(path, base.data, base.length, case.edits, case.size)
         data = path.read_bytes()
-        if len(data) >= HEADER_SIZE and not header_problems(parse_header(data), len(data)):
+        if len(data) >= HEADER_SIZE and not set(header_problems(parse_header(data), len(data),
+                                                                base.weights_end)) - {ENGINE_ONLY}:
             continue
         checked += 1
         signal.alarm(3)
         try:
-            ModelFile(path)
+            ModelFile4(path)
             wrong.append(f"case {i}: accepted: {case.label}")
         except ModelFormatError:
             pass
@@ -283,14 +303,11 @@ def _python_refusals(models: dict[str, Path], tmp: str) -> tuple[int, list[str]]
     return checked, wrong
 
 
-def test_files_to_refuse_are_refused_by_the_python_reader(models, tmp_path):
+def test_files_to_refuse_are_refused_by_the_python_reader(models, cases, tmp_path):
     """Twin check of fuzz.model.header_problems: whatever file it calls invalid,
-    builder.models.modelfile.ModelFile refuses too, promptly and cleanly."""
-    for name in suite.MUTATED:
-        base = Base.load(models[name])
-        assert header_problems(base.header, base.length) == [], name
+    builder.models.modelfile4.ModelFile4 refuses too, promptly and cleanly."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        checked, wrong = pool.apply(_python_refusals, (models, str(tmp_path)))
+        checked, wrong = pool.apply(_python_refusals, (models, cases, str(tmp_path)))
     assert checked > 2000
     assert not wrong, f"{len(wrong)} mutated files not refused cleanly:\n" + "\n".join(wrong[:20])
 
@@ -320,15 +337,22 @@ def test_judge_names_each_kind_of_failure():
 
 
 # -- regressions: each finding of the fuzzer, by number ----------------------------
-def test_regression_F1_python_reader_huge_layers(base_model, tmp_path):
-    """F1: ModelFile walked every layer of a hostile header (2^31: minutes and gigabytes)."""
-    data = bytearray(base_model.read_bytes())
-    data[28:32] = (0x058C1775).to_bytes(4, "little")          # layers
-    (tmp_path / "m.bin").write_bytes(bytes(data))
-    t = time.monotonic()
-    with pytest.raises(ModelFormatError, match="layers"):
-        ModelFile(tmp_path / "m.bin")
-    assert time.monotonic() - t < 2
+def test_regression_F1_python_reader_huge_counts(engine, base_model, tmp_path):
+    """F1: ModelFile walked every layer of a hostile header (2^31: minutes and gigabytes). In
+    version 4 the program's ops and slots are the records a header counts: a huge n_ops or
+    n_slots is refused at once, by the reader and the engine."""
+    for name in ("n_ops", "n_slots"):
+        data = bytearray(base_model.read_bytes())
+        at = next(off for field, off, _ in HEADER_FIELDS if field == name)
+        data[at:at + 4] = (0x058C1775).to_bytes(4, "little")
+        (tmp_path / "m.bin").write_bytes(bytes(data))
+        t = time.monotonic()
+        with pytest.raises(ModelFormatError, match=name):
+            ModelFile4(tmp_path / "m.bin")
+        assert time.monotonic() - t < 2
+        p = subprocess.run([engine, "-m", tmp_path / "m.bin", "-p", "hi", "--tokens"], capture_output=True,
+                           timeout=TIMEOUT)
+        assert (p.returncode, p.stderr, p.stdout) == (1, b"gemma: bad header\n", b""), name
 
 
 @pytest.mark.parametrize("delta", [-1, 1, None])
@@ -339,7 +363,7 @@ def test_regression_F4_max_piece_len_must_be_the_longest_piece(engine, base_mode
     max_piece_len must equal the longest piece (as builder.models.modelfile already required): a
     one-line refusal at load, before the prompt is looked at."""
     data = bytearray(base_model.read_bytes())
-    longest = ModelFile(base_model).header.max_piece_len
+    longest = ModelFile4(base_model).header.max_piece_len
     value = 0xFFFFFFFF if delta is None else longest + delta
     at = next(off for name, off, _ in HEADER_FIELDS if name == "max_piece_len")
     data[at:at + 4] = value.to_bytes(4, "little")
@@ -353,7 +377,7 @@ def test_regression_F4_max_piece_len_must_be_the_longest_piece(engine, base_mode
         f"status {p.returncode}, stderr {p.stderr!r}"
     assert time.monotonic() - t0 < 2.0
     with pytest.raises(ModelFormatError, match="max_piece_len"):
-        ModelFile(model)
+        ModelFile4(model)
 
 
 @pytest.mark.parametrize("how", ["path", "symlink", "hard link", "/proc/self/fd/3"])
@@ -374,3 +398,28 @@ def test_regression_F3_logits_is_the_model(engine, base_model, tmp_path, how):
     assert p.returncode == 1 and p.stderr.startswith(b"gemma: ") and p.stderr.count(b"\n") == 1, \
         f"status {p.returncode}, stderr {p.stderr!r}"
     assert p.stdout == b"" and sha256(model) == before
+
+
+@pytest.mark.parametrize("gap", ["n_index - 1", "strings_size - 8", "blob_off + 1", "weights_off + 4096"])
+def test_regression_F6_sections_meet_exactly(engine, base_model, tmp_path, gap):
+    """F6 (the version 4 fuzz): the engine took a section that starts past the end of the one
+    before (a gap: a shorter index, a shorter strings section, the blob moved into the
+    padding, the weights a page later with weights_size one less), which format.md's
+    validation and the reader refuse. Now a one-line refusal, as the reader's."""
+    base = Base.load(base_model)
+    h, at = base.header, {name: (off, code) for name, off, code in HEADER_FIELDS}
+    field, delta = gap.split(" ")[0], int(gap.split(" ")[-1]) * (-1 if "-" in gap else 1)
+    values = {field: h[field] + delta}
+    if field == "weights_off":
+        values["weights_size"] = h["weights_size"] - delta
+    assert header_problems(dict(h, **values), base.length, base.weights_end), gap
+    data = bytearray(base_model.read_bytes())
+    for name, v in values.items():
+        off, code = at[name]
+        data[off:off + struct.calcsize(code)] = struct.pack("<" + code, v)
+    model = tmp_path / "m.bin"
+    model.write_bytes(bytes(data))
+    with pytest.raises(ModelFormatError):
+        ModelFile4(model)
+    p = subprocess.run([engine, "-m", model, "-p", "hi", "--tokens"], capture_output=True, timeout=TIMEOUT)
+    assert (p.returncode, p.stderr, p.stdout) == (1, b"gemma: bad header\n", b""), gap

@@ -16,6 +16,8 @@
 ;   IMAGE_CODE_END  the end of .text: its pages become read+execute
 ;   IMAGE_END       the end of .bss: the image's pages end on the page boundary after it
 ;   IMAGE_ENTRY     the image's entry point
+;   PACK_HASH_AT    where the decoder reads PACK_HASH (8 bytes): the stub's PT_LOAD header's
+;                   p_paddr, which no loader reads (linker/link.py writes it there)
 
 format ELF64 executable 3
 entry stub_start
@@ -85,8 +87,8 @@ stub_no_memory:
         push    2                       ; STDERR
         pop     rdi
         mov     esi, stub_msg_no_memory
-        push    stub_msg_no_memory.end - stub_msg_no_memory
-        pop     rdx
+        mov     dl, stub_msg_no_memory.end - stub_msg_no_memory   ; (rdx: PROT_READ or
+                                        ; PROT_WRITE, its other bytes 0 from the start)
         push    SYS_write
         pop     rax
         syscall

@@ -86,25 +86,23 @@ unpack:
         mov     r15d, PACK_TABLES       ; bytes until the image
 .byte:                                  ; each model's slot base and check for this byte
         lea     ebp, [r12-32]
-        mov     rcx, PACK_HASH
 .hash:
         mov     rax, rbx
         and     rax, [rsp+rbp]
         add     rax, rbp                ; the key
-        imul    rax, rcx
-        shr     rax, 48 - PACK_TABLE_BITS
-        mov     edx, eax
-        shl     edx, 16
-        mov     [rsp+rbp+16], edx       ; the check (the 16 bits below the slot base) << 16
-        shr     rax, 16
-        mov     [rsp+rbp+20], eax       ; the slot base: the hash's top bits
+        imul    rax, [PACK_HASH_AT]     ; (PACK_HASH, kept in the headers: stub.asm)
+        shr     rax, 48 - PACK_TABLE_BITS - 16
+        xor     ax, ax                  ; the slot base (the hash's top bits) << 32 | the
+        mov     [rsp+rbp+16], rax       ; check (the 16 bits below them) << 16
+        shr     rax, 32
         prefetcht0 [r11+rax*4]          ; the line of the byte's first four bits' slots
         sub     ebp, 32
         jnc     .hash
         mov     bh, 1                   ; c0 = 1
 .bit:                                   ; renormalise: below 2^24 the range takes a byte
-        cmp     r9d, 1 shl 24
-        jae     .coded_bit
+        mov     eax, r9d
+        shr     eax, 24
+        jnz     .coded_bit
         shl     r9d, 8
         lodsb
         shl     r10d, 8
@@ -223,11 +221,9 @@ unpack:
         jb      .byte
         lea     rsp, [rsp+r12+16]       ; drop the records, the end and the machine
         pop     rcx                     ; out
-        sub     rdi, 5                  ; the last byte whose dword ends in out
+        sub     rdi, 5                  ; the last byte whose dword ends in out (n > 5)
 .call:                                  ; the call filter, down to out's first byte: a call's
-        cmp     rdi, rcx                ; target offset (below 2^16) back to its rel32
-        jb      .done
-        cmp     byte [rdi], PACK_CALL
+        cmp     byte [rdi], PACK_CALL   ; target offset (below 2^16) back to its rel32
         jne     .next
         cmp     word [rdi+3], 0
         jne     .next
@@ -236,7 +232,7 @@ unpack:
         sub     [rdi+1], eax
 .next:
         dec     rdi
-        jmp     .call
-.done:
+        cmp     rdi, rcx
+        jae     .call
         ret
 

@@ -28,6 +28,8 @@ Contract: `check(path_or_bytes, budget=None)` returns None when every check pass
   bounds      every PT_LOAD's file bytes inside the file, p_filesz <= p_memsz, PT_LOADs do
               not share a page in memory (of PT_GNU_STACK only p_type and p_flags are read:
               the packed program's code starts over the rest, linker/layout.py)
+A PT_LOAD's p_paddr is not checked: no loader reads it, and the packed program keeps a
+constant of its decoder there (linker.link's `paddr`).
   congruence  every PT_LOAD has p_offset == p_vaddr modulo the page size (and its p_align)
   coverage    (with section headers) .text inside a readable, executable PT_LOAD; .data and
               .bss, where present, inside a writable one; file bytes of .text/.data where the segment maps them

@@ -49,15 +49,15 @@ def pack_ehdr(entry: int, shoff: int, phnum: int, shnum: int, shstrndx: int) -> 
 
 
 def pack_phdr(p_type: int, flags: int, offset: int, vaddr: int, filesz: int, memsz: int,
-              align: int) -> bytes:
-    """Elf64_Phdr; p_paddr = p_vaddr."""
+              align: int, paddr: int | None = None) -> bytes:
+    """Elf64_Phdr; p_paddr = p_vaddr unless `paddr` is given."""
     return struct.pack(
         "<IIQQQQQQ",
         p_type,          # p_type
         flags,           # p_flags
         offset,          # p_offset
         vaddr,           # p_vaddr
-        vaddr,           # p_paddr
+        vaddr if paddr is None else paddr,  # p_paddr
         filesz,          # p_filesz
         memsz,           # p_memsz
         align,           # p_align

@@ -41,6 +41,7 @@ PHDR_SIZE = 56           # sizeof(Elf64_Phdr)
 SHDR_SIZE = 64           # sizeof(Elf64_Shdr)
 PHNUM = 3                # PT_LOAD r-x, PT_LOAD rw-, PT_GNU_STACK (2 without the rw-)
 STACK_READ = 8           # the bytes of PT_GNU_STACK anything reads: p_type and p_flags
+P_PADDR = 24             # offsetof(Elf64_Phdr, p_paddr)
 
 
 def align_up(value: int, alignment: int) -> int:
@@ -69,6 +70,12 @@ class Layout:
     def writable(self) -> bool:
         """Whether the program has an rw segment (.data or .bss)."""
         return self.phnum == PHNUM
+
+    @property
+    def paddr_addr(self) -> int:
+        """Address of the r-x PT_LOAD header's p_paddr, 8 bytes no loader reads (the linker
+        writes what `link`'s `paddr` says there)."""
+        return self.base + EHDR_SIZE + P_PADDR
 
     @property
     def text_end(self) -> int:

@@ -30,10 +30,11 @@ def natural_align(addr: int) -> int:
 
 
 def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
-         symbols: list[Symbol] | None = None) -> bytes:
+         symbols: list[Symbol] | None = None, paddr: int | None = None) -> bytes:
     """The ELF64 executable holding `text`, `data` and `bss_size` bytes of bss at the
     addresses of `layout`, starting at `entry`; with `symbols`, also section headers,
-    .symtab and .strtab after the loaded bytes."""
+    .symtab and .strtab after the loaded bytes. The r-x PT_LOAD's p_paddr, which no loader
+    reads, is its p_vaddr, or `paddr` (8 bytes the program reads at layout.paddr_addr)."""
     lay = layout
     if (len(text), len(data), bss_size) != (lay.text_size, lay.data_size, lay.bss_size):
         raise ValueError(f"sizes (text {len(text)}, data {len(data)}, bss {bss_size}) differ "
@@ -56,7 +57,7 @@ def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
     headers = (
         pack_ehdr(entry, shoff, lay.phnum, shnum, shstrndx)
         + pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.base, lay.code_file_end, lay.code_file_end,
-                    PAGE)
+                    PAGE, paddr)
         + rw
         + pack_phdr(PT_GNU_STACK, PF_R | PF_W, 0, 0, 0, 0, STACK_ALIGN))
     image[:lay.text_off] = headers[:lay.text_off]   # (without an rw segment, .text goes on)

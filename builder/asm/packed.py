@@ -62,7 +62,8 @@ def stub_defines(image: Image) -> dict[str, int]:
     return {"IMAGE_BASE": lay.base, "IMAGE_TEXT": lay.text_addr,
             "IMAGE_BYTES": len(image_bytes(image)), "IMAGE_CODE_END": lay.text_end,
             "IMAGE_END": lay.bss_end if lay.writable else lay.text_end,
-            "IMAGE_ENTRY": image.entry}
+            "IMAGE_ENTRY": image.entry,
+            "PACK_HASH_AT": linker.layout(0, 0, 0, base=STUB_BASE, writable=False).paddr_addr}
 
 
 def pack_program(root: Path, image: Image) -> Packed:
@@ -81,7 +82,7 @@ def pack_program(root: Path, image: Image) -> Packed:
     text = stub.text + payload
     lay = linker.layout(len(text), 0, 0, base=STUB_BASE, writable=False)
     try:
-        elf = linker.link(text, b"", 0, stub.entry, lay)
+        elf = linker.link(text, b"", 0, stub.entry, lay, paddr=pack.HASH)
         linker.check(elf)
     except (ValueError, linker.ElfCheckError) as exc:
         raise BuildError(f"link (packed): {exc}") from None

@@ -161,6 +161,24 @@ def test_code_only_program_runs(tmp_path, symbols):
         linker.check(bytes(bad))
 
 
+@pytest.mark.parametrize("runner", [(), QEMU[0]], ids=["native", "qemu"])
+def test_paddr_holds_data_the_program_reads(tmp_path, runner):
+    """link(paddr=...) writes 8 bytes into the r-x PT_LOAD's p_paddr (layout.paddr_addr),
+    which no loader reads: the checks pass and the program runs and reads them there."""
+    lay = linker.layout(0, 0, 0, base=0x200000, writable=False)
+    code = f"mov eax, 0xe7\nmov edi, dword ptr [{lay.paddr_addr:#x}]\nsyscall\n"
+    text = assemble(code, lay)
+    lay = linker.layout(len(text), 0, 0, base=0x200000, writable=False)
+    elf = linker.link(text, b"", 0, lay.text_addr, lay, paddr=0x9E3779B97F4A7C2A)
+    linker.check(elf)
+    load = next(elf_file(elf).iter_segments())
+    assert (load["p_type"], load["p_paddr"], load["p_vaddr"]) == \
+        ("PT_LOAD", 0x9E3779B97F4A7C2A, 0x200000)
+    assert run(elf, tmp_path, runner).returncode == 0x2A
+    assert next(elf_file(linker.link(text, b"", 0, lay.text_addr, lay))
+                .iter_segments())["p_paddr"] == 0x200000       # (by default p_vaddr)
+
+
 # ---------------------------------------------------------------- programs the kernel runs
 
 @pytest.mark.parametrize("filler", [0, 5, 40, 3900, 4700])

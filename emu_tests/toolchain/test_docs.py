@@ -22,8 +22,9 @@ def figures(table: str) -> dict:
         found = re.search(pattern, table, re.M)
         assert found, f"the build's size table has no line {pattern!r}:\n{table}"
         return found
-    payload = row(r"^payload +(\d+) +\(model (\d+), the image's (\d+) bytes coded in (\d+): ")
     total = row(r"^file total +(\d+) of (\d+) bytes budget \((-?\d+) left\); (\d+) bytes of image")
+    tables = row(r"^  field tables +(\d+) +\(their (\d+) bytes")
+    image = row(r"^  image +(\d+) +\(its (\d+) bytes coded: ")
     return {
         "sources": [(f, int(t) + int(d)) for f, t, d in
                     re.findall(r"^(asm/\S+\.asm) +(\d+) +(\d+) +\d+$", table, re.M)],
@@ -31,11 +32,12 @@ def figures(table: str) -> dict:
         "text": int(row(r"^\.text +(\d+)$")[1]),
         "image": int(row(r"^image total +(\d+)")[1]),
         "headers": int(row(r"^headers +(\d+)$")[1]),
-        "unpack": int(row(r"^asm/unpack\.asm +(\d+) +\(the stub\)")[1]),
-        "stub": int(row(r"^asm/stub\.asm +(\d+) +\(the stub\)")[1]),
-        "payload": int(payload[1]), "model": int(payload[2]), "code": int(payload[3]),
-        "coded": int(payload[4]), "file": int(total[1]), "budget": int(total[2]),
-        "left": int(total[3]),
+        "unpack": int(row(r"^asm/unpack\.asm +(\d+) +\(the decoder")[1]),
+        "stub": int(row(r"^asm/stub\.asm +(\d+) +\(the start-up\)")[1]),
+        "payload": int(row(r"^payload +(\d+)$")[1]), "model": int(row(r"^  model +(\d+) ")[1]),
+        "tables_coded": int(tables[1]), "tables": int(tables[2]),
+        "code": int(image[2]), "coded": int(image[1]),
+        "file": int(total[1]), "budget": int(total[2]), "left": int(total[3]),
     }
 
 
@@ -67,7 +69,8 @@ def test_readme_size_table_is_the_builds(built):
     assert last("packed file: ELF header") == f(built["headers"])
     assert last("the stub:") == f"{built['unpack']} + {built['stub']}"
     assert last("payload") == f(built["payload"])
-    assert (f"the model ({built['model']}) and the image's {f(built['code'])} bytes of code coded in "
+    assert (f"the model ({built['model']}), the field machine's {f(built['tables'])} bytes of tables coded in "
+            f"{built['tables_coded']}, the image's {f(built['code'])} bytes of code coded in "
             f"{f(built['coded'])} |") in README.read_text()
     assert last(f"**file total** (of the {f(built['budget'])}-byte budget)") == \
         f"**{f(built['file'])}** ({built['left']} left)"

@@ -166,9 +166,10 @@ unpack:
         lea     rbp, [rsp+r12+8]        ; [rbp] the plan, [rbp+4] the opcode, [rbp+8] out
         mov     edx, [rbp]
         shr     edx, 4                  ; the plan after this byte
-        movzx   ecx, bh                 ; the byte's code
-        cmp     cl, PACK_LOOKUPS
-        jb      .lookup
+        movzx   ecx, bh                 ; the byte's code: below PACK_MODRM an opcode,
+        cmp     cl, PACK_MODRM          ; PACK_MODRM a ModRM (both look their entry up:
+        jb      .opcode                 ; codes below PACK_LOOKUPS, = PACK_MODRM + 1)
+        je      .modrm
         cmp     cl, PACK_P0
         jne     .wide
         and     al, 3                   ; VEX3's or EVEX's first payload byte: a payload
@@ -182,12 +183,10 @@ unpack:
         lea     eax, [rcx-3]
         imul    eax, eax, 0x111
         jmp     .append
-.lookup:                                ; an opcode (of map cl) or a ModRM: its entry
-        cmp     cl, PACK_MODRM
-        jne     .opcode
-        and     al, PACK_MODRM_REG      ; (a ModRM's without its reg bits)
+.modrm:                                 ; a ModRM: its entry, without its reg bits
+        and     al, PACK_MODRM_REG
         jmp     .entry
-.opcode:
+.opcode:                                ; an opcode (of map cl): its entry
         mov     [rbp+4], al             ; the instruction's opcode
 .entry:
         mov     ah, cl

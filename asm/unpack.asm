@@ -109,8 +109,10 @@ unpack:
         mov     r10b, al
         jmp     .bit
 .coded_bit:
-        xor     r13d, r13d              ; num = sum n1 << shift
-        xor     r14d, r14d              ; den = sum (n0 + n1) << shift
+        push    PACK_PRIOR              ; num = PRIOR + sum n1 << shift
+        pop     r13
+        push    2*PACK_PRIOR            ; den = 2 PRIOR + sum (n0 + n1) << shift
+        pop     r14
         lea     ebp, [r12-32]
 .model:
         mov     rax, [rsp+rbp+8]        ; the previous bit's slot
@@ -130,7 +132,7 @@ unpack:
         xor     al, bh
         lea     rax, [r11+rax*4]        ; this bit's slot
         mov     [rsp+rbp+8], rax
-        movzx   ecx, word [rsp+rbp+18]
+        mov     ecx, [rsp+rbp+18]       ; (cx: the check)
         cmp     [rax+2], cx             ; ZF: the slot holds this context
         mov     ecx, [rax]
         cmovne  ecx, [rsp+rbp+16]       ; or a new one: no counts, its check
@@ -145,18 +147,16 @@ unpack:
         add     r14d, eax
         sub     ebp, 32
         jnc     .model
-        lea     edx, [r13+PACK_PRIOR]
-        lea     ecx, [r14+2*PACK_PRIOR]
+        mov     edx, r13d
         xor     eax, eax
-        div     ecx                     ; p = (num + PRIOR) 2^32 / (den + 2 PRIOR) < 2^32
-        mul     r9d                     ; bound = range p / 2^32
+        div     r14d                    ; p = num 2^32 / den < 2^32
+        mul     r9d                     ; bound = range p / 2^32 < range
+        sub     r9d, edx
         mov     eax, r10d
         sub     eax, edx                ; CF: code < bound, a 1
-        sbb     r8d, r8d
-        sub     r9d, edx
-        neg     r8d                     ; the bit; CF and not ZF when it is 1
-        cmovz   r10d, eax               ; 0: code -= bound, range -= bound
-        cmovnz  r9d, edx                ; 1: range = bound
+        setc    r8b                     ; the bit (r8's other bits: 0)
+        cmovnc  r10d, eax               ; 0: code -= bound, range -= bound
+        cmovc   r9d, edx                ; 1: range = bound
         adc     bh, bh                  ; c0 = 2 c0 + bit; CF: the byte is complete
         jnc     .bit
         movzx   eax, bh

@@ -64,7 +64,7 @@ stub_start:
         xchg    ecx, eax                ; the table, first
         mov     edi, UNPACK_OUT
         mov     esi, payload
-        mov     edx, PACK_TABLES + IMAGE_BYTES
+        mov     dx, PACK_TABLES + IMAGE_BYTES   ; (below 2^16; rdx's other bytes are 0)
         call    unpack                  ; (r11: the table)
         ; munmap(the table and the field tables' page: all below the image)
         mov     rdi, r11

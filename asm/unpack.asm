@@ -35,7 +35,7 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; mask, shift) and the range-coded bits of out, each byte's most significant bit first; out
 ; holds the field machine's tables (PACK_TABLES bytes), then the image.
 ; Records on the stack, 32 bytes per model i, the first model's highest (the loops walk down
-; from it): [+0] R_i = 0xFF in the lanes (bytes) of rbx the mask chooses (bit k: lane k):
+; from it, rbp the record's offset + 32: from 32 N down to 32): [+0] R_i = 0xFF in the lanes (bytes) of rbx the mask chooses (bit k: lane k):
 ; 0 the byte's field, 1 its opcode, 2..7 the history bytes; [+8] the slot of the
 ; previous bit; [+16] the check << 16 (a new context's slot: its check, no counts); [+20]
 ; the slot base of the byte's context; [+24] the shift. rbx holds history bytes 0..5 (the
@@ -85,19 +85,19 @@ unpack:
         xor     ebx, ebx                ; no history, field 0 (an opcode of map 0), opcode 0
         mov     r15d, PACK_TABLES       ; bytes until the image
 .byte:                                  ; each model's slot base and check for this byte
-        lea     ebp, [r12-32]
+        mov     ebp, r12d               ; (rbp: the record's offset + 32)
 .hash:
         mov     rax, rbx
-        and     rax, [rsp+rbp]
-        add     rax, rbp                ; the key
+        and     rax, [rsp+rbp-32]
+        lea     rax, [rax+rbp-32]       ; the key
         imul    rax, [PACK_HASH_AT]     ; (PACK_HASH, kept in the headers: stub.asm)
         shr     rax, 48 - PACK_TABLE_BITS - 16
         xor     ax, ax                  ; the slot base (the hash's top bits) << 32 | the
-        mov     [rsp+rbp+16], rax       ; check (the 16 bits below them) << 16
+        mov     [rsp+rbp-16], rax       ; check (the 16 bits below them) << 16
         shr     rax, 32
         prefetcht0 [r11+rax*4]          ; the line of the byte's first four bits' slots
         sub     ebp, 32
-        jnc     .hash
+        jnz     .hash
         mov     bh, 1                   ; c0 = 1
 .bit:                                   ; renormalise: below 2^24 the range takes a byte
         mov     eax, r9d
@@ -109,11 +109,13 @@ unpack:
         mov     r10b, al
         jmp     .bit
 .coded_bit:
-        xor     r13d, r13d              ; num = sum n1 << shift
-        xor     r14d, r14d              ; den = sum (n0 + n1) << shift
-        lea     ebp, [r12-32]
+        push    PACK_PRIOR              ; num = PRIOR + sum n1 << shift
+        pop     r13
+        push    2*PACK_PRIOR            ; den = 2 PRIOR + sum (n0 + n1) << shift
+        pop     r14
+        mov     ebp, r12d
 .model:
-        mov     rax, [rsp+rbp+8]        ; the previous bit's slot
+        mov     rax, [rsp+rbp-24]       ; the previous bit's slot
         add     rax, r8                 ; -> the count of that bit
         add     byte [rax], 1
         sbb     byte [rax], 0           ; at most 255
@@ -122,41 +124,39 @@ unpack:
         shr     byte [rax], 1
         neg     dl
         adc     byte [rax], 0           ; n / 2 + 1, or 0
-        mov     eax, [rsp+rbp+20]
+        mov     eax, [rsp+rbp-12]
         movzx   edx, bh                 ; c0
         add     edx, edx
         xor     edx, eax
         prefetcht0 [r11+rdx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
         xor     al, bh
         lea     rax, [r11+rax*4]        ; this bit's slot
-        mov     [rsp+rbp+8], rax
-        movzx   ecx, word [rsp+rbp+18]
+        mov     [rsp+rbp-24], rax
+        mov     ecx, [rsp+rbp-14]       ; (cx: the check)
         cmp     [rax+2], cx             ; ZF: the slot holds this context
         mov     ecx, [rax]
-        cmovne  ecx, [rsp+rbp+16]       ; or a new one: no counts, its check
+        cmovne  ecx, [rsp+rbp-16]       ; or a new one: no counts, its check
         mov     [rax], ecx
         movzx   edx, ch                 ; n1
         movzx   eax, cl
         add     eax, edx                ; n0 + n1
-        mov     cl, [rsp+rbp+24]
+        mov     cl, [rsp+rbp-8]
         shl     edx, cl
         add     r13d, edx
         shl     eax, cl
         add     r14d, eax
         sub     ebp, 32
-        jnc     .model
-        lea     edx, [r13+PACK_PRIOR]
-        lea     ecx, [r14+2*PACK_PRIOR]
+        jnz     .model
+        mov     edx, r13d
         xor     eax, eax
-        div     ecx                     ; p = (num + PRIOR) 2^32 / (den + 2 PRIOR) < 2^32
-        mul     r9d                     ; bound = range p / 2^32
+        div     r14d                    ; p = num 2^32 / den < 2^32
+        mul     r9d                     ; bound = range p / 2^32 < range
+        sub     r9d, edx
         mov     eax, r10d
         sub     eax, edx                ; CF: code < bound, a 1
-        sbb     r8d, r8d
-        sub     r9d, edx
-        neg     r8d                     ; the bit; CF and not ZF when it is 1
-        cmovz   r10d, eax               ; 0: code -= bound, range -= bound
-        cmovnz  r9d, edx                ; 1: range = bound
+        setc    r8b                     ; the bit (r8's other bits: 0)
+        cmovnc  r10d, eax               ; 0: code -= bound, range -= bound
+        cmovc   r9d, edx                ; 1: range = bound
         adc     bh, bh                  ; c0 = 2 c0 + bit; CF: the byte is complete
         jnc     .bit
         movzx   eax, bh
@@ -166,9 +166,10 @@ unpack:
         lea     rbp, [rsp+r12+8]        ; [rbp] the plan, [rbp+4] the opcode, [rbp+8] out
         mov     edx, [rbp]
         shr     edx, 4                  ; the plan after this byte
-        movzx   ecx, bh                 ; the byte's code
-        cmp     cl, PACK_LOOKUPS
-        jb      .lookup
+        movzx   ecx, bh                 ; the byte's code: below PACK_MODRM an opcode,
+        cmp     cl, PACK_MODRM          ; PACK_MODRM a ModRM (both look their entry up:
+        jb      .opcode                 ; codes below PACK_LOOKUPS, = PACK_MODRM + 1)
+        je      .modrm
         cmp     cl, PACK_P0
         jne     .wide
         and     al, 3                   ; VEX3's or EVEX's first payload byte: a payload
@@ -182,12 +183,10 @@ unpack:
         lea     eax, [rcx-3]
         imul    eax, eax, 0x111
         jmp     .append
-.lookup:                                ; an opcode (of map cl) or a ModRM: its entry
-        cmp     cl, PACK_MODRM
-        jne     .opcode
-        and     al, PACK_MODRM_REG      ; (a ModRM's without its reg bits)
+.modrm:                                 ; a ModRM: its entry, without its reg bits
+        and     al, PACK_MODRM_REG
         jmp     .entry
-.opcode:
+.opcode:                                ; an opcode (of map cl): its entry
         mov     [rbp+4], al             ; the instruction's opcode
 .entry:
         mov     ah, cl

@@ -108,7 +108,6 @@ forward:
 h_embed:
         mov     rax, [rbp+FV_IDS]
         mov     esi, [rax+rdx*4]        ; id_t
-        mov     eax, [r12+OP_WTYPE]
         mov     ecx, [r12+OP_J]
         call    weight_row
         mov     r9, r10                 ; j's bytes
@@ -150,7 +149,6 @@ h_matmul:
         mov     rax, [rbp+FV_P+16]
         mov     [job_gate], rax         ; 0: none
         mov     ecx, [r12+OP_N]
-        mov     eax, [r12+OP_WTYPE]
         call    weight_row              ; r10 bytes per row, r11 its kernel
         mov     rdx, [rbp+FV_W]
         mov     r8d, [r12+OP_M]
@@ -214,7 +212,6 @@ h_add:
 ; rsi (-> the first row written) and edx (the bytes written).
 h_logits:
         mov     ecx, [r12+OP_N]
-        mov     eax, [r12+OP_WTYPE]
         call    weight_row              ; r10 bytes per row, r11 its kernel
         mov     r8d, [rbx+HDR_VOCAB]
         mov     eax, [rbp+FV_B]

@@ -62,13 +62,14 @@ op_width:
 .ret:
         ret
 
-; weight_row: the bytes of a row of ecx weights of type eax (WT_*: F32 4 each, F16 2, Q8_0
+; weight_row: the bytes of a row of ecx weights of the op's type (WT_*: F32 4 each, F16 2, Q8_0
 ; Q8_0_BLOCK per QK8_0), the kernel record of products with such rows (cpu.asm's choice
 ; for the type) and the routine that looks up one (an embedding row: matmul_f16 of the row
 ; as a (cols,1) column by [s], or dequant_q8).
-;   in: eax type (F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a multiple of
-;   QK8_0)   out: r10 bytes, r11 kernel record, rdx lookup   clobbers: -
+;   in: r12 the op (its type F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a
+;   multiple of QK8_0)   out: r10 bytes, r11 kernel record, rdx lookup   clobbers: rax
 weight_row:
+        mov     eax, [r12+OP_WTYPE]
         lea     r10d, [rcx*4]
         cmp     al, WT_F16
         jb      .ret                    ; F32
@@ -197,7 +198,6 @@ check_program:
         test    cl, QK8_0-1
         jnz     .bad2
 .room:
-        mov     eax, [r12+OP_WTYPE]
         call    weight_row
         imul    r10, r8
         mov     rax, [r12+OP_W]

@@ -216,9 +216,9 @@ h_logits:
         mov     r8d, [rbx+HDR_VOCAB]
         mov     eax, [rbp+FV_B]
         mov     rdi, [rbp+FV_LOGITS]
-        lea     ecx, [rax-1]
-        imul    ecx, r8d
-        lea     rcx, [rdi+rcx*4]        ; the last token's row (all sampling needs)
+        lea     r9d, [rax-1]
+        imul    r9d, r8d
+        lea     r9, [rdi+r9*4]          ; the last token's row (all sampling needs)
         cmp     dword [logits_fd], 0
         jne     .rows                   ; --logits: every token's row
         mov     edx, [rbp+FV_N_T]
@@ -227,14 +227,13 @@ h_logits:
         dec     eax
         imul    rax, [rbp+FV_ST+8]
         add     rsi, rax                ; the last token's s1
-        mov     rdi, rcx
+        mov     rdi, r9
         push    1
         pop     rax
 .rows:
-        push    rcx
+        push    r9
         push    rdi
         push    rax                     ; the rows (rsp now 16-aligned for the calls)
-        mov     ecx, [r12+OP_N]
         mov     rdx, [rbp+FV_W]
         xor     r9d, r9d
         call    par_matmul              ; logits = W (vocab,n) @ s1

@@ -98,6 +98,7 @@ weight_row:
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
 check_program:
         mov     rsi, [slots_ptr]
+        mov     r9, rsi
         mov     ecx, [rbx+HDR_N_SLOTS]
         mov     edi, slot_cache+1       ; (addresses are below 2^32)
 .slot:
@@ -129,8 +130,7 @@ check_program:
         jrcxz   .none
         cmp     ecx, [rbx+HDR_N_SLOTS]
         ja      .bad
-        mov     rdx, [slots_ptr]
-        mov     edx, [rdx+rcx*8-SLOT_REC+SLOT_WIDTH]
+        mov     edx, [r9+rcx*8-SLOT_REC+SLOT_WIDTH]
         cmp     rax, rdx
         ja      .bad
         test    r8b, OPW_EMPTY

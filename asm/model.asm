@@ -205,7 +205,6 @@ check_ids:
 check_section:
         cmp     rax, r8
         jne     check_ids.bad
-        mov     r8, rax
         add     r8, rdx
         jc      check_ids.bad
         add     rax, rbx

@@ -124,9 +124,7 @@ err_header:
 check_tables:
         mov     r8d, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
         push    qword [rbx+HDR_BLOB_SIZE]       ; the sections' sizes, the last first
-        mov     eax, [rbx+HDR_N_MERGES]
-        shl     rax, 4                  ; MERGE_REC bytes each (0 here: no merges)
-        push    rax
+        push    0                       ; the merges' (check_header: none)
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2
         push    rax

@@ -108,22 +108,20 @@ forward:
 h_embed:
         mov     rax, [rbp+FV_IDS]
         mov     esi, [rax+rdx*4]        ; id_t
-        mov     ecx, [r12+OP_J]
-        call    weight_row
-        mov     r9, r10                 ; j's bytes
         mov     ecx, [r12+OP_K]
         call    weight_row              ; a row's bytes, the lookup
-        imul    r10, rsi
-        add     r9, r10
-        add     r9, [rbp+FV_W]
-        mov     r10, rdx
-        mov     rdx, r9                 ; -> column j of row id_t
+        imul    rsi, r10
+        add     rsi, [rbp+FV_W]         ; -> row id_t
+        mov     ecx, [r12+OP_J]
+        call    weight_row              ; j's bytes
+        lea     rax, [rsi+r10]          ; -> column j of row id_t
+        xchg    rax, rdx                ; rax: the lookup
         lea     rsi, [r12+OP_A]         ; [a]
         push    1                       ; the row as an (n,1) column
         pop     rcx
         mov     r8d, [r12+OP_N]
         xor     r9d, r9d
-        jmp     r10
+        jmp     rax
 
 ; h_norm: NORM, s0_t[g] (+)= rmsnorm(s1_t[g], w) for the m groups of n floats of each token,
 ; eps a (the groups of all tokens follow each other: m B of them).

@@ -162,8 +162,7 @@ h_rope:
         mov     esi, [r12+OP_M]
         mov     edx, [r12+OP_N]
         mov     r8, [rbp+FV_W]
-        mov     eax, [r12+OP_K]
-        push    rax                     ; rope's n2 (and rsp aligned for it)
+        push    qword [r12+OP_K]        ; rope's n2: k (the low dword; rsp aligned for it)
         call    rope
         pop     rax
         ret

@@ -136,8 +136,7 @@ check_tables:
         push    qword [rbx+HDR_STRINGS_SIZE]
         imul    eax, [rbx+HDR_N_OPS], OP_REC
         push    rax
-        mov     eax, [rbx+HDR_N_SLOTS]
-        shl     eax, 3                  ; SLOT_REC bytes each
+        imul    eax, [rbx+HDR_N_SLOTS], SLOT_REC
         push    rax
         lea     rsi, [rbx+HDR_SLOTS_OFF]
         lea     rdi, [rbp+V_SLOTS]

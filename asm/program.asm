@@ -161,8 +161,8 @@ check_program:
         movzx   ecx, byte [r12+OP_S0]
         bts     dword [slot_written], ecx
 
-        movzx   eax, byte [r14+4]       ; the weight's kind
-        test    eax, eax
+        mov     al, [r14+4]             ; the weight's kind
+        test    al, al
         jz      .rules
         mov     edx, [r12+OP_WTYPE]
         mov     ecx, [r12+OP_N]
@@ -214,9 +214,9 @@ check_program:
         jne     .attn
         mov     eax, [r12+OP_J]         ; columns j .. j+n-1 of k
         mov     ecx, [r12+OP_N]
-        add     rax, rcx
-        mov     edx, [r12+OP_K]
-        cmp     rax, rdx
+        add     eax, ecx
+        jc      .bad2
+        cmp     eax, [r12+OP_K]
         ja      .bad2
         cmp     byte [r12+OP_WTYPE], WT_Q8_0
         jne     .ok
@@ -227,7 +227,7 @@ check_program:
         cmp     al, OPC_ATTN
         jne     .logits
         mov     eax, [r12+OP_M]
-        xor     edx, edx
+        cdq                             ; (m <= n m <= MAX_WIDTH)
         div     dword [r12+OP_K]        ; (k >= 1: K's row is not empty)
         test    edx, edx
         jmp     .test

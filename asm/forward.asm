@@ -348,6 +348,6 @@ fwd_frame:
         push    r14
         push    r15
         push    r8
-        lea     rbp, [fwd_vars]
+        mov     ebp, fwd_vars
         mov     rbx, [rbp+FV_MODEL_BASE]        ; (model_base: a disp8 from fwd_vars)
         jmp     r11

@@ -108,23 +108,20 @@ forward:
 h_embed:
         mov     rax, [rbp+FV_IDS]
         mov     esi, [rax+rdx*4]        ; id_t
-        mov     eax, [r12+OP_WTYPE]
-        mov     ecx, [r12+OP_J]
-        call    weight_row
-        mov     r9, r10                 ; j's bytes
         mov     ecx, [r12+OP_K]
         call    weight_row              ; a row's bytes, the lookup
-        imul    r10, rsi
-        add     r9, r10
-        add     r9, [rbp+FV_W]
-        mov     r10, rdx
-        mov     rdx, r9                 ; -> column j of row id_t
+        imul    rsi, r10
+        add     rsi, [rbp+FV_W]         ; -> row id_t
+        mov     ecx, [r12+OP_J]
+        call    weight_row              ; j's bytes
+        lea     rax, [rsi+r10]          ; -> column j of row id_t
+        xchg    rax, rdx                ; rax: the lookup
         lea     rsi, [r12+OP_A]         ; [a]
         push    1                       ; the row as an (n,1) column
         pop     rcx
         mov     r8d, [r12+OP_N]
         xor     r9d, r9d
-        jmp     r10
+        jmp     rax
 
 ; h_norm: NORM, s0_t[g] (+)= rmsnorm(s1_t[g], w) for the m groups of n floats of each token,
 ; eps a (the groups of all tokens follow each other: m B of them).
@@ -150,7 +147,6 @@ h_matmul:
         mov     rax, [rbp+FV_P+16]
         mov     [job_gate], rax         ; 0: none
         mov     ecx, [r12+OP_N]
-        mov     eax, [r12+OP_WTYPE]
         call    weight_row              ; r10 bytes per row, r11 its kernel
         mov     rdx, [rbp+FV_W]
         mov     r8d, [r12+OP_M]
@@ -166,8 +162,7 @@ h_rope:
         mov     esi, [r12+OP_M]
         mov     edx, [r12+OP_N]
         mov     r8, [rbp+FV_W]
-        mov     eax, [r12+OP_K]
-        push    rax                     ; rope's n2 (and rsp aligned for it)
+        push    qword [r12+OP_K]        ; rope's n2: k (the low dword; rsp aligned for it)
         call    rope
         pop     rax
         ret
@@ -214,14 +209,13 @@ h_add:
 ; rsi (-> the first row written) and edx (the bytes written).
 h_logits:
         mov     ecx, [r12+OP_N]
-        mov     eax, [r12+OP_WTYPE]
         call    weight_row              ; r10 bytes per row, r11 its kernel
         mov     r8d, [rbx+HDR_VOCAB]
         mov     eax, [rbp+FV_B]
         mov     rdi, [rbp+FV_LOGITS]
-        lea     ecx, [rax-1]
-        imul    ecx, r8d
-        lea     rcx, [rdi+rcx*4]        ; the last token's row (all sampling needs)
+        lea     r9d, [rax-1]
+        imul    r9d, r8d
+        lea     r9, [rdi+r9*4]          ; the last token's row (all sampling needs)
         cmp     dword [logits_fd], 0
         jne     .rows                   ; --logits: every token's row
         mov     edx, [rbp+FV_N_T]
@@ -230,14 +224,13 @@ h_logits:
         dec     eax
         imul    rax, [rbp+FV_ST+8]
         add     rsi, rax                ; the last token's s1
-        mov     rdi, rcx
+        mov     rdi, r9
         push    1
         pop     rax
 .rows:
-        push    rcx
+        push    r9
         push    rdi
         push    rax                     ; the rows (rsp now 16-aligned for the calls)
-        mov     ecx, [r12+OP_N]
         mov     rdx, [rbp+FV_W]
         xor     r9d, r9d
         call    par_matmul              ; logits = W (vocab,n) @ s1
@@ -355,6 +348,6 @@ fwd_frame:
         push    r14
         push    r15
         push    r8
-        lea     rbp, [fwd_vars]
+        mov     ebp, fwd_vars
         mov     rbx, [rbp+FV_MODEL_BASE]        ; (model_base: a disp8 from fwd_vars)
         jmp     r11

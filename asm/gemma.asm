@@ -8,7 +8,8 @@
 ; sample.asm: 3 bytes more (a pass, 2026-12-04, evening); after Vᵀ att's four chains,
 ; threads.asm first and sys.asm after cpu.asm: 5 more (two passes, late evening); after
 ; FP16 decode's prefetch, text.asm first and output.asm before sys.asm: 2 more (two passes,
-; night); docs/build.md.
+; night); after the op program's interpreter, program.asm before forward.asm: 11 more (a
+; pass, 2026-12-06); docs/build.md.
 
 format ELF64 executable 3
 entry start
@@ -17,8 +18,8 @@ segment readable executable
 
 include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
 include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
-include 'forward.asm'           ; forward: the op program's interpreter
 include 'program.asm'           ; the program's validation and buffers (model_setup)
+include 'forward.asm'           ; forward: the op program's interpreter
 include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
 include 'sys.asm'               ; the only file that holds `syscall`
 include 'format.asm'            ; the model file's layout (constants only)

@@ -124,9 +124,7 @@ err_header:
 check_tables:
         mov     r8d, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
         push    qword [rbx+HDR_BLOB_SIZE]       ; the sections' sizes, the last first
-        mov     eax, [rbx+HDR_N_MERGES]
-        shl     rax, 4                  ; MERGE_REC bytes each (0 here: no merges)
-        push    rax
+        push    0                       ; the merges' (check_header: none)
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2
         push    rax
@@ -138,8 +136,7 @@ check_tables:
         push    qword [rbx+HDR_STRINGS_SIZE]
         imul    eax, [rbx+HDR_N_OPS], OP_REC
         push    rax
-        mov     eax, [rbx+HDR_N_SLOTS]
-        shl     eax, 3                  ; SLOT_REC bytes each
+        imul    eax, [rbx+HDR_N_SLOTS], SLOT_REC
         push    rax
         lea     rsi, [rbx+HDR_SLOTS_OFF]
         lea     rdi, [rbp+V_SLOTS]
@@ -205,7 +202,6 @@ check_ids:
 check_section:
         cmp     rax, r8
         jne     check_ids.bad
-        mov     r8, rax
         add     r8, rdx
         jc      check_ids.bad
         add     rax, rbx

@@ -62,13 +62,14 @@ op_width:
 .ret:
         ret
 
-; weight_row: the bytes of a row of ecx weights of type eax (WT_*: F32 4 each, F16 2, Q8_0
+; weight_row: the bytes of a row of ecx weights of the op's type (WT_*: F32 4 each, F16 2, Q8_0
 ; Q8_0_BLOCK per QK8_0), the kernel record of products with such rows (cpu.asm's choice
 ; for the type) and the routine that looks up one (an embedding row: matmul_f16 of the row
 ; as a (cols,1) column by [s], or dequant_q8).
-;   in: eax type (F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a multiple of
-;   QK8_0)   out: r10 bytes, r11 kernel record, rdx lookup   clobbers: -
+;   in: r12 the op (its type F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a
+;   multiple of QK8_0)   out: r10 bytes, r11 kernel record, rdx lookup   clobbers: rax
 weight_row:
+        mov     eax, [r12+OP_WTYPE]
         lea     r10d, [rcx*4]
         cmp     al, WT_F16
         jb      .ret                    ; F32
@@ -97,6 +98,7 @@ weight_row:
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
 check_program:
         mov     rsi, [slots_ptr]
+        mov     r9, rsi
         mov     ecx, [rbx+HDR_N_SLOTS]
         mov     edi, slot_cache+1       ; (addresses are below 2^32)
 .slot:
@@ -128,8 +130,7 @@ check_program:
         jrcxz   .none
         cmp     ecx, [rbx+HDR_N_SLOTS]
         ja      .bad
-        mov     rdx, [slots_ptr]
-        mov     edx, [rdx+rcx*8-SLOT_REC+SLOT_WIDTH]
+        mov     edx, [r9+rcx*8-SLOT_REC+SLOT_WIDTH]
         cmp     rax, rdx
         ja      .bad
         test    r8b, OPW_EMPTY
@@ -160,8 +161,8 @@ check_program:
         movzx   ecx, byte [r12+OP_S0]
         bts     dword [slot_written], ecx
 
-        movzx   eax, byte [r14+4]       ; the weight's kind
-        test    eax, eax
+        mov     al, [r14+4]             ; the weight's kind
+        test    al, al
         jz      .rules
         mov     edx, [r12+OP_WTYPE]
         mov     ecx, [r12+OP_N]
@@ -197,7 +198,6 @@ check_program:
         test    cl, QK8_0-1
         jnz     .bad2
 .room:
-        mov     eax, [r12+OP_WTYPE]
         call    weight_row
         imul    r10, r8
         mov     rax, [r12+OP_W]
@@ -214,9 +214,9 @@ check_program:
         jne     .attn
         mov     eax, [r12+OP_J]         ; columns j .. j+n-1 of k
         mov     ecx, [r12+OP_N]
-        add     rax, rcx
-        mov     edx, [r12+OP_K]
-        cmp     rax, rdx
+        add     eax, ecx
+        jc      .bad2
+        cmp     eax, [r12+OP_K]
         ja      .bad2
         cmp     byte [r12+OP_WTYPE], WT_Q8_0
         jne     .ok
@@ -227,7 +227,7 @@ check_program:
         cmp     al, OPC_ATTN
         jne     .logits
         mov     eax, [r12+OP_M]
-        xor     edx, edx
+        cdq                             ; (m <= n m <= MAX_WIDTH)
         div     dword [r12+OP_K]        ; (k >= 1: K's row is not empty)
         test    edx, edx
         jmp     .test

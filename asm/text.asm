@@ -6,8 +6,8 @@ msg_usage:
         db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-n N=EOS] [--temp T=0] [--top-p P=1] [-s SEED=0]', 10
         db      '  [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
 msg_newline:
-        db      10, 0
-empty_text:
+        db      10
+empty_text:                             ; (also the usage's terminating 0)
         db      0                       ; the prompt without -p or -f, an error without argument
 msg_prefix:
         db      'gemma: ', 0

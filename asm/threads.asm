@@ -23,7 +23,7 @@ SPIN_ROUNDS = 4096              ; wait_change: about 0.1 ms of pause instruction
 threads_start:
         push    rbx
         push    rbp
-        lea     rbx, [job_vars]
+        mov     ebx, job_vars
         xor     edi, edi                ; this process
         mov     esi, CPU_MASK_BYTES
         lea     rdx, [rbx+cpu_mask-job_vars]
@@ -56,7 +56,7 @@ threads_start:
         mov     edi, WORKER_STACK
         call    alloc
         lea     rsi, [rax+WORKER_STACK-8]
-        lea     rcx, [worker]
+        mov     ecx, worker
         mov     [rsi], rcx              ; the child's `ret` in sys_call enters worker
         mov     edi, CLONE_THREADS
         call    sys_clone
@@ -97,7 +97,7 @@ worker:
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 par_matmul:
         push    rbx
-        lea     rbx, [job_vars]
+        mov     ebx, job_vars
         mov     [rbx+J_B], eax
         mov     [rbx+J_OUT], rdi
         mov     [rbx+J_X], rsi
@@ -107,7 +107,7 @@ par_matmul:
         mov     [rbx+J_ACC], r9d
         mov     [rbx+J_ROWB], r10
         mov     [rbx+J_CALL], r11
-        lea     rax, [mm_share]
+        mov     eax, mm_share
         jmp     par_run.go
 
 ; par_run: every thread runs the share function for its k (this one k = 0, then it waits for
@@ -117,7 +117,7 @@ par_matmul:
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm15
 par_run:
         push    rbx
-        lea     rbx, [job_vars]
+        mov     ebx, job_vars
 .go:
         mov     [rbx+J_SHARE], rax
         mov     edx, [rbx+J_T]

@@ -82,7 +82,7 @@ def test_readme_and_build_md_prose_sizes_are_the_builds(built):
     assert f"{f(built['file'])} bytes on disk, {f(built['image'])} bytes when it runs" in readme
     assert f"`./gemma` is {f(built['file'])} bytes on disk and {f(built['image'])} bytes when it runs" in readme
     assert f"a {built['unpack'] + built['stub']}-byte stub" in readme
-    assert f"({round(100 * built['coded'] / built['code'])}% of its code)" in readme
+    assert f"({round(100 * built['coded'] / built['code'])}% of its code" in readme
     assert f"{built['left']} are free" in readme
     assert f"the size budget ({f(built['budget'])} bytes)" in readme.lower()
     build_md = " ".join(BUILD_MD.read_text().split())

@@ -53,7 +53,7 @@ TOKEN_CODE = 13         ; bytes of each of .t3, .t2, .t1 (one token; k = 2..4 te
 PREFETCH_AHEAD = 2048
 
 matmul_q8_avx2:
-        mov     eax, matmul_f16_avx2.q8
+        lea     rax, [matmul_f16_avx2.q8]
         imul    r11d, ecx, Q8_0_BLOCK / 2
         shr     r11d, 4                 ; bytes of a row (n/32 blocks)
         cmp     dword [rsp+8], 1        ; k
@@ -66,10 +66,10 @@ matmul_q8_avx2:
         imul    eax, r8d, 4
         push    rax                     ; ostride: the second rows' outputs, bytes on
         push    2                       ; k: .sum stores the pair's two sums
-        mov     eax, matmul_f16_avx2.pair
+        lea     rax, [matmul_f16_avx2.pair]
         jmp     matmul_f16_avx2.rows_apart
 matmul_f16_avx2:
-        mov     eax, .f16               ; where 16 weights are loaded (matmul_q8_avx2: .q8)
+        lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
         lea     r11d, [rcx+rcx]         ; bytes of a row
         cmp     dword [rsp+8], TILE_TOKENS ; k
         jne     .k
@@ -86,7 +86,7 @@ matmul_f16_avx2:
         imul    eax, r8d, 4
         push    rax                     ; ostride: the next row's outputs, bytes on
         push    4                       ; k: .sum stores the four sums
-        mov     eax, .quad
+        lea     rax, [.quad]
 .rows_apart:                            ; (the two entries' tails kept apart: shared, they
         call    .go                     ; packed 3 bytes larger)
         add     rsp, 24

@@ -20,14 +20,14 @@
 ;   stack: k (1..4 or 8, low dword), ostride (a qword)   out: xout_t
 ;   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (the zmm registers; upper halves cleared)
 matmul_q8_avx512:
-        mov     eax, q8_rows3
-        mov     r11d, matmul_q8_avx2
+        lea     rax, [q8_rows3]
+        lea     r11, [matmul_q8_avx2]
         imul    r10d, ecx, Q8_0_BLOCK
         shr     r10d, 5                 ; bytes of a row: n/32 blocks
         jmp     tile8
 matmul_f16_avx512:
-        mov     eax, f16_rows3
-        mov     r11d, matmul_f16_avx2
+        lea     rax, [f16_rows3]
+        lea     r11, [matmul_f16_avx2]
         lea     r10d, [rcx+rcx]         ; bytes of a row
         jmp     tile8
 ; tile8: matmul_f16_avx512's and matmul_q8_avx512's prompt blocks (k = 8): three rows a-c at

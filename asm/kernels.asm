@@ -15,7 +15,7 @@
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n, r8d d, r9d accumulate
 ;   out: xout   clobbers: rax rcx rdx rdi r8 r10 r11 xmm0-xmm4 xmm6 xmm7
 matmul_f16:
-        mov     r10d, .col              ; a row's loop (matmul_q8 has its own)
+        lea     r10, [.col]             ; a row's loop (matmul_q8 has its own)
 .setup:
         mov     rax, 0x778000008FFFFFFF ; 2^112 (float32 bits), the mask
         movq    xmm6, rax
@@ -286,7 +286,7 @@ softmax:
         maxss   xmm0, [rdi+rcx*4-4]
         loop    .max
         shufps  xmm0, xmm0, 0           ; max in every lane
-        mov     edx, gelu_c
+        lea     rdx, [gelu_c]
         push    rax                     ; aligns rsp for the calls
 .exp:                                   ; (ecx = 0)
         movups  xmm1, [rdi+rcx*4]
@@ -328,7 +328,7 @@ softmax:
 geglu:
         push    rax                     ; aligns rsp for the calls
         mov     ecx, edx
-        mov     edx, gelu_c
+        lea     rdx, [gelu_c]
 .unit:
         movups  xmm0, [rdi+rcx*4-16]    ; z
         movaps  xmm1, xmm0
@@ -381,10 +381,10 @@ exp2ps:
 ;   in: rdi xout, rsi x, rdx W (rows of n/32 blocks of 34 bytes), ecx n, r8d d, r9d accumulate
 ;   out: xout   clobbers: rax rcx rdx rdi r8 r10 r11 xmm0-xmm7
 dequant_q8:
-        mov     r10d, matmul_q8.deq
+        lea     r10, [matmul_q8.deq]
         jmp     matmul_f16.setup
 matmul_q8:
-        mov     r10d, .col
+        lea     r10, [.col]
         jmp     matmul_f16.setup
 .deq:
         movss   xmm2, [rsi]

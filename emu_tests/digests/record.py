@@ -3,9 +3,9 @@ logits_digests.json, so that test_logits_digests.py holds any later forward pass
 
     python -m emu_tests.digests.record
 
-When: once, on the engine whose forward pass is asm/forward.asm, before issue 43's interpreter
-of an op program replaces it; never again after the interpreter lands, unless the arithmetic is
-meant to change (the commit then says why and which digests moved): recording again makes the
+When: once, on the engine whose forward pass was hard-coded (the 6,092-byte ./gemma of commit
+8ad60f2, on version 2 files), before the interpreter of the op program replaced it; never
+again, unless the arithmetic is meant to change (the commit then says why and which digests moved): recording again makes the
 test hold whatever the engine computes now.
 
 Needs a CPU with every level (AVX-512F, AVX2, FMA, F16C: nothing in the suite runs the whole

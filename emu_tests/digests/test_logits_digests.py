@@ -1,7 +1,7 @@
 """The forward pass keeps its recorded bits: the SHA-256 of every `--logits` file of cases.py's
 cases (every Gemma 1-3 fixture prompt in FP16 and Q8_0, the real Gemma 3 270M; each level, -t 1
-and -t 2) equals logits_digests.json, recorded by record.py on the forward pass of
-asm/forward.asm before issue 43's interpreter replaces it. A difference names the first case that
+and -t 2) equals logits_digests.json, recorded by record.py on the hard-coded forward pass
+that the op program's interpreter replaced (which gives the same digests). A difference names the first case that
 differs (entry, flags, prompt) and how many do.
 
 Measured when recording (AMD EPYC with AVX-512F, 2 CPUs): every digest was the same in two
@@ -11,13 +11,13 @@ different one on every case; a fixture converted from HF and from GGUF the same 
 prompt both tokenize alike. Doubling the norms' eps moves the fixtures' logits by 8e-6 (inside
 the tolerance tests' 1e-4) and changes every digest.
 
-Levels: each runs where this CPU has it (cases.unavailable), and is skipped, saying why, where
-it does not. The whole program's AVX-512 path runs only on a CPU with AVX-512F: qemu-user 7.2's
-TCG has no AVX-512 (`-cpu Skylake-Server` drops avx512f and the engine takes AVX2), the
+Levels: every case runs on every CPU. Where a level's kernels are missing (the AVX-512 one on an
+AVX2-only CPU), its flags make the engine take the kernels the CPU has, and the case is held to
+the same recorded digests: the AVX2 kernels promise the AVX-512 ones' bits, and the recording
+checked it on every case. The whole program's AVX-512 path itself runs only on a CPU with
+AVX-512F: qemu-user 7.2's TCG has no AVX-512 (`-cpu Skylake-Server` drops avx512f), the
 whole-program runner in Unicorn (harness/program.py) refuses every VEX/EVEX instruction and runs
-one thread, and the instruction model (harness/avx.py) runs single kernels only. The recording
-host has AVX-512F, as CI's Intel host does; on an AVX2-only host the --avx2 digests, equal to
-the AVX-512 ones on every recorded case, still hold the rest of the forward pass.
+one thread; its kernels run through the instruction model in emu_tests/model on such a CPU.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import json
 import pytest
 
 from emu_tests.digests.cases import (DIGESTS, ENTRIES, LEVELS, REAL, THREADS, logits_sha256,
-                                     model_file, prompts, unavailable)
+                                     model_file, prompts)
 
 RECORDED = json.loads(DIGESTS.read_text())
 
@@ -69,13 +69,6 @@ def check(binary, key: str, level: str, model) -> None:
                         f"(host: {RECORDED['host']}); the first: {differ[0]}")
 
 
-def skip_unless_runs(level: str) -> None:
-    why = unavailable(level)
-    if why:
-        pytest.skip(f"{level}: {why}; nothing in the suite runs the whole program's {level} "
-                    f"path on such a CPU (see this module's docstring)")
-
-
 @pytest.fixture(scope="module")
 def fixtures_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("digests")
@@ -83,7 +76,6 @@ def fixtures_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("key,level", cases(real=False))
 def test_fixture_digests(gemma, fixtures_dir, key, level):
-    skip_unless_runs(level)
     check(gemma.binary, key, level, model_file(ENTRIES[key], fixtures_dir, fixtures_dir))
 
 
@@ -91,5 +83,4 @@ def test_fixture_digests(gemma, fixtures_dir, key, level):
 @pytest.mark.parametrize("key,level", cases(real=True))
 def test_real_model_digests(gemma, real_g3, key, level):
     """real_g3's directory is a demo cache: its Q8_0 file is converted there once."""
-    skip_unless_runs(level)
     check(gemma.binary, key, level, model_file(ENTRIES[key], real_g3.parent, real_g3.parent))

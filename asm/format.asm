@@ -44,6 +44,10 @@ HDR_FILE_SIZE   = 168
 
 FLAG_MERGES     = 8             ; the tokenizer merges by rank (merge records)
 MERGE_REC       = 16            ; per merge: u32 left, u32 right, u32 result, f32 score
+MERGE_LEFT      = 0             ; the pair's left id
+MERGE_RIGHT     = 4             ; its right id
+MERGE_RESULT    = 8             ; the id the pair (left, right) merges into
+MERGE_SCORE     = 12            ; -rank: the lower rank merges first
 
 ; slot record fields and flags
 SLOT_WIDTH      = 0             ; floats a token's row holds at most (1 .. MAX_WIDTH)

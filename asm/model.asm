@@ -21,12 +21,14 @@ err_cannot_read:                        ; (before load_model: its jumps here are
 ; "Version 4"): sets model_base, model_size and the sections' pointers (slots_ptr ..
 ; weights_ptr). Checks, in order: size >= the header (else truncated), magic, version,
 ; header_size, file_size == the real size (larger: truncated), vocab 1 .. 2^24, max_ctx
-; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag and no merge (this engine tokenizes
-; by scores only), bos/eos/eot < vocab, byte_base + 256 <= vocab, each section where the
+; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag but MERGES, n_merges 0 without it
+; and <= 2^24 with it, bos/eos/eot < vocab, byte_base + 256 <= vocab, each section where the
 ; one before ends (slots, program, strings, pieces, index, user, merges, blob; weights at the
 ; next multiple of 4096), the last ending at file_size, every piece's bytes inside the blob,
 ; max_piece_len == the longest piece's length (the prompt-length guard relies on it), every
-; index and user id < vocab, user pieces not empty; then the program (check_program).
+; index id < vocab, every merge's left, right and result < vocab and the merges strictly
+; sorted by (left, right) (the tokenizer's binary search), every user id < vocab and its piece
+; not empty; then the program (check_program).
 ;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
 ;   file's struct stat (main.asm compares st_dev, st_ino with the --logits file's)
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
@@ -101,8 +103,11 @@ check_header:                           ; (load_model, after the magic and the v
         cmp     eax, 254                ; n_slots 1 .. 255 (slot operands are bytes)
         ja      err_header
         mov     eax, [rbx+HDR_FLAGS]
-        or      eax, [rbx+HDR_N_MERGES] ; (MERGES: a tokenizer this engine lacks)
+        test    eax, not FLAG_MERGES
         jnz     err_header
+        shl     eax, 21                 ; MERGES: 2^24 merges at most, else none
+        cmp     [rbx+HDR_N_MERGES], eax
+        ja      err_header
         push    3                       ; bos, eos, eot < vocab
         pop     rcx
 .special:
@@ -124,7 +129,9 @@ err_header:
 check_tables:
         mov     r8d, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
         push    qword [rbx+HDR_BLOB_SIZE]       ; the sections' sizes, the last first
-        push    0                       ; the merges' (check_header: none)
+        mov     eax, [rbx+HDR_N_MERGES]
+        shl     rax, 4                  ; MERGE_REC bytes each
+        push    rax
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2
         push    rax
@@ -179,6 +186,24 @@ check_tables:
         mov     edx, [rbx+HDR_N_INDEX]
         xor     r10d, r10d              ; index pieces may be empty
         call    check_ids
+        mov     rsi, [rbp+V_MERGES]
+        mov     ecx, [rbx+HDR_N_MERGES]
+        xor     r8d, r8d                ; the least (left, right) the next record may have
+        jrcxz   .merged
+.merge:
+        mov     rax, [rsi]
+        ror     rax, 32                 ; left * 2^32 + right
+        cmp     rax, r8
+        jb      check_ids.bad
+        lea     r8, [rax+1]
+        push    rcx
+        push    3
+        pop     rdx
+        call    check_ids               ; left, right, result
+        lodsd                           ; (score)
+        pop     rcx
+        loop    .merge
+.merged:
         mov     rsi, [rbp+V_USER]
         mov     edx, [rbx+HDR_N_USER]
         inc     r10d                    ; user pieces are matched: never empty

@@ -1,9 +1,11 @@
-; tokenizer.asm: the prompt's token ids (docs/gemma.md "The tokenizer", the twin of
-; builder/twins/tokenizer.py step for step). The user pieces cut the text into segments,
-; which BPE never merges across; each segment is split into symbols (UTF-8 characters),
-; merged as sentencepiece's BPE merges them (a binary heap of candidate pairs) and turned into
-; ids before the next one is read, so that a prompt too long for the context is refused as soon
-; as its ids are more than the context holds.
+; tokenizer.asm: the prompt's token ids (docs/gemma.md "The tokenizer", docs/format.md
+; "Tokenizer (version 3)", the twin of builder/twins/tokenizer.py step for step). The user
+; pieces cut the text into segments, which BPE never merges across; each segment is split into
+; symbols (UTF-8 characters), merged as sentencepiece's BPE merges them (a binary heap of
+; candidate pairs), by the joined piece's score or, with the header flag MERGES, by the merge
+; record of the two ids (merge-rank BPE), and turned into ids before the next one is read, so
+; that a prompt too long for the context is refused as soon as its ids are more than the
+; context holds.
 
 ; A symbol record, per segment from r14 on (the next segment reuses them). The segment's
 ; symbols tile it; a symbol merged into its left neighbour keeps length 0. After the last
@@ -15,27 +17,18 @@ SYM_NEXT        = 8             ; u64 -> the next symbol's record; the end recor
 SYM_PREV        = 16            ; u64 -> the previous symbol's record (0: the first)
 SYM_LEN         = 24            ; u32 its bytes (0: merged); the end record: the user piece's
                                 ; (>= 1), or 1 at the text's end (so no pair is ever valid with it)
-SYM_ID          = 28            ; u32 the end record: the user piece's id, or -1 at the text's end
+SYM_ID          = 28            ; u32 its id: its normal piece's, or the id its pair merged
+                                ; into, or -1 (none); the end record: the user piece's id, or -1
+                                ; at the text's end
 
 ; A candidate pair: an entry of the heap (from r15 on; the entry that goes first at r15, the
 ; children of entry i at 2i + 1 and 2i + 2).
 CAND            = 16
-CAND_SCORE      = 0             ; f32 the score of the normal piece the pair's bytes are
+CAND_SCORE      = 0             ; f32 the score of the normal piece the pair's bytes are, or
+                                ; (MERGES) of the merge record of the pair's ids
 CAND_LEN        = 4             ; u32 the pair's bytes when it was pushed (it is stale once
                                 ; either symbol has changed)
 CAND_LEFT       = 8             ; u64 -> its left symbol's record
-
-; The memo of lookups (lookup): MEMO_ENTRIES entries, direct-mapped by the top bits of the
-; FNV-1a hash of the bytes looked up (zeroed: length 0, never asked for). A text asks for the
-; same bytes again and again: 83% of the lookups for 40 KB of English repeat an earlier one.
-MEMO            = 16
-MEMO_BYTES      = 0             ; u64 address of the bytes (in the text, which stays)
-MEMO_LEN        = 8             ; u32 their length
-MEMO_ID         = 12            ; u32 the answer: a normal piece's id, or -1
-MEMO_BITS       = 15
-MEMO_ENTRIES    = 1 shl MEMO_BITS
-FNV_BASIS       = 0x811C9DC5
-FNV_PRIME       = 0x01000193
 
 ; The first-byte index of the user table: FIRST_BYTES + 2 dwords of offsets (the user pieces
 ; starting with byte b are the ids at offsets [X[b], X[b+1]) of the list), then the list: the
@@ -43,11 +36,12 @@ FNV_PRIME       = 0x01000193
 FIRST_BYTES     = 256
 FIRST_INDEX     = (FIRST_BYTES + 2) * 4         ; bytes before the list
 
-; tokenize: spaces -> U+2581; at each position the first piece of the user table that
-; matches there (tried through the first-byte index) ends a segment and becomes one id; in a
-; segment, one symbol per UTF-8 character, merged as sentencepiece's BPE does: a heap of the
-; adjacent pairs whose bytes are a normal piece, the highest score first, the leftmost on
-; equal scores, an entry whose symbols have changed since it was pushed skipped; then each
+; tokenize: spaces -> U+2581 (with MERGES: only outside user pieces, which match the raw
+; text); at each position the first piece of the user table that matches there (tried through
+; the first-byte index) ends a segment and becomes one id; in a segment, one symbol per UTF-8
+; character, starting as the id of its normal piece (or -1), merged as sentencepiece's BPE
+; does: a heap of the adjacent pairs that merge (pair), the highest score first, the leftmost
+; on equal scores, an entry whose symbols have changed since it was pushed skipped; then each
 ; symbol -> its id, or one byte piece per byte.
 ;   in: rbx header, rbp front_base, opt_prompt   out: r12 -> ids (BOS first, room for
 ;   ctx_len), r13d = their count, r15 = 0 (main.asm's position)
@@ -74,6 +68,8 @@ tokenize:
         lodsb
         cmp     al, ' '
         jne     .copy
+        test    byte [rbx+HDR_FLAGS], FLAG_MERGES
+        jnz     .copy                   ; (symbol_piece makes a space symbol U+2581)
         mov     ax, 0x96E2              ; U+2581 = E2 96 81
         stosw
         mov     al, 0x81
@@ -99,11 +95,10 @@ tokenize:
         shl     ecx, 5                  ; (length + 1) * SYM (< 2^31)
         mov     r13d, ecx               ; = the heap's bytes: 2 * (length + 1) * CAND
         mov     eax, [rbx+HDR_N_USER]
-        lea     rdi, [rax*4+FIRST_INDEX+MEMO_ENTRIES*MEMO]
+        lea     rdi, [rax*4+FIRST_INDEX]
         lea     rdi, [rdi+rcx*2]
-        call    alloc                   ; the memo, then the rest
-        mov     [rbp+V_MEMO], rax
-        lea     r14, [rax+MEMO_ENTRIES*MEMO]    ; r14 -> the symbol records
+        call    alloc
+        xchg    r14, rax                ; r14 -> the symbol records
         lea     r8, [r14+r13*2]         ; the first-byte index
         add     r13, r14                ; the heap
         push    r8                      ; [rsp+8] the first-byte index
@@ -150,7 +145,8 @@ tokenize:
         mov     r15, r13                ; r15 -> the heap
 
 ; A segment: rsi -> its first byte, r8 -> the record to fill. Each record points to its
-; neighbours (the first's previous and the end record's next are cleared at the end).
+; neighbours (the first's previous and the end record's next are cleared at the end) and holds
+; its normal piece's id (symbol_piece: a space left by MERGES becomes the symbol U+2581).
 .segment:
         mov     r8, r14
         jmp     .symbol
@@ -176,9 +172,13 @@ tokenize:
 .single:
         mov     dl, 1                   ; (edx < 256)
 .whole:
-        mov     [r8+SYM_LEN], edx
         add     rsi, rdx
-        add     r8, SYM
+        push    rsi
+        mov     rdi, r8
+        call    symbol_piece            ; its length and id
+        mov     [rdi+SYM_ID], eax
+        pop     rsi
+        lea     r8, [rdi+SYM]
 .symbol:
         mov     [r8+SYM_START], rsi
         lea     rax, [r8-SYM]
@@ -225,9 +225,9 @@ tokenize:
         and     qword [r8+SYM_NEXT], 0
         and     qword [r14+SYM_PREV], 0
 
-; Merging (sentencepiece's bpe_model.cc): every adjacent pair that is a piece onto the heap;
-; then pop the pair that goes first; skip it if stale, else merge it and push the merged
-; symbol's pairs with its neighbours. r13 -> the heap's end.
+; Merging (sentencepiece's bpe_model.cc): every adjacent pair that merges onto the heap;
+; then pop the pair that goes first; skip it if stale, else merge it (the merged symbol takes
+; the pair's id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
         mov     r13, r15
         mov     rdi, r14
 .pairs:
@@ -265,14 +265,16 @@ tokenize:
         mov     r10, r9
         jc      .down
 .popped:                                ; rdi -> the left symbol, edx = the pair's length
-        mov     eax, [rdi+SYM_LEN]
-        test    eax, eax
-        jz      .merge                  ; merged into its own left neighbour since: stale
-        mov     rcx, [rdi+SYM_NEXT]
-        add     eax, [rcx+SYM_LEN]
-        cmp     eax, edx
+        cmp     dword [rdi+SYM_LEN], 0
+        je      .merge                  ; merged into its own left neighbour since: stale
+        push    rdx
+        call    pair
+        pop     rcx
+        cmp     edx, ecx
         jne     .merge                  ; either symbol has grown since: stale
-        mov     [rdi+SYM_LEN], eax      ; the right symbol joins the left one
+        mov     [rdi+SYM_LEN], edx      ; the right symbol joins the left one
+        mov     [rdi+SYM_ID], eax
+        mov     rcx, [rdi+SYM_NEXT]
         and     dword [rcx+SYM_LEN], 0
         mov     rax, [rcx+SYM_NEXT]
         mov     [rdi+SYM_NEXT], rax
@@ -290,10 +292,10 @@ tokenize:
 .emit_symbol:
         mov     rsi, [r13+SYM_START]
         mov     edx, [r13+SYM_LEN]
+        mov     eax, [r13+SYM_ID]
         cmp     qword [r13+SYM_NEXT], 0
         je      .emitted                ; the end record
-        add     rdx, rsi
-        call    lookup
+        test    eax, eax
         jns     .store
 .byte:
         lodsb                           ; byte fallback: <0xHH> = byte_base + HH
@@ -308,7 +310,6 @@ tokenize:
         mov     r13, [r13+SYM_NEXT]
         jmp     .emit_symbol
 .emitted:                               ; rsi -> where the next segment starts
-        mov     eax, [r13+SYM_ID]
         test    eax, eax
         js      .check
         stosd
@@ -328,9 +329,11 @@ tokenize:
 .err_long_prompt:
         call    fatal_here
         db      'prompt too long', 0
+space_piece:
+        db      0xE2, 0x96, 0x81        ; U+2581, the piece of a space
 
 ; add_pair: push the pair of symbol rdi and the next one onto the heap when the segment has a
-; next one and their bytes are a normal piece (sentencepiece's MaybeAddNewSymbolPair).
+; next one and the two merge (sentencepiece's MaybeAddNewSymbolPair).
 ;   in: rdi -> a symbol's record, or 0 (none), r13 the heap's end, r15 its start, rbx header,
 ;   rbp front_base   out: r13 (one entry further when pushed)
 ;   clobbers: rax rcx rdx rsi r8-r11 xmm0 xmm1
@@ -340,11 +343,7 @@ add_pair:
         mov     rax, [rdi+SYM_NEXT]
         cmp     qword [rax+SYM_NEXT], 0
         je      .done                   ; the end record: no pair
-        mov     rsi, [rdi+SYM_START]
-        mov     edx, [rdi+SYM_LEN]
-        add     edx, [rax+SYM_LEN]
-        add     rdx, rsi
-        call    lookup                  ; edx = the pair's length
+        call    pair                    ; edx = the pair's length
         js      .done
         mov     r9, r13                 ; the new entry, last
         add     r13, CAND
@@ -394,35 +393,71 @@ before:
         cmc                             ; (CF was set)
         ret
 
-; lookup: the normal piece whose bytes equal [rsi, rdx): the memo's answer when its entry for
-; the bytes' hash holds the same bytes, else a binary search in the index (sorted by unsigned
-; bytes, a proper prefix first), remembered in that entry.
-;   in: rsi bytes, rdx their end (0 < rdx - rsi < 2^32), rbx header, rbp front_base (memo_ptr)
+; pair: what symbol rdi and the next one merge into: by score, the normal piece their bytes
+; are; with MERGES, the merge record (left, right) of their ids, found by a binary search of
+; the records (sorted by (left, right); an id -1 is in none).
+;   in: rdi -> a symbol's record (its next one: a symbol or the end record), rbx header,
+;   rbp front_base   out: edx = the two's length; eax = the merged id, r11 + PIECE_SCORE -> its
+;   score and SF clear, or eax = -1 and SF set   clobbers: rcx rsi r8-r10
+pair:
+        mov     rax, [rdi+SYM_NEXT]
+        mov     edx, [rax+SYM_LEN]
+        add     edx, [rdi+SYM_LEN]
+        mov     rsi, [rdi+SYM_START]
+        test    byte [rbx+HDR_FLAGS], FLAG_MERGES
+        jz      symbol_piece.bytes
+        mov     r8d, [rdi+SYM_ID]       ; the key (r8d, r9d)
+        mov     r9d, [rax+SYM_ID]
+        mov     rsi, [rbp+V_MERGES]     ; the records that may hold it: rsi, ecx of them
+        mov     ecx, [rbx+HDR_N_MERGES]
+        jrcxz   .none
+.probe:                                 ; the record half-way, or the first of one
+        mov     eax, ecx
+        shr     eax, 1
+        sub     ecx, eax                ; the key is in the last n - half or before it
+        shl     eax, 4                  ; * MERGE_REC
+        lea     r11, [rsi+rax]
+        cmp     [r11+MERGE_LEFT], r8d
+        jne     .decided
+        cmp     [r11+MERGE_RIGHT], r9d
+        je      .found
+.decided:
+        cmovb   rsi, r11                ; below the key: it starts there
+        test    eax, eax
+        jnz     .probe
+.none:
+        or      eax, -1
+        ret
+.found:
+        add     r11, MERGE_SCORE - PIECE_SCORE  ; (SF clear: an address)
+        mov     eax, [r11+MERGE_RESULT-MERGE_SCORE+PIECE_SCORE]
+        ret
+
+; symbol_piece: a new symbol's length (edx) into its record, and its normal piece (lookup); a
+; symbol that is a space (left only by MERGES) becomes U+2581 (its start and length there).
+;   in: rdi -> a symbol's record (its start set), edx its length, rbx header, rbp front_base
+;   out: as lookup, rsi = its first byte   clobbers: rcx r8-r11
+symbol_piece:
+        mov     rsi, [rdi+SYM_START]
+        cmp     byte [rsi], ' '
+        jne     .sized
+        mov     qword [rdi+SYM_START], space_piece      ; (the image is below 2^31)
+        mov     dl, 3
+        jmp     symbol_piece
+.sized:
+        mov     [rdi+SYM_LEN], edx
+.bytes:                                 ; (pair: the edx bytes from rsi on)
+        add     rdx, rsi
+
+; lookup: the normal piece whose bytes equal [rsi, rdx): a binary search in the index (sorted
+; by unsigned bytes, a proper prefix first).
+;   in: rsi bytes, rdx their end (0 < rdx - rsi < 2^32), rbx header, rbp front_base
 ;   out: eax id, r11 -> its record and SF clear, or eax = -1 and SF set; edx = the length
 ;   clobbers: rcx r8-r11
 lookup:
         push    rdi
         push    rsi
         sub     edx, esi
-        mov     eax, FNV_BASIS          ; FNV-1a over the bytes
-        xor     ecx, ecx
-.hash:
-        xor     al, [rsi+rcx]
-        imul    eax, eax, FNV_PRIME
-        inc     ecx
-        cmp     ecx, edx
-        jb      .hash
-        shr     eax, 32 - MEMO_BITS     ; its top bits: the entry
-        shl     eax, 4                  ; * MEMO
-        add     rax, [rbp+V_MEMO]
-        push    rax                     ; [rsp] the entry, [rsp+8] rsi (rsp 16-aligned)
-        cmp     edx, [rax+MEMO_LEN]
-        jne     .search
-        mov     rdi, [rax+MEMO_BYTES]
-        repe    cmpsb                   ; (ecx = edx)
-        mov     eax, [rax+MEMO_ID]
-        je      .known
-.search:
         or      r8, -1                  ; lo - 1
         mov     r9d, [rbx+HDR_N_INDEX]  ; hi
 .probe:
@@ -430,45 +465,24 @@ lookup:
         shr     r10, 1                  ; mid
         or      eax, -1                 ; (none, when lo = hi)
         cmp     r10, r9
-        jae     .found
+        jae     .done
         mov     rax, [rbp+V_INDEX]
         mov     eax, [rax+r10*4]
         call    piece
-        mov     rsi, [rsp+8]
+        mov     rsi, [rsp]
         cmp     ecx, edx
         cmova   ecx, edx                ; the shorter length
-.compare:                               ; (a loop: faster than repe cmpsb on 1 to 3 bytes)
-        jrcxz   .prefix
-        mov     al, [rsi]
-        cmp     al, [rdi]
+        test    ecx, ecx                ; (ZF: an empty piece is a prefix)
+        repe    cmpsb
         jne     .decided
-        inc     rsi
-        inc     rdi
-        dec     ecx
-        jmp     .compare
-.prefix:                                ; equal up to the shorter: the shorter sorts first
-        cmp     edx, [r11+PIECE_LEN]
-        jne     .decided
-        mov     rax, [rbp+V_INDEX]
-        mov     eax, [rax+r10*4]        ; (al was the loop's)
-        jmp     .found
+        cmp     edx, [r11+PIECE_LEN]    ; equal up to the shorter: the shorter sorts first
+        je      .done                   ; (SF clear: an id)
 .decided:
         cmova   r8, r10                 ; above: lo = mid + 1
         cmovbe  r9, r10                 ; below: hi = mid
         jmp     .probe
-.found:                                 ; remembered
-        mov     rcx, [rsp]
-        mov     rsi, [rsp+8]
-        mov     [rcx+MEMO_BYTES], rsi
-        mov     [rcx+MEMO_LEN], edx
-        mov     [rcx+MEMO_ID], eax
-.known:
-        pop     rcx
-        pop     rsi
-        test    eax, eax
-        js      .done
-        call    piece                   ; r11 -> its record
-        test    eax, eax                ; (SF clear)
 .done:
+        pop     rsi
         pop     rdi
+        test    eax, eax
         ret

@@ -74,7 +74,6 @@ weights_ptr:    rq 1            ; the weights region
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 opt_help:       rq 1            ; -h / --help, low byte
 sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
-memo_ptr:       rq 1            ; the tokenizer's memo of lookups (tokenizer.asm)
 opt_baseline:   rq 1            ; --baseline, low byte (cpu.asm)
 opt_avx2:       rq 1            ; --avx2, low byte (cpu.asm)
 ctx_len:        rd 1            ; context length (from -c or the header)
@@ -99,6 +98,7 @@ V_SLOTS         = slots_ptr - front_base
 V_PIECES        = pieces_ptr - front_base
 V_INDEX         = index_ptr - front_base
 V_USER          = user_ptr - front_base
+V_MERGES        = merges_ptr - front_base
 V_BLOB          = blob_ptr - front_base
 V_CTX_LEN       = ctx_len - front_base
 V_LOGITS_FD     = logits_fd - front_base
@@ -107,7 +107,6 @@ V_WROTE         = wrote - front_base
 V_FILE          = opt_file - front_base
 V_HELP          = opt_help - front_base
 V_SIGSET        = sig_block - front_base
-V_MEMO          = memo_ptr - front_base
 V_BASELINE      = opt_baseline - front_base
 V_AVX2          = opt_avx2 - front_base
 V_OUT_BUF       = out_buf - front_base

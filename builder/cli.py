@@ -10,15 +10,11 @@ from pathlib import Path
 from typing import Callable
 
 from builder.models.modelfile import Q8_0
-from builder.models.modelfile3 import MERGES
 from builder.models.modelfile4 import VERSION
 
 # The model file version the engine built from this tree runs: asm/format.asm's MODEL_VERSION
 # (emu_tests/models/test_format_mirror.py holds the two equal).
 ENGINE_VERSION = VERSION
-# Whether that engine tokenizes by merge rank (header flag MERGES: Gemma 4's tokenizer); not
-# yet: the bytes for it wait (asm/model.asm refuses the flag).
-ENGINE_MERGES = False
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,16 +46,12 @@ def run(prog: str, body: Callable[[], object], errors: tuple[type[BaseException]
 def model_summary(prog: str, path: Path) -> Callable[[object], str]:
     """The one line convert and synth end with: the file, its size, the model's shapes and
     the matrices' type; before it, on stderr, one line when ./gemma cannot run the file (its
-    version is not ENGINE_VERSION, or its tokenizer merges by rank and ENGINE_MERGES is not
-    set). The file is written either way."""
+    version is not ENGINE_VERSION). The file is written either way."""
     def line(header) -> str:
         h = header
         if h.version != ENGINE_VERSION:
             print(f"{prog}: warning: ./gemma cannot run {path} yet: it is model file version {h.version}, "
                   f"this build's engine runs version {ENGINE_VERSION}", file=sys.stderr)
-        elif h.flags & MERGES and not ENGINE_MERGES:
-            print(f"{prog}: warning: ./gemma cannot run {path} yet: its tokenizer merges by rank (Gemma 4), "
-                  "which this build's engine does not do", file=sys.stderr)
         if h.version == 4:
             return (f"wrote {path}: {h.file_size:,} bytes; version 4 (Gemma {h.generation}), vocab {h.vocab}, "
                     f"{h.n_ops} ops on {h.n_slots} slots, context {h.max_ctx}")

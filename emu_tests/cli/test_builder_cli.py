@@ -108,17 +108,13 @@ def test_a_file_the_engine_cannot_run_is_written_with_one_line_of_warning(tmp_pa
     assert r.stdout.startswith(f"wrote {out}: ") and out.read_bytes()[8] == version
 
 
-def test_a_gemma4_file_warns_while_the_engine_lacks_its_tokenizer(tmp_path):
-    """A version 4 Gemma 4 file (its tokenizer merges by rank) is written and summarised, with one
-    warning line while the engine does not tokenize so (ENGINE_MERGES; test_engine_cli holds the
-    engine's refusal to it)."""
-    from builder.cli import ENGINE_MERGES
+def test_a_gemma4_file_is_written_without_a_warning(tmp_path):
+    """A version 4 Gemma 4 file (its tokenizer merges by rank) is written and summarised with no
+    warning: the engine runs it (test_engine_gemma4)."""
     out = tmp_path / "g4.bin"
     r = builder("convert", str(fixture_path("tiny_g4k")), "-q", "-o", str(out))
-    assert r.returncode == 0 and r.stdout.startswith(f"wrote {out}: "), r
-    assert r.stderr == ("" if ENGINE_MERGES else
-                        f"python -m builder convert: warning: ./gemma cannot run {out} yet: its tokenizer merges "
-                        "by rank (Gemma 4), which this build's engine does not do\n")
+    assert (r.returncode, r.stderr) == (0, ""), r
+    assert r.stdout.startswith(f"wrote {out}: ") and "(Gemma 4)" in r.stdout, r.stdout
 
 
 def test_demo_builds_the_engine_only_when_a_source_is_newer(tmp_path, monkeypatch):

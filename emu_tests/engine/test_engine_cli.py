@@ -547,19 +547,6 @@ def test_inconsistent_headers(engine, mqa, tmp_path):
             f"{fields}: {r.returncode} {r.stderr!r}"
 
 
-def test_a_rank_merging_tokenizer_is_refused_until_the_engine_has_it(engine, tmp_path):
-    """Gemma 4's files (header flag MERGES) are refused in one line while builder.cli's
-    ENGINE_MERGES says the engine lacks that tokenizer; then they run."""
-    from builder.cli import ENGINE_MERGES
-    from builder.models.convert import convert
-    convert(fixture_path("tiny_g4k"), tmp_path / "g4.bin", progress=False)
-    r = run(engine, "-m", tmp_path / "g4.bin", "-p", "Hello", "-n", 2)
-    if ENGINE_MERGES:
-        assert r.returncode == 0 and r.stderr == b"", r.stderr
-    else:
-        assert_error(r, "bad header")
-
-
 def test_program_past_its_weights(engine, mqa, tmp_path):
     """Sections consistent, but the weights region ends before the last tensor the program
     reads: bad program (load_model's sections are fine, check_program is not)."""

@@ -22,10 +22,6 @@ from builder.models.modelfile4 import (DTYPES, HEADER_FIELDS, MAX_OPS, MAX_SLOTS
 
 PIECE_FIELDS = [("blob_off", 0), ("len", 4), ("score", 8), ("type", 12)]    # u32 / f32 each
 FIELD_AT = {name: off for name, off, _ in HEADER_FIELDS}
-# The engine refuses the MERGES flag (and so any merge) until its merge-rank tokenizer lands
-# (docs/format.md, "Validation (version 4)"): a refusal of a file the Python reader reads, so
-# the fuzz does not hold the engine to the reader on it (test_fuzz's twin check skips it).
-ENGINE_ONLY = "merges (the engine has no merge-rank tokenizer yet)"
 
 
 @dataclass(frozen=True)
@@ -48,8 +44,7 @@ def header_problems(h: dict, file_len: int, weights_end: int = 0) -> list[str]:
     arithmetic: identity, the file's length, the counts' ranges, the flags and merges, the ids
     the tokenizer starts from, every section's offset the one the counts before it imply
     (modelfile4.section_chain, weights_off included) and the weights region holding the
-    `weights_end` bytes the program's weights reach. ENGINE_ONLY is among them when the
-    header asks for merges."""
+    `weights_end` bytes the program's weights reach."""
     out = []
     if h["magic"] != MAGIC or h["version"] != VERSION or h["header_size"] != HEADER_SIZE:
         out.append("identity")
@@ -61,8 +56,6 @@ def header_problems(h: dict, file_len: int, weights_end: int = 0) -> list[str]:
             out.append(name)
     if h["flags"] & ~MERGES or h["n_merges"] and not h["flags"] & MERGES:
         out.append("flags")
-    if h["flags"] & MERGES:
-        out.append(ENGINE_ONLY)
     if max(h["bos"], h["eos"], h["eot"]) >= h["vocab"] or h["byte_base"] + 256 > h["vocab"]:
         out.append("ids")
     out += [name for name, want in section_chain(SimpleNamespace(**h)) if h[name] != want]

@@ -13,10 +13,9 @@ shape and sparse runs, then seeded random mutations up to the count.
 Every mutate4 case is decided here, once, by what builder.models.modelfile4.ModelFile4 does
 with its file (`reader_verdicts`): the engine must refuse what the reader refuses and run what
 it accepts (for the cases mutate4 decides by the page, emu_tests/models/test_fuzz4.py holds
-the reader to the same verdicts). Two known differences are not held against the engine
+the reader to the same verdicts). One known difference is not held against the engine
 (docs/format.md, "Validation (version 4)"): it does not read the strings section yet (a case
-the reader refuses for its strings is left undecided), and it refuses the MERGES header flag
-(a file the reader accepts with it is left undecided too).
+the reader refuses for its strings is left undecided).
 """
 from __future__ import annotations
 
@@ -27,7 +26,6 @@ from pathlib import Path
 
 from builder.models.convert import convert
 from builder.models.modelfile import ModelFormatError
-from builder.models.modelfile3 import MERGES
 from builder.models.modelfile4 import ModelFile4, read_strings
 
 from .model import Base, write_case
@@ -60,14 +58,14 @@ def models(tmp: Path) -> dict[str, Path]:
 
 def reader_verdict(path: Path) -> bool | None:
     """Whether the engine must refuse the file at path (True) or run it (False), as the Python
-    reader decides; None where the engine differs on purpose (the strings, MERGES)."""
+    reader decides; None where the engine differs on purpose (the strings)."""
     try:
         header = ModelFile4(path).header
     except ModelFormatError as e:
         check = e.__context__ or e      # (MappedModel raises the check's error again, naming the file)
         strings = any(frame.f_code is read_strings.__code__ for frame, _ in traceback.walk_tb(check.__traceback__))
         return None if strings else True
-    return None if header.flags & MERGES else False
+    return False
 
 
 def reader_verdicts(models: dict[str, Path], cases: list[Case]) -> list[Case]:

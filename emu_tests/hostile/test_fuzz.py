@@ -16,7 +16,7 @@
   PROT_READ + MAP_PRIVATE (seen through qemu-user's -strace).
 - The mutators themselves: reproducible, covering every boundary, reading the program as the
   reader does, and never calling a file invalid that builder.models.modelfile4's reader
-  accepts (but for MERGES, which the engine alone refuses for now).
+  accepts.
 - test_regression_F*: each crash fuzzing found (F1, F2, ...), kept as a named case.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from builder.models.modelfile4 import HEADER_FIELDS, RULES, ModelFile4, Op, weig
 from builder.twins.reference import Reference
 from emu_tests.asm_facts import constant
 from fuzz import suite
-from fuzz.model import ENGINE_ONLY, Base, header_problems, parse_header, write_case
+from fuzz.model import Base, header_problems, parse_header, write_case
 from fuzz.mutate import Case, MODEL
 from fuzz.runner import judge, run
 from fuzz.shapes import SHAPES, write_shape
@@ -271,7 +271,7 @@ def test_mutators_make_q8_0_cases(tmp_path):
 
 def _python_refusals(models: dict[str, Path], cases: list[Case], tmp: str) -> tuple[int, list[str]]:
     """In a child process (address space 2 GB, 3 s per file): every mutated file that
-    fuzz.model.header_problems calls invalid (for more than ENGINE_ONLY), opened with
+    fuzz.model.header_problems calls invalid, opened with
     builder.models.modelfile4.ModelFile4; what it did not refuse."""
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
@@ -286,8 +286,7 @@ def _python_refusals(models: dict[str, Path], cases: list[Case], tmp: str) -> tu
         base = bases[case.model]
         write_case(path, base.data, base.length, case.edits, case.size)
         data = path.read_bytes()
-        if len(data) >= HEADER_SIZE and not set(header_problems(parse_header(data), len(data),
-                                                                base.weights_end)) - {ENGINE_ONLY}:
+        if len(data) >= HEADER_SIZE and not header_problems(parse_header(data), len(data), base.weights_end):
             continue
         checked += 1
         signal.alarm(3)

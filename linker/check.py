@@ -13,7 +13,7 @@ Contract: `check(path_or_bytes, budget=None)` returns None when every check pass
   parse       pyelftools can read the program headers, and the section headers and the
               section names when there are any
   overlap     a program header's bytes that are read (of PT_GNU_STACK p_type and p_flags, of
-              others all 56) lie after the ELF header or in e_ident's last 8 bytes
+              PT_LOAD all but p_align, of others all 56) lie after the ELF header or in e_ident's last 8 bytes
               (EI_ABIVERSION and EI_PAD, which nothing reads): only there may they overlap it
   interp      no PT_INTERP segment
   dynamic     no PT_DYNAMIC segment
@@ -26,15 +26,16 @@ Contract: `check(path_or_bytes, budget=None)` returns None when every check pass
               rw- PT_LOAD, .data (PROGBITS, WA) and .bss (NOBITS, WA) present, section
               names read from e_shstrndx
   entry       e_entry inside the r-x PT_LOAD's file bytes after the ELF header and the bytes
-              read of the program headers (PT_GNU_STACK: p_type and p_flags), and
-              inside .text when there are section headers
+              read of the program headers (PT_GNU_STACK: p_type and p_flags; PT_LOAD of an
+              ET_EXEC: all but p_align), and inside .text when there are section headers
   bounds      every PT_LOAD's file bytes inside the file, p_filesz <= p_memsz, PT_LOADs do
               not share a page in memory (of PT_GNU_STACK, whose other fields nothing
               reads, only p_type and p_flags are checked: the packed program's other 48
               bytes are its ELF header's, linker/layout.py)
 A PT_LOAD's p_paddr is not checked: no loader reads it, and the packed program keeps a
 constant of its decoder there (linker.link's `paddr`).
-  congruence  every PT_LOAD has p_offset == p_vaddr modulo the page size (and its p_align)
+  congruence  every PT_LOAD has p_offset == p_vaddr modulo the page size (its p_align, read for
+              ET_DYN only, is not checked: the packed program's code starts over it)
   coverage    (with section headers) .text inside a readable, executable PT_LOAD; .data and
               .bss, where present, inside a writable one; file bytes of .text/.data where the segment maps them
   tail        (without section headers) the file ends where the last PT_LOAD's file bytes
@@ -50,7 +51,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.constants import P_FLAGS, SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
-from .layout import EHDR_SIZE, PAGE, STACK_AT, STACK_READ
+from .layout import EHDR_SIZE, LOAD_READ, PAGE, STACK_AT, STACK_READ
 
 REQUIRED = {  # name: (sh_type, flags among SHF_ALLOC|SHF_WRITE|SHF_EXECINSTR)
     ".text": ("SHT_PROGBITS", SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR),
@@ -181,8 +182,8 @@ def _check_sections(hdr, sections: dict, writable: bool) -> None:
 
 def _read_bytes(hdr, seg) -> int:
     """How many of a program header's bytes a loader reads: of PT_GNU_STACK p_type and
-    p_flags (linker/layout.py), of the others all."""
-    return STACK_READ if seg.p_type == "PT_GNU_STACK" else hdr.e_phentsize
+    p_flags, of an ET_EXEC's PT_LOAD all but p_align (linker/layout.py), of the others all."""
+    return {"PT_GNU_STACK": STACK_READ, "PT_LOAD": LOAD_READ}.get(seg.p_type, hdr.e_phentsize)
 
 
 def _check_overlap(hdr, segments: list) -> None:
@@ -226,10 +227,9 @@ def _check_segments(segments: list, file_size: int) -> None:
             raise ElfCheckError("bounds", f"PT_LOADs at {low.p_vaddr:#x} and "
                                 f"{high.p_vaddr:#x} share a page in memory")
     for seg in loads:
-        align = max(seg.p_align, PAGE)
-        if (seg.p_offset - seg.p_vaddr) % align:
+        if (seg.p_offset - seg.p_vaddr) % PAGE:
             raise ElfCheckError("congruence", f"PT_LOAD offset {seg.p_offset:#x} and vaddr "
-                                f"{seg.p_vaddr:#x} differ modulo {align:#x}")
+                                f"{seg.p_vaddr:#x} differ modulo {PAGE:#x}")
 
 
 def _check_coverage(segments: list, sections: dict) -> None:

@@ -20,15 +20,20 @@ r-x PT_LOAD, overlapping the ELF header. Of PT_GNU_STACK, Linux (binfmt_elf), qe
 gdb read p_type and p_flags only, so that header starts at e_phoff = 8, where its 8 bytes read
 are e_ident's last 8 (EI_ABIVERSION and EI_PAD, which nothing reads); its other 48 bytes are the
 ELF header's from e_type on, which mean nothing to it. PT_LOAD follows at 0x40, right after
-the ELF header, and .text right after PT_LOAD, at 0x78:
+the ELF header, and .text starts over its p_align, at 0x70: loaders read an ET_EXEC's PT_LOAD
+up to p_memsz (Linux reads p_align for ET_DYN only; qemu-user ORs it into the alignment it
+checks AT_PAGESZ against, which is 4 KiB either way on an x86-64 host; BFD warns of a p_align
+that is no power of two):
 
 File                                    Memory
 0x000  ELF header (64; PT_GNU_STACK's   base + offset       the PT_LOAD, r-x, offset 0:
        p_type and p_flags at 0x08)                          headers + .text
 0x040  PT_LOAD r-x (56)
-0x078  .text                            text_addr = base + 0x78
+0x070  .text (its first 8 bytes are     text_addr = base + 0x70
+       PT_LOAD's p_align)
 
-The r-x segment maps at least the headers: an empty .text leaves the file at 0x78.
+The r-x segment maps at least the headers: a .text under 8 bytes is followed by zeros up to
+0x78.
 
 The rw segment starts on the page after the last page of .text in memory while its file bytes
 follow .text directly: data_addr = BASE + PAGE + data_off keeps offset and address congruent
@@ -52,6 +57,8 @@ PHNUM = 3                # PT_LOAD r-x, PT_LOAD rw-, PT_GNU_STACK (2 without the
 STACK_READ = 8           # the bytes of PT_GNU_STACK anything reads: p_type and p_flags
 STACK_AT = 8             # without an rw segment, e_phoff: e_ident[EI_ABIVERSION:], 8 bytes no
                          # loader reads, hold PT_GNU_STACK's p_type and p_flags
+LOAD_READ = 48           # the bytes of an ET_EXEC's PT_LOAD anything reads: p_type .. p_memsz
+                         # (p_align counts for ET_DYN only)
 P_PADDR = 24             # offsetof(Elf64_Phdr, p_paddr)
 
 
@@ -143,7 +150,7 @@ def layout(text_size: int, data_size: int, bss_size: int, base: int = BASE,
     if not writable and (data_size or bss_size):
         raise ValueError("a program without an rw segment has no .data and no .bss")
     phnum = PHNUM if writable else PHNUM - 1
-    text_off = EHDR_SIZE + (phnum if writable else 1) * PHDR_SIZE
+    text_off = EHDR_SIZE + (phnum * PHDR_SIZE if writable else LOAD_READ)
     text_file_end = text_off + text_size
     data_off = (align_up(text_file_end, DATA_ALIGN) if data_size
                 else text_file_end & -DATA_ALIGN)

@@ -122,13 +122,13 @@ def test_layout_rejects_bad_sizes(sizes):
 def test_layout_without_rw_segment(base):
     """writable=False (the packed program): two program headers from e_phoff 8 on
     (PT_GNU_STACK's p_type and p_flags in e_ident's last 8 bytes, PT_LOAD right after the ELF
-    header), .text after PT_LOAD at `base`, the file at least the headers; no .data or .bss
-    allowed; `base` must be a page multiple below 2^31."""
+    header), .text from PT_LOAD's p_align on at `base`, the file at least the headers; no
+    .data or .bss allowed; `base` must be a page multiple below 2^31."""
     lay = linker.layout(100, 0, 0, base=base, writable=False)
     assert (lay.phnum, lay.writable, lay.phoff, lay.text_off, lay.text_addr) == \
-        (2, False, 8, 120, base + 120)
-    assert lay.file_end == lay.code_file_end == 220
-    assert linker.layout(0, 0, 0, base=base, writable=False).file_end == 120
+        (2, False, 8, 112, base + 112)
+    assert lay.file_end == lay.code_file_end == 212
+    assert linker.layout(5, 0, 0, base=base, writable=False).file_end == 120
     assert lay.paddr_addr == base + 64 + 24                 # PT_LOAD's p_paddr
     for sizes in ((100, 1, 0), (100, 0, 1)):
         with pytest.raises(ValueError, match="no .data and no .bss"):
@@ -156,8 +156,10 @@ def test_code_only_program_runs(tmp_path, symbols):
         with pytest.raises(ValueError, match="unknown section '.data'"):
             linker.link(text, b"", 0, lay.text_addr, lay, [Symbol("d", lay.text_end, 0, ".data")])
     assert run(elf, tmp_path).returncode == 42
-    # PT_GNU_STACK's p_type and p_flags are e_ident's last 8 bytes; the code follows PT_LOAD
-    assert lay.text_off == 64 + 56 and elf[8:16] == struct.pack("<II", 0x6474E551, 6)
+    # PT_GNU_STACK's p_type and p_flags are e_ident's last 8 bytes; the code starts over
+    # PT_LOAD's p_align
+    assert lay.text_off == 64 + 48 and elf[8:16] == struct.pack("<II", 0x6474E551, 6)
+    assert elf_file(elf).get_segment(1)["p_align"] == int.from_bytes(text[:8], "little")
     bad = bytearray(elf)
     struct.pack_into("<Q", bad, 24, lay.text_addr - 1)
     with pytest.raises(linker.ElfCheckError, match="'entry' failed"):
@@ -165,7 +167,7 @@ def test_code_only_program_runs(tmp_path, symbols):
     bad = bytearray(elf)                # a PT_LOAD there would be read over e_type on
     struct.pack_into("<II", bad, 8, 1, 5)
     with pytest.raises(linker.ElfCheckError, match=r"'overlap' failed: program header 0 "
-                       r"\(PT_LOAD\) reads file bytes \[0x8, 0x40\)"):
+                       r"\(PT_LOAD\) reads file bytes \[0x8, 0x38\)"):
         linker.check(bytes(bad))
 
 

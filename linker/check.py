@@ -13,8 +13,9 @@ Contract: `check(path_or_bytes, budget=None)` returns None when every check pass
   parse       pyelftools can read the program headers, and the section headers and the
               section names when there are any
   overlap     a program header's bytes that are read (of PT_GNU_STACK p_type and p_flags, of
-              PT_LOAD all but p_align, of others all 56) lie after the ELF header or in e_ident's last 8 bytes
-              (EI_ABIVERSION and EI_PAD, which nothing reads): only there may they overlap it
+              PT_LOAD all but p_align, of others all 56) lie after the ELF header or in
+              e_ident's last 8 bytes (EI_ABIVERSION and EI_PAD, which nothing reads): only
+              there may they overlap it
   interp      no PT_INTERP segment
   dynamic     no PT_DYNAMIC segment
   wx          no segment both writable and executable

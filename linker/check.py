@@ -12,6 +12,10 @@ Contract: `check(path_or_bytes, budget=None)` returns None when every check pass
   type        ET_EXEC
   parse       pyelftools can read the program headers, and the section headers and the
               section names when there are any
+  overlap     a program header's bytes that are read (of PT_GNU_STACK p_type and p_flags, of
+              PT_LOAD all but p_align, of others all 56) lie after the ELF header or in
+              e_ident's last 8 bytes (EI_ABIVERSION and EI_PAD, which nothing reads): only
+              there may they overlap it
   interp      no PT_INTERP segment
   dynamic     no PT_DYNAMIC segment
   wx          no segment both writable and executable
@@ -22,15 +26,17 @@ Contract: `check(path_or_bytes, budget=None)` returns None when every check pass
               .text (PROGBITS, AX), .shstrtab (STRTAB, not allocated) and, when there is an
               rw- PT_LOAD, .data (PROGBITS, WA) and .bss (NOBITS, WA) present, section
               names read from e_shstrndx
-  entry       e_entry inside the r-x PT_LOAD's file bytes after the program headers (a last
-              PT_GNU_STACK counts for its p_type and p_flags), and
-              inside .text when there are section headers
+  entry       e_entry inside the r-x PT_LOAD's file bytes after the ELF header and the bytes
+              read of the program headers (PT_GNU_STACK: p_type and p_flags; PT_LOAD of an
+              ET_EXEC: all but p_align), and inside .text when there are section headers
   bounds      every PT_LOAD's file bytes inside the file, p_filesz <= p_memsz, PT_LOADs do
-              not share a page in memory (of PT_GNU_STACK only p_type and p_flags are read:
-              the packed program's code starts over the rest, linker/layout.py)
+              not share a page in memory (of PT_GNU_STACK, whose other fields nothing
+              reads, only p_type and p_flags are checked: the packed program's other 48
+              bytes are its ELF header's, linker/layout.py)
 A PT_LOAD's p_paddr is not checked: no loader reads it, and the packed program keeps a
 constant of its decoder there (linker.link's `paddr`).
-  congruence  every PT_LOAD has p_offset == p_vaddr modulo the page size (and its p_align)
+  congruence  every PT_LOAD has p_offset == p_vaddr modulo the page size (its p_align, read for
+              ET_DYN only, is not checked: the packed program's code starts over it)
   coverage    (with section headers) .text inside a readable, executable PT_LOAD; .data and
               .bss, where present, inside a writable one; file bytes of .text/.data where the segment maps them
   tail        (without section headers) the file ends where the last PT_LOAD's file bytes
@@ -46,7 +52,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.constants import P_FLAGS, SH_FLAGS
 from elftools.elf.elffile import ELFFile
 
-from .layout import PAGE, STACK_READ
+from .layout import EHDR_SIZE, LOAD_READ, PAGE, STACK_AT, STACK_READ
 
 REQUIRED = {  # name: (sh_type, flags among SHF_ALLOC|SHF_WRITE|SHF_EXECINSTR)
     ".text": ("SHT_PROGBITS", SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_EXECINSTR),
@@ -54,6 +60,7 @@ REQUIRED = {  # name: (sh_type, flags among SHF_ALLOC|SHF_WRITE|SHF_EXECINSTR)
     ".bss": ("SHT_NOBITS", SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_WRITE),
     ".shstrtab": ("SHT_STRTAB", 0),
 }
+EI_NIDENT = 16           # sizeof(e_ident)
 FLAG_MASK = SH_FLAGS.SHF_ALLOC | SH_FLAGS.SHF_WRITE | SH_FLAGS.SHF_EXECINSTR
 PARSE_ERRORS = (ELFError, struct.error, ValueError, KeyError, IndexError, UnicodeDecodeError)
 
@@ -104,6 +111,7 @@ def check(path_or_bytes: bytes | str | os.PathLike, budget: int | None = None) -
     except PARSE_ERRORS as exc:
         raise ElfCheckError("parse", f"pyelftools cannot read the program or section "
                             f"headers: {exc}") from None
+    _check_overlap(hdr, segments)
     for seg_type, name in (("PT_INTERP", "interp"), ("PT_DYNAMIC", "dynamic")):
         found = [i for i, s in enumerate(segments) if s.p_type == seg_type]
         if found:
@@ -127,7 +135,7 @@ def check(path_or_bytes: bytes | str | os.PathLike, budget: int | None = None) -
     elif hdr.e_shstrndx != 0:
         raise ElfCheckError("sections", f"no section headers, but e_shstrndx is "
                             f"{hdr.e_shstrndx}")
-    _check_entry(hdr, code, sections, segments[-1].p_type)
+    _check_entry(hdr, code, sections, segments)
     _check_segments(segments, len(blob))
     if has_sections:
         _check_coverage(segments, sections)
@@ -173,12 +181,28 @@ def _check_sections(hdr, sections: dict, writable: bool) -> None:
                                 f"{sec.sh_flags:#x}, want {sh_type} flags {flags:#x}")
 
 
-def _check_entry(hdr, code, sections: dict, last_type: str) -> None:
-    """The 'entry' check: e_entry in the code segment's file bytes after the headers (and in
-    .text when there are sections); of a last PT_GNU_STACK header, only the 8 bytes read."""
-    phdrs_end = hdr.e_phoff + hdr.e_phnum * hdr.e_phentsize
-    if last_type == "PT_GNU_STACK":
-        phdrs_end -= hdr.e_phentsize - STACK_READ
+def _read_bytes(hdr, seg) -> int:
+    """How many of a program header's bytes a loader reads: of PT_GNU_STACK p_type and
+    p_flags, of an ET_EXEC's PT_LOAD all but p_align (linker/layout.py), of the others all."""
+    return {"PT_GNU_STACK": STACK_READ, "PT_LOAD": LOAD_READ}.get(seg.p_type, hdr.e_phentsize)
+
+
+def _check_overlap(hdr, segments: list) -> None:
+    """The 'overlap' check: the program headers' bytes read avoid the ELF header's, but for
+    e_ident's last 8 (EI_ABIVERSION, EI_PAD)."""
+    for i, seg in enumerate(segments):
+        start = hdr.e_phoff + i * hdr.e_phentsize
+        end = start + _read_bytes(hdr, seg)
+        if start < EHDR_SIZE and not (STACK_AT <= start and end <= EI_NIDENT):
+            raise ElfCheckError("overlap", f"program header {i} ({seg.p_type}) reads file "
+                                f"bytes [{start:#x}, {end:#x}), over the ELF header's fields")
+
+
+def _check_entry(hdr, code, sections: dict, segments: list) -> None:
+    """The 'entry' check: e_entry in the code segment's file bytes after the ELF header and
+    the bytes read of the program headers (and in .text when there are sections)."""
+    phdrs_end = max([EHDR_SIZE] + [hdr.e_phoff + i * hdr.e_phentsize + _read_bytes(hdr, s)
+                                   for i, s in enumerate(segments)])
     start = code.p_vaddr + max(0, phdrs_end - code.p_offset)
     end = code.p_vaddr + code.p_filesz
     if not start <= hdr.e_entry < end:
@@ -204,10 +228,9 @@ def _check_segments(segments: list, file_size: int) -> None:
             raise ElfCheckError("bounds", f"PT_LOADs at {low.p_vaddr:#x} and "
                                 f"{high.p_vaddr:#x} share a page in memory")
     for seg in loads:
-        align = max(seg.p_align, PAGE)
-        if (seg.p_offset - seg.p_vaddr) % align:
+        if (seg.p_offset - seg.p_vaddr) % PAGE:
             raise ElfCheckError("congruence", f"PT_LOAD offset {seg.p_offset:#x} and vaddr "
-                                f"{seg.p_vaddr:#x} differ modulo {align:#x}")
+                                f"{seg.p_vaddr:#x} differ modulo {PAGE:#x}")
 
 
 def _check_coverage(segments: list, sections: dict) -> None:

@@ -27,8 +27,9 @@ E_IDENT = b"\x7fELF" + bytes([
 ]) + bytes(8)            # EI_ABIVERSION, EI_PAD
 
 
-def pack_ehdr(entry: int, shoff: int, phnum: int, shnum: int, shstrndx: int) -> bytes:
-    """Elf64_Ehdr of an x86-64 executable whose program headers follow it directly."""
+def pack_ehdr(entry: int, phoff: int, shoff: int, phnum: int, shnum: int,
+              shstrndx: int) -> bytes:
+    """Elf64_Ehdr of an x86-64 executable with its program headers at file offset `phoff`."""
     return struct.pack(
         "<16sHHIQQQIHHHHHH",
         E_IDENT,         # e_ident
@@ -36,7 +37,7 @@ def pack_ehdr(entry: int, shoff: int, phnum: int, shnum: int, shstrndx: int) -> 
         EM_X86_64,       # e_machine
         EV_CURRENT,      # e_version
         entry,           # e_entry
-        EHDR_SIZE,       # e_phoff
+        phoff,           # e_phoff
         shoff,           # e_shoff
         0,               # e_flags
         EHDR_SIZE,       # e_ehsize

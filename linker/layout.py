@@ -15,11 +15,25 @@ File                                    Memory
        [.shstrtab .symtab .strtab, section header table: only with symbols, not loaded]
 
 A program laid out with writable=False (the packed program: its stub has no writeable
-segment) has no rw segment, no .data and no .bss: two program headers (r-x and
-PT_GNU_STACK). Of PT_GNU_STACK, Linux (binfmt_elf), qemu-user and gdb read p_type and
-p_flags only, so .text starts right after those, at file offset 0x80: its first 48 bytes are
-also the header's p_offset .. p_align, which mean nothing there (48 bytes of the file). The
-r-x segment maps at least the headers: a .text under 48 bytes is followed by zeros up to 0xb0.
+segment) has no rw segment, no .data and no .bss: two program headers, PT_GNU_STACK then the
+r-x PT_LOAD, overlapping the ELF header. Of PT_GNU_STACK, Linux (binfmt_elf), qemu-user and
+gdb read p_type and p_flags only, so that header starts at e_phoff = 8, where its 8 bytes read
+are e_ident's last 8 (EI_ABIVERSION and EI_PAD, which nothing reads); its other 48 bytes are the
+ELF header's from e_type on, which mean nothing to it. PT_LOAD follows at 0x40, right after
+the ELF header, and .text starts over its p_align, at 0x70: loaders read an ET_EXEC's PT_LOAD
+up to p_memsz (Linux reads p_align for ET_DYN only; qemu-user ORs it into the alignment it
+checks AT_PAGESZ against, which is 4 KiB either way on an x86-64 host; BFD warns of a p_align
+that is no power of two):
+
+File                                    Memory
+0x000  ELF header (64; PT_GNU_STACK's   base + offset       the PT_LOAD, r-x, offset 0:
+       p_type and p_flags at 0x08)                          headers + .text
+0x040  PT_LOAD r-x (56)
+0x070  .text (its first 8 bytes are     text_addr = base + 0x70
+       PT_LOAD's p_align)
+
+The r-x segment maps at least the headers: a .text under 8 bytes is followed by zeros up to
+0x78.
 
 The rw segment starts on the page after the last page of .text in memory while its file bytes
 follow .text directly: data_addr = BASE + PAGE + data_off keeps offset and address congruent
@@ -41,6 +55,10 @@ PHDR_SIZE = 56           # sizeof(Elf64_Phdr)
 SHDR_SIZE = 64           # sizeof(Elf64_Shdr)
 PHNUM = 3                # PT_LOAD r-x, PT_LOAD rw-, PT_GNU_STACK (2 without the rw-)
 STACK_READ = 8           # the bytes of PT_GNU_STACK anything reads: p_type and p_flags
+STACK_AT = 8             # without an rw segment, e_phoff: e_ident[EI_ABIVERSION:], 8 bytes no
+                         # loader reads, hold PT_GNU_STACK's p_type and p_flags
+LOAD_READ = 48           # the bytes of an ET_EXEC's PT_LOAD anything reads: p_type .. p_memsz
+                         # (p_align counts for ET_DYN only)
 P_PADDR = 24             # offsetof(Elf64_Phdr, p_paddr)
 
 
@@ -72,9 +90,16 @@ class Layout:
         return self.phnum == PHNUM
 
     @property
+    def phoff(self) -> int:
+        """File offset of the program headers (e_phoff): after the ELF header, or without an
+        rw segment inside it, at STACK_AT."""
+        return EHDR_SIZE if self.writable else STACK_AT
+
+    @property
     def paddr_addr(self) -> int:
         """Address of the r-x PT_LOAD header's p_paddr, 8 bytes no loader reads (the linker
-        writes what `link`'s `paddr` says there)."""
+        writes what `link`'s `paddr` says there). That header is at 0x40 either way: the first
+        with an rw segment, the second (after PT_GNU_STACK at STACK_AT) without."""
         return self.base + EHDR_SIZE + P_PADDR
 
     @property
@@ -90,8 +115,8 @@ class Layout:
     @property
     def code_file_end(self) -> int:
         """End of the r-x segment's file bytes: .text's end, or the program headers' end when
-        .text (starting inside them) is shorter."""
-        return max(self.text_file_end, EHDR_SIZE + self.phnum * PHDR_SIZE)
+        .text is shorter."""
+        return max(self.text_file_end, self.phoff + self.phnum * PHDR_SIZE)
 
     @property
     def data_file_end(self) -> int:
@@ -125,7 +150,7 @@ def layout(text_size: int, data_size: int, bss_size: int, base: int = BASE,
     if not writable and (data_size or bss_size):
         raise ValueError("a program without an rw segment has no .data and no .bss")
     phnum = PHNUM if writable else PHNUM - 1
-    text_off = EHDR_SIZE + phnum * PHDR_SIZE - (0 if writable else PHDR_SIZE - STACK_READ)
+    text_off = EHDR_SIZE + (phnum * PHDR_SIZE if writable else LOAD_READ)
     text_file_end = text_off + text_size
     data_off = (align_up(text_file_end, DATA_ALIGN) if data_size
                 else text_file_end & -DATA_ALIGN)

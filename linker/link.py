@@ -1,21 +1,21 @@
 """Write the executable: `link(text, data, bss_size, entry, layout, symbols=None) -> bytes`.
 
 File order: ELF header, program headers (PT_LOAD r-x over offset 0 .. end of .text, PT_LOAD rw-
-over .data with .bss as memory beyond its file size unless the layout has no rw segment,
-PT_GNU_STACK rw-), .text (without an rw segment: from PT_GNU_STACK's p_offset on, see
-layout.py; zeros after a .text too short to fill that header), and when .data is
-not empty, zero padding up to data_off and .data. The file ends there, at layout.file_end: no
-section header table and no .shstrtab (e_shoff, e_shnum and e_shstrndx are 0), since loading
-and running the program reads only the program headers. With `symbols` (a list, even empty)
-the bytes up to there stay the same but for those three ELF header fields, and the file goes
-on with what gdb and perf read: .shstrtab, .symtab (8-aligned), .strtab and the section header
-table (8-aligned; null, .text, .data, .bss, .shstrtab, .symtab, .strtab). The output depends
-only on the arguments (byte-identical for the same input). Raises ValueError when the arguments
-disagree with the layout (sizes, entry outside .text) or a symbol is bad (see symbols.py)."""
+over .data with .bss as memory beyond its file size, PT_GNU_STACK rw-; without an rw segment
+PT_GNU_STACK, whose p_type and p_flags are e_ident's last 8 bytes, then the PT_LOAD r-x, see
+layout.py), .text, and when .data is not empty, zero padding up to data_off and .data. The
+file ends there, at layout.file_end: no section header table and no .shstrtab (e_shoff,
+e_shnum and e_shstrndx are 0), since loading and running the program reads only the program
+headers. With `symbols` (a list, even empty) the bytes up to there stay the same but for those
+three ELF header fields, and the file goes on with what gdb and perf read: .shstrtab, .symtab
+(8-aligned), .strtab and the section header table (8-aligned; null, .text, .data, .bss,
+.shstrtab, .symtab, .strtab). The output depends only on the arguments (byte-identical for the
+same input). Raises ValueError when the arguments disagree with the layout (sizes, entry
+outside .text) or a symbol is bad (see symbols.py)."""
 from .headers import (PF_R, PF_W, PF_X, PT_GNU_STACK, PT_LOAD, SHF_ALLOC, SHF_EXECINSTR,
                       SHF_WRITE, SHT_NOBITS, SHT_NULL, SHT_PROGBITS, SHT_STRTAB, SHT_SYMTAB,
                       SYM_SIZE, pack_ehdr, pack_phdr, pack_shdr, string_table)
-from .layout import DATA_ALIGN, PAGE, Layout, align_up
+from .layout import DATA_ALIGN, PAGE, STACK_READ, Layout, align_up
 from .symbols import Symbol, symbol_tables
 
 STACK_ALIGN = 16         # p_align of PT_GNU_STACK, as GNU ld writes it
@@ -52,15 +52,18 @@ def link(text: bytes, data: bytes, bss_size: int, entry: int, layout: Layout,
     shoff = shnum = shstrndx = 0
     if symbols is not None:
         shoff, shnum, shstrndx = _append_sections(image, symbols, lay)
-    rw = pack_phdr(PT_LOAD, PF_R | PF_W, lay.data_off, lay.data_addr, lay.data_size,
-                   lay.data_size + lay.bss_size, PAGE) if lay.writable else b""
-    headers = (
-        pack_ehdr(entry, shoff, lay.phnum, shnum, shstrndx)
-        + pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.base, lay.code_file_end, lay.code_file_end,
-                    PAGE, paddr)
-        + rw
-        + pack_phdr(PT_GNU_STACK, PF_R | PF_W, 0, 0, 0, 0, STACK_ALIGN))
-    image[:lay.text_off] = headers[:lay.text_off]   # (without an rw segment, .text goes on)
+    ehdr = pack_ehdr(entry, lay.phoff, shoff, lay.phnum, shnum, shstrndx)
+    load = pack_phdr(PT_LOAD, PF_R | PF_X, 0, lay.base, lay.code_file_end, lay.code_file_end,
+                     PAGE, paddr)
+    stack = pack_phdr(PT_GNU_STACK, PF_R | PF_W, 0, 0, 0, 0, STACK_ALIGN)
+    if lay.writable:
+        headers = ehdr + load + pack_phdr(PT_LOAD, PF_R | PF_W, lay.data_off, lay.data_addr,
+                                          lay.data_size, lay.data_size + lay.bss_size,
+                                          PAGE) + stack
+    else:   # PT_GNU_STACK's bytes read over e_ident's last 8, then PT_LOAD (layout.py)
+        end = lay.phoff + STACK_READ
+        headers = ehdr[:lay.phoff] + stack[:STACK_READ] + ehdr[end:] + load
+    image[:lay.text_off] = headers[:lay.text_off]
     return bytes(image)
 
 

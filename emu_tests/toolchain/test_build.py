@@ -21,6 +21,8 @@ from builder.asm.packed import STUB_BASE
 from conftest import PROLOGUE
 
 EXIT = "        mov eax, 60\n        syscall\n"
+HEADERS = 64 + 48       # ./gemma's: the ELF header (PT_GNU_STACK's read bytes inside), PT_LOAD
+                        # but its p_align (the stub's first code bytes)
 
 
 def builder_cli(*args: str) -> subprocess.CompletedProcess:
@@ -128,26 +130,28 @@ def test_real_map_covers_text_and_points_at_its_labels(gemma):
 
 
 def test_shipped_file_is_headers_stub_and_payload(gemma):
-    """./gemma is the ELF header, two program headers (one r-x PT_LOAD at the stub's base,
-    PT_GNU_STACK rw-), the stub's code and the payload: no section headers, nothing after
-    the loaded bytes. The stub's code starts after PT_GNU_STACK's p_type and p_flags (all
-    that is read of it): 128 bytes of headers. The size table's rows add up to it."""
+    """./gemma is the ELF header, two program headers (PT_GNU_STACK rw-, whose p_type and
+    p_flags, all that is read of it, are e_ident's last 8 bytes, then one r-x PT_LOAD at the
+    stub's base), the stub's code and the payload: no section headers, nothing after the
+    loaded bytes. The stub's code starts over PT_LOAD's p_align: 112 bytes of headers. The
+    size table's rows add up to it."""
     packed, blob = gemma.result.packed, gemma.binary.read_bytes()
     stub = packed.stub
-    assert len(blob) == 128 + len(stub.text) + len(packed.payload) == gemma.result.size
-    assert blob[128:128 + len(stub.text)] == stub.text and blob.endswith(packed.payload)
+    assert len(blob) == HEADERS + len(stub.text) + len(packed.payload) == gemma.result.size
+    assert blob[HEADERS:HEADERS + len(stub.text)] == stub.text
+    assert blob.endswith(packed.payload)
     with open(gemma.binary, "rb") as f:
         elf = ELFFile(f)
         assert (elf["e_shoff"], elf["e_shnum"], elf["e_shstrndx"],
                 elf.num_sections()) == (0,) * 4
         assert [(s["p_type"], s["p_flags"]) for s in elf.iter_segments()] == \
-            [("PT_LOAD", 5), ("PT_GNU_STACK", 6)]
-        load = next(elf.iter_segments())
+            [("PT_GNU_STACK", 6), ("PT_LOAD", 5)]
+        load = elf.get_segment(1)
         assert (load["p_vaddr"], load["p_paddr"]) == (STUB_BASE, pack.HASH)  # (the decoder's)
     table = gemma.result.table
     parts = [int(re.search(rf"^{re.escape(name)} +(\d+)", table, re.M)[1])
              for name in ("headers", "asm/unpack.asm", "asm/stub.asm", "payload")]
-    assert parts == [128, stub.symbols["stub_start"] - stub.layout.text_addr,
+    assert parts == [HEADERS, stub.symbols["stub_start"] - stub.layout.text_addr,
                      len(stub.text) - (stub.symbols["stub_start"] - stub.layout.text_addr),
                      len(packed.payload)]
     total = re.search(r"^file total +(\d+) of (\d+) bytes budget", table, re.M)
@@ -190,7 +194,7 @@ def test_command_line_prints_the_size_table(asm_tree):
     assert rows["asm/gemma.asm"] == ["7", "4", "3"] and rows["asm/part.asm"] == ["1", "0", "0"]
     assert rows["image"][:2] == ["total", str(image)]
     rows = {line.split()[0]: line.split()[1:] for line in packed_part.splitlines() if line}
-    assert rows["headers"] == ["128"]       # ELF header, a program header and 8 bytes of one
+    assert rows["headers"] == [str(HEADERS)]
     assert int(rows["headers"][0]) + int(rows["asm/unpack.asm"][0]) + \
         int(rows["asm/stub.asm"][0]) + int(rows["payload"][0]) == size
     assert rows["file"] == ["total", str(size), "of", "6144", "bytes", "budget",

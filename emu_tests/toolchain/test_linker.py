@@ -120,13 +120,16 @@ def test_layout_rejects_bad_sizes(sizes):
 
 @pytest.mark.parametrize("base", [0x10000, 0x200000, BASE])
 def test_layout_without_rw_segment(base):
-    """writable=False (the packed program): two program headers, .text from the second's
-    p_offset field on (after PT_GNU_STACK's p_type and p_flags) at `base`, the file at least
-    the headers; no .data or .bss allowed; `base` must be a page multiple below 2^31."""
+    """writable=False (the packed program): two program headers from e_phoff 8 on
+    (PT_GNU_STACK's p_type and p_flags in e_ident's last 8 bytes, PT_LOAD right after the ELF
+    header), .text from PT_LOAD's p_align on at `base`, the file at least the headers; no
+    .data or .bss allowed; `base` must be a page multiple below 2^31."""
     lay = linker.layout(100, 0, 0, base=base, writable=False)
-    assert (lay.phnum, lay.writable, lay.text_off, lay.text_addr) == (2, False, 128, base + 128)
-    assert lay.file_end == lay.code_file_end == 228
-    assert linker.layout(20, 0, 0, base=base, writable=False).file_end == 176
+    assert (lay.phnum, lay.writable, lay.phoff, lay.text_off, lay.text_addr) == \
+        (2, False, 8, 112, base + 112)
+    assert lay.file_end == lay.code_file_end == 212
+    assert linker.layout(5, 0, 0, base=base, writable=False).file_end == 120
+    assert lay.paddr_addr == base + 64 + 24                 # PT_LOAD's p_paddr
     for sizes in ((100, 1, 0), (100, 0, 1)):
         with pytest.raises(ValueError, match="no .data and no .bss"):
             linker.layout(*sizes, base=base, writable=False)
@@ -146,18 +149,25 @@ def test_code_only_program_runs(tmp_path, symbols):
     elf = linker.link(text, b"", 0, lay.text_addr, lay, syms)
     linker.check(elf)
     assert [(s["p_type"], s["p_flags"]) for s in elf_file(elf).iter_segments()] == \
-        [("PT_LOAD", 5), ("PT_GNU_STACK", 6)]
+        [("PT_GNU_STACK", 6), ("PT_LOAD", 5)]
     if symbols is not None:
         names = [s.name for s in elf_file(elf).iter_sections()]
         assert names == ["", ".text", ".shstrtab", ".symtab", ".strtab"]
         with pytest.raises(ValueError, match="unknown section '.data'"):
             linker.link(text, b"", 0, lay.text_addr, lay, [Symbol("d", lay.text_end, 0, ".data")])
     assert run(elf, tmp_path).returncode == 42
-    stack_read = 64 + 56 + 8        # the code starts after PT_GNU_STACK's p_type and p_flags
-    assert lay.text_off == stack_read and elf[120:128] == struct.pack("<II", 0x6474E551, 6)
+    # PT_GNU_STACK's p_type and p_flags are e_ident's last 8 bytes; the code starts over
+    # PT_LOAD's p_align
+    assert lay.text_off == 64 + 48 and elf[8:16] == struct.pack("<II", 0x6474E551, 6)
+    assert elf_file(elf).get_segment(1)["p_align"] == int.from_bytes(text[:8], "little")
     bad = bytearray(elf)
     struct.pack_into("<Q", bad, 24, lay.text_addr - 1)
     with pytest.raises(linker.ElfCheckError, match="'entry' failed"):
+        linker.check(bytes(bad))
+    bad = bytearray(elf)                # a PT_LOAD there would be read over e_type on
+    struct.pack_into("<II", bad, 8, 1, 5)
+    with pytest.raises(linker.ElfCheckError, match=r"'overlap' failed: program header 0 "
+                       r"\(PT_LOAD\) reads file bytes \[0x8, 0x38\)"):
         linker.check(bytes(bad))
 
 
@@ -171,12 +181,12 @@ def test_paddr_holds_data_the_program_reads(tmp_path, runner):
     lay = linker.layout(len(text), 0, 0, base=0x200000, writable=False)
     elf = linker.link(text, b"", 0, lay.text_addr, lay, paddr=0x9E3779B97F4A7C2A)
     linker.check(elf)
-    load = next(elf_file(elf).iter_segments())
+    load = elf_file(elf).get_segment(1)
     assert (load["p_type"], load["p_paddr"], load["p_vaddr"]) == \
         ("PT_LOAD", 0x9E3779B97F4A7C2A, 0x200000)
     assert run(elf, tmp_path, runner).returncode == 0x2A
-    assert next(elf_file(linker.link(text, b"", 0, lay.text_addr, lay))
-                .iter_segments())["p_paddr"] == 0x200000       # (by default p_vaddr)
+    assert elf_file(linker.link(text, b"", 0, lay.text_addr, lay)) \
+        .get_segment(1)["p_paddr"] == 0x200000                 # (by default p_vaddr)
 
 
 # ---------------------------------------------------------------- programs the kernel runs

@@ -55,13 +55,14 @@ cpu_setup:
         mov     r8d, matmul_q8_avx512
         add     edi, edi                ; TILE8_TOKENS (fast512.asm)
 .chosen:
-        mov     [job_kernel], rsi
-        mov     [job_kernel_q8], r8
-        mov     [job_tokens_q8], edi
+        mov     ebx, job_vars
+        mov     [rbx+job_kernel-job_vars], rsi
+        mov     [rbx+job_kernel_q8-job_vars], r8
+        mov     [rbx+job_tokens_q8-job_vars], edi
         cmp     esi, matmul_f16_avx2
         jne     .tokens
         dec     edi                     ; AVX2 FP16: TILE_TOKENS, its prompt tiles (fast.asm)
 .tokens:
-        mov     [job_tokens], edi
+        mov     [rbx+job_tokens-job_vars], edi
         pop     rbx
         ret

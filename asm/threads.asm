@@ -27,7 +27,8 @@ threads_start:
         xor     edi, edi                ; this process
         mov     esi, CPU_MASK_BYTES
         lea     rdx, [rbx+cpu_mask-job_vars]
-        call    sys_sched_getaffinity   ; bytes of mask written, or -errno
+        mov     al, SYS_sched_getaffinity ; (its only call: no wrapper)
+        call    sys_call                ; bytes of mask written, or -errno
         shl     eax, 3                  ; bits
         xor     ecx, ecx
 .bit:
@@ -59,7 +60,8 @@ threads_start:
         mov     ecx, worker
         mov     [rsi], rcx              ; the child's `ret` in sys_call enters worker
         mov     edi, CLONE_THREADS
-        call    sys_clone
+        mov     al, SYS_clone           ; (its only call: no wrapper)
+        call    sys_call
         test    eax, eax
         jns     .worker
         call    fatal_here

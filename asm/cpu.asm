@@ -13,7 +13,7 @@ XCR0_AVX512 = 0xE0                                      ; ... and opmask, ZMM0-1
 ; matmul_f16_avx512 instead where CPUID leaf 7 reports AVX-512F and XCR0 has bits 5-7 too,
 ; unless --avx2 was given (8 tokens: its 3 x 8 tiles, both types); matmul_f16 and 1 otherwise. Q8_0 matrices:
 ; matmul_q8_avx2, matmul_q8_avx512 and matmul_q8 likewise.
-;   in: opt_baseline, opt_avx2, fv_cols, rbx the model header
+;   in: opt_baseline, opt_avx2 (rbp front_base), fv_cols, rbx the model header
 ;   out: job_kernel, job_tokens, job_kernel_q8, job_tokens_q8
 ;   clobbers: rax rcx rdx rsi rdi r8
 cpu_setup:
@@ -22,7 +22,7 @@ cpu_setup:
         mov     r8d, matmul_q8
         push    1
         pop     rdi
-        cmp     byte [opt_baseline], 0
+        cmp     byte [rbp+V_BASELINE], 0
         jne     .chosen
         test    byte [fv_cols], 15
         jnz     .chosen                 ; a product's n (dim, ffn, heads x head_dim) is not
@@ -41,7 +41,7 @@ cpu_setup:
         mov     esi, matmul_f16_avx2
         mov     r8d, matmul_q8_avx2
         mov     dil, FAST_TOKENS
-        cmp     byte [opt_avx2], 0
+        cmp     byte [rbp+V_AVX2], 0
         jne     .chosen
         test    al, XCR0_AVX512         ; (eax = not XCR0)
         jnz     .chosen

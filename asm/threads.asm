@@ -18,7 +18,7 @@ SPIN_ROUNDS = 4096              ; wait_change: about 0.1 ms of pause instruction
 ; when T exceeds those CPUs: a looking thread would take a CPU from a working one) and start
 ; the T - 1 workers, each on its own stack from alloc. A worker inherits the registers of the
 ; clone: rbx job_vars, ebp its index.
-;   in: n_threads (0: not given)   out: job_t = T, job_spin
+;   in: n_threads (0: not given; rbp front_base)   out: job_t = T, job_spin
 ;   clobbers: rax rcx rdx rsi rdi r8-r11   (fatal "cannot start threads" if clone fails)
 threads_start:
         push    rbx
@@ -40,7 +40,7 @@ threads_start:
 .counted:
         cmp     ecx, 1
         adc     ecx, 0                  ; CPUs: at least 1
-        mov     ebp, [n_threads]
+        mov     ebp, [rbp+V_THREADS]
         test    ebp, ebp
         jnz     .spin
         mov     ebp, ecx

@@ -200,15 +200,14 @@ mm_share:
         push    r14
         mov     r13d, edi               ; rows left
         mov     r12d, esi               ; the chunk's first row
-.chunk:
-        mov     r14d, r13d              ; the chunk's rows: all left for one token (decode:
+        mov     r14d, edi               ; a chunk's rows: all for one token (decode:
         cmp     dword [rbx+J_B], 1      ; matmul_q8_avx2 reads rows half the share apart),
-        je      .rows                   ; else MM_CHUNK at most
+        je      .chunk                  ; else MM_CHUNK at most
         push    MM_CHUNK
-        pop     rax
-        cmp     r14d, eax
-        cmova   r14d, eax
-.rows:
+        pop     r14
+.chunk:
+        cmp     r14d, r13d              ; the last chunk: the rows left
+        cmova   r14d, r13d
         xor     ebp, ebp                ; token
 .token:
         mov     r8d, r14d               ; rows

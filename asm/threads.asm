@@ -19,25 +19,22 @@ SPIN_ROUNDS = 4096              ; wait_change: about 0.1 ms of pause instruction
 ; the T - 1 workers, each on its own stack from alloc. A worker inherits the registers of the
 ; clone: rbx job_vars, ebp its index.
 ;   in: n_threads (0: not given; rbp front_base)   out: job_t = T, job_spin
-;   clobbers: rax rcx rdx rsi rdi r8-r11   (fatal "cannot start threads" if clone fails)
+;   clobbers: rax rcx rdx rsi rdi rbp r8-r11   (fatal "cannot start threads" if clone fails)
 threads_start:
         push    rbx
-        push    rbp
         mov     ebx, job_vars
         xor     edi, edi                ; this process
         mov     esi, CPU_MASK_BYTES
         lea     rdx, [rbx+cpu_mask-job_vars]
         mov     al, SYS_sched_getaffinity ; (its only call: no wrapper)
         call    sys_call                ; bytes of mask written, or -errno
-        shl     eax, 3                  ; bits
-        xor     ecx, ecx
+        mov     eax, CPU_MASK_BYTES * 8 - 1 ; (the bytes it did not write: 0, bss; all of
+        xor     ecx, ecx                ; them when it failed)
 .bit:
-        dec     eax
-        js      .counted
         bt      [rdx], eax
         adc     ecx, 0
-        jmp     .bit
-.counted:
+        dec     eax
+        jns     .bit
         cmp     ecx, 1
         adc     ecx, 0                  ; CPUs: at least 1
         mov     ebp, [rbp+V_THREADS]
@@ -55,10 +52,9 @@ threads_start:
         dec     ebp                     ; the next worker's index, T-1 .. 1
         jz      .done
         mov     edi, WORKER_STACK
-        call    alloc
-        lea     rsi, [rax+WORKER_STACK-8]
-        mov     ecx, worker
-        mov     [rsi], rcx              ; the child's `ret` in sys_call enters worker
+        call    alloc                   ; rsi = WORKER_STACK
+        lea     rsi, [rax+rsi-8]
+        mov     qword [rsi], worker     ; the child's `ret` in sys_call enters worker
         mov     edi, CLONE_THREADS
         mov     al, SYS_clone           ; (its only call: no wrapper)
         call    sys_call
@@ -67,7 +63,6 @@ threads_start:
         call    fatal_here
         db      'cannot start threads', 0
 .done:
-        pop     rbp
         pop     rbx
         ret
 

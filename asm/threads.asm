@@ -142,9 +142,9 @@ par_run:
 ; wait_change: wait until the dword at rdi is no longer edx: first by looking, job_spin
 ; times (a product's share is often shorter than a futex wake-up: on Gemma 3 270M, 2 threads,
 ; decode went 1.3-1.5x as fast with the look), then asleep (FUTEX_WAIT; wakes re-check).
-;   in: rdi address, edx value   clobbers: rax rcx rsi r10 r11
+;   in: rdi address, edx value, rbx job_vars   clobbers: rax rcx rsi r10 r11
 wait_change:
-        mov     ecx, [job_spin]
+        mov     ecx, [rbx+J_SPIN]
 .look:
         cmp     [rdi], edx
         jne     .ret

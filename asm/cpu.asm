@@ -2,7 +2,7 @@
 
 CPUID1_NEED = (1 shl 12) or (1 shl 27) or (1 shl 28) or (1 shl 29) ; ecx: FMA OSXSAVE AVX F16C
 XCR0_SSE_AVX = 6                                        ; the OS saves XMM and YMM state
-CPUID7_AVX512F = 1 shl 16                               ; leaf 7 ebx
+CPUID7_AVX512F = 16                                     ; leaf 7 ebx: its bit
 XCR0_AVX512 = 0xE0                                      ; ... and opmask, ZMM0-15 high, ZMM16-31
 
 ; cpu_setup: the matrix-product kernel every thread calls and the tokens it takes per call
@@ -27,13 +27,11 @@ cpu_setup:
         test    byte [fv_cols], 15
         jnz     .chosen                 ; a product's n (dim, ffn, heads x head_dim) is not
                                         ; a multiple of 16
-        push    1
-        pop     rax
+        mov     eax, edi                ; leaf 1
         cpuid
         not     ecx
-        test    ecx, CPUID1_NEED
-        jnz     .chosen
-        xor     ecx, ecx
+        and     ecx, CPUID1_NEED        ; (so ecx = 0 below: XGETBV's XCR0, CPUID's
+        jnz     .chosen                 ; subleaf 0)
         xgetbv                          ; XCR0 (allowed: OSXSAVE is set)
         not     eax
         test    al, XCR0_SSE_AVX
@@ -47,10 +45,9 @@ cpu_setup:
         jnz     .chosen
         push    7
         pop     rax
-        xor     ecx, ecx
         cpuid
-        test    ebx, CPUID7_AVX512F
-        jz      .chosen
+        bt      ebx, CPUID7_AVX512F
+        jnc     .chosen
         mov     esi, matmul_f16_avx512
         mov     r8d, matmul_q8_avx512
         add     edi, edi                ; TILE8_TOKENS (fast512.asm)
@@ -59,7 +56,7 @@ cpu_setup:
         mov     [rbx+job_kernel-job_vars], rsi
         mov     [rbx+job_kernel_q8-job_vars], r8
         mov     [rbx+job_tokens_q8-job_vars], edi
-        cmp     esi, matmul_f16_avx2
+        cmp     edi, FAST_TOKENS        ; (the AVX2 kernels' tokens, theirs alone)
         jne     .tokens
         dec     edi                     ; AVX2 FP16: TILE_TOKENS, its prompt tiles (fast.asm)
 .tokens:

@@ -42,11 +42,13 @@ threads_start:
         jnz     .spin
         mov     ebp, ecx
 .spin:
-        mov     dword [rbx+J_SPIN], SPIN_ROUNDS
+        mov     eax, SPIN_ROUNDS
         cmp     ecx, ebp
         jae     .spawn
-        mov     dword [rbx+J_SPIN], 1   ; more threads than CPUs: sleep at once
+        push    1                       ; more threads than CPUs: sleep at once
+        pop     rax
 .spawn:
+        mov     [rbx+J_SPIN], eax
         mov     [rbx+J_T], ebp
 .worker:
         dec     ebp                     ; the next worker's index, T-1 .. 1
@@ -78,9 +80,9 @@ worker:
         mov     r12d, [rdi]
         mov     esi, ebp
         call    qword [rbx+J_SHARE]
-        lock dec dword [rbx+J_PENDING]
-        jnz     .next
         lea     rdi, [rbx+J_PENDING]
+        lock dec dword [rdi]
+        jnz     .next
         mov     edx, ebp                ; k >= 1: wakes the main thread, its only waiter
         call    sys_futex_wake
         jmp     .next
@@ -180,7 +182,7 @@ mm_share:
         mov     ecx, [rbx+J_T]
         mov     edi, [rbx+J_D]
         lea     eax, [rdi+rcx-1]
-        xor     edx, edx
+        cdq                             ; (d + T - 1 < 2^31)
         div     ecx
         add     eax, 3
         and     al, -4                  ; c

@@ -84,8 +84,8 @@ write_all:
         cmp     byte [rbp+V_WROTE], 0   ; EPIPE: gone after something got through?
         je      .failed
         push    EXIT_ERROR
-        pop     r8
-        jmp     fatal_status.exit       ; (quietly)
+        pop     rdi
+        jmp     sys_exit
 .failed:
         call    fatal_here
         db      'write failed', 0

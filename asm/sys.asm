@@ -55,7 +55,6 @@ fatal_status:                           ; [rsp] the status, [rsp+8] -> the messa
         push    rsp
         pop     rsi
         call    put_err
-.exit:                                  ; r8d: the status
         mov     edi, r8d
         jmp     sys_exit
 

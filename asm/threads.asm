@@ -59,8 +59,7 @@ threads_start:
         mov     qword [rsi], worker     ; the child's `ret` in sys_call enters worker
         mov     edi, CLONE_THREADS
         mov     al, SYS_clone           ; (its only call: no wrapper)
-        call    sys_call
-        test    eax, eax
+        call    sys_call                ; (flags: test rax, rax)
         jns     .worker
         call    fatal_here
         db      'cannot start threads', 0

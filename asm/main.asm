@@ -8,7 +8,7 @@ K_FLOAT = 5                     ; decimal float, stored as float32 bits
 K_MIN1  = 8                     ; added to K_INT/K_FLOAT: the value (or its bits) must be >= 1
                                 ; (bit 2: the entry holds a maximum; bit 0: float)
 
-SIGPIPE_BIT = 1 shl 12          ; signal 13 in a sigset
+SIGPIPE = 13
 LOGITS_STAT = 16                ; out_buf offset of the --logits file's struct stat (144 bytes),
                                 ; after the model's first 16 (load_model)
 DEFAULT_CTX = 4096
@@ -21,7 +21,7 @@ start:
         ; rather than kill the process: block SIGPIPE. (No register but rsp is read before
         ; it is written: the packed program's stub leaves its decoder's values in them.)
         lea     esi, [rbp+V_SIGSET]     ; (rbp < 2^32)
-        mov     word [rsi], SIGPIPE_BIT
+        bts     dword [rsi], SIGPIPE - 1 ; (signal n: bit n - 1)
         xor     edi, edi                ; SIG_BLOCK
         xor     edx, edx                ; no old set
         lea     ecx, [rdi+8]            ; sizeof(sigset_t) as the kernel counts it

@@ -80,9 +80,7 @@ write_until:
 ;   in: rdi rsi rdx rcx r8 r9 the syscall's arguments   out: rax result or -errno, flags of
 ;   test rax, rax (SF: failed)   clobbers: rcx r10 r11
 ; sys_write(fd, buf, len); sys_open(path, flags, mode); sys_fstat(fd, statbuf);
-; sys_sched_getaffinity(pid, len, mask); sys_futex(addr, op, val, timeout);
-; sys_clone(flags, stack, ...): in the child, sys_call's `ret` pops the address stored at
-; [stack]; sys_mmap(addr, len, prot, flags, fd, off).
+; sys_futex(addr, op, val, timeout); sys_mmap(addr, len, prot, flags, fd, off).
 sys_write:                              ; (write_until runs on into it)
         mov     al, SYS_write
         jmp     sys_call
@@ -92,17 +90,11 @@ sys_open:
 sys_fstat:
         mov     al, SYS_fstat
         jmp     sys_call
-sys_sched_getaffinity:
-        mov     al, SYS_sched_getaffinity
-        jmp     sys_call
 ; sys_futex_wake: FUTEX_WAKE_PRIVATE (threads.asm) on rdi, waking up to edx waiters.
 sys_futex_wake:
         mov     esi, FUTEX_WAKE_PRIVATE
 sys_futex:
         mov     al, SYS_futex
-        jmp     sys_call
-sys_clone:
-        mov     al, SYS_clone
         jmp     sys_call
 ; sys_mmap_0: sys_mmap with addr 0 and offset 0 (sets edi and r9d).
 sys_mmap_0:
@@ -126,7 +118,9 @@ usage:
 sys_exit:
         mov     al, SYS_exit_group
 ; sys_call: the system call whose number is in al (a call used once loads al itself:
-; madvise(addr, len, advice) in model.asm, rt_sigprocmask and read in main.asm).
+; madvise(addr, len, advice) in model.asm, rt_sigprocmask and read in main.asm,
+; sched_getaffinity(pid, len, mask) and clone(flags, stack) in threads.asm: in the child,
+; the `ret` below pops the address stored at [stack]).
 ;   in: al number, rdi rsi rdx rcx r8 r9   out: rax result or -errno, flags of test rax, rax
 ;   clobbers: rcx r10 r11
 sys_call:

@@ -18,54 +18,52 @@ SPIN_ROUNDS = 4096              ; wait_change: about 0.1 ms of pause instruction
 ; when T exceeds those CPUs: a looking thread would take a CPU from a working one) and start
 ; the T - 1 workers, each on its own stack from alloc. A worker inherits the registers of the
 ; clone: rbx job_vars, ebp its index.
-;   in: n_threads (0: not given)   out: job_t = T, job_spin
-;   clobbers: rax rcx rdx rsi rdi r8-r11   (fatal "cannot start threads" if clone fails)
+;   in: n_threads (0: not given; rbp front_base)   out: job_t = T, job_spin
+;   clobbers: rax rcx rdx rsi rdi rbp r8-r11   (fatal "cannot start threads" if clone fails)
 threads_start:
         push    rbx
-        push    rbp
         mov     ebx, job_vars
         xor     edi, edi                ; this process
         mov     esi, CPU_MASK_BYTES
         lea     rdx, [rbx+cpu_mask-job_vars]
-        call    sys_sched_getaffinity   ; bytes of mask written, or -errno
-        shl     eax, 3                  ; bits
-        xor     ecx, ecx
+        mov     al, SYS_sched_getaffinity ; (its only call: no wrapper)
+        call    sys_call                ; bytes of mask written, or -errno
+        mov     eax, CPU_MASK_BYTES * 8 - 1 ; (the bytes it did not write: 0, bss; all of
+        xor     ecx, ecx                ; them when it failed)
 .bit:
-        dec     eax
-        js      .counted
         bt      [rdx], eax
         adc     ecx, 0
-        jmp     .bit
-.counted:
+        dec     eax
+        jns     .bit
         cmp     ecx, 1
         adc     ecx, 0                  ; CPUs: at least 1
-        mov     ebp, [n_threads]
+        mov     ebp, [rbp+V_THREADS]
         test    ebp, ebp
         jnz     .spin
         mov     ebp, ecx
 .spin:
-        mov     dword [rbx+J_SPIN], SPIN_ROUNDS
+        mov     eax, SPIN_ROUNDS
         cmp     ecx, ebp
         jae     .spawn
-        mov     dword [rbx+J_SPIN], 1   ; more threads than CPUs: sleep at once
+        push    1                       ; more threads than CPUs: sleep at once
+        pop     rax
 .spawn:
+        mov     [rbx+J_SPIN], eax
         mov     [rbx+J_T], ebp
 .worker:
         dec     ebp                     ; the next worker's index, T-1 .. 1
         jz      .done
         mov     edi, WORKER_STACK
-        call    alloc
-        lea     rsi, [rax+WORKER_STACK-8]
-        mov     ecx, worker
-        mov     [rsi], rcx              ; the child's `ret` in sys_call enters worker
+        call    alloc                   ; rsi = WORKER_STACK
+        lea     rsi, [rax+rsi-8]
+        mov     qword [rsi], worker     ; the child's `ret` in sys_call enters worker
         mov     edi, CLONE_THREADS
-        call    sys_clone
-        test    eax, eax
+        mov     al, SYS_clone           ; (its only call: no wrapper)
+        call    sys_call                ; (flags: test rax, rax)
         jns     .worker
         call    fatal_here
         db      'cannot start threads', 0
 .done:
-        pop     rbp
         pop     rbx
         ret
 
@@ -81,9 +79,9 @@ worker:
         mov     r12d, [rdi]
         mov     esi, ebp
         call    qword [rbx+J_SHARE]
-        lock dec dword [rbx+J_PENDING]
-        jnz     .next
         lea     rdi, [rbx+J_PENDING]
+        lock dec dword [rdi]
+        jnz     .next
         mov     edx, ebp                ; k >= 1: wakes the main thread, its only waiter
         call    sys_futex_wake
         jmp     .next
@@ -145,9 +143,9 @@ par_run:
 ; wait_change: wait until the dword at rdi is no longer edx: first by looking, job_spin
 ; times (a product's share is often shorter than a futex wake-up: on Gemma 3 270M, 2 threads,
 ; decode went 1.3-1.5x as fast with the look), then asleep (FUTEX_WAIT; wakes re-check).
-;   in: rdi address, edx value   clobbers: rax rcx rsi r10 r11
+;   in: rdi address, edx value, rbx job_vars   clobbers: rax rcx rsi r10 r11
 wait_change:
-        mov     ecx, [job_spin]
+        mov     ecx, [rbx+J_SPIN]
 .look:
         cmp     [rdi], edx
         jne     .ret
@@ -183,7 +181,7 @@ mm_share:
         mov     ecx, [rbx+J_T]
         mov     edi, [rbx+J_D]
         lea     eax, [rdi+rcx-1]
-        xor     edx, edx
+        cdq                             ; (d + T - 1 < 2^31)
         div     ecx
         add     eax, 3
         and     al, -4                  ; c
@@ -198,15 +196,14 @@ mm_share:
         push    r14
         mov     r13d, edi               ; rows left
         mov     r12d, esi               ; the chunk's first row
-.chunk:
-        mov     r14d, r13d              ; the chunk's rows: all left for one token (decode:
+        mov     r14d, edi               ; a chunk's rows: all for one token (decode:
         cmp     dword [rbx+J_B], 1      ; matmul_q8_avx2 reads rows half the share apart),
-        je      .rows                   ; else MM_CHUNK at most
+        je      .chunk                  ; else MM_CHUNK at most
         push    MM_CHUNK
-        pop     rax
-        cmp     r14d, eax
-        cmova   r14d, eax
-.rows:
+        pop     r14
+.chunk:
+        cmp     r14d, r13d              ; the last chunk: the rows left
+        cmova   r14d, r13d
         xor     ebp, ebp                ; token
 .token:
         mov     r8d, r14d               ; rows

@@ -26,6 +26,7 @@ WRAPPER = {
         push rbx
         push rbp
         push rdi
+        mov ebp, {front_base}
         mov dword ptr [{fv_cols}], esi
         mov byte ptr [{opt_baseline}], dl
         mov byte ptr [{opt_avx2}], cl

@@ -74,14 +74,14 @@ write_all:
         jz      flush.done
         call    sys_write               ; (flags: test rax, rax)
         jle     .error                  ; an error, or no progress
-        mov     [rbp+V_WROTE], al
+        mov     [rbp+V_WROTE], eax      ; (a count: never 0)
         add     rsi, rax
         sub     edx, eax
         jmp     write_all
 .error:
         cmp     eax, -EPIPE             ; (counts are below 2^31: eax tells)
         jne     .failed
-        cmp     byte [rbp+V_WROTE], 0   ; EPIPE: gone after something got through?
+        cmp     dword [rbp+V_WROTE], 0  ; EPIPE: gone after something got through?
         je      .failed
         push    EXIT_ERROR
         pop     rdi

@@ -224,6 +224,20 @@ def test_head_c1_ends_promptly_and_quietly(engine, mqa):
     assert r.stderr == b"" and time.monotonic() - start < 10
 
 
+
+def test_a_reader_gone_after_logits_rows_ends_quietly(engine, mqa):
+    """`--logits /dev/stdout | head -c 8192`: only logits rows are written (-n 0), each 2,048
+    floats (8,192 bytes: a count whose low byte is 0), the reader takes one and goes; the rows
+    after it fill the pipe and meet EPIPE. Something got through, so the engine ends quietly
+    with status 1 (it once kept only a count's low byte as that proof, and said `write
+    failed`)."""
+    prompt = " ".join(["word"] * 40)          # 40+ rows: more than a pipe's 64 KiB
+    r = subprocess.run(f"'{engine}' -m '{mqa}' -p '{prompt}' -n 0 --logits /dev/stdout | "
+                       f"head -c 8192 >/dev/null; echo ${{PIPESTATUS[0]}}", shell=True,
+                       executable="/bin/bash", capture_output=True, timeout=TIMEOUT)
+    assert (int(r.stdout.split()[-1]), r.stderr) == (1, b"")
+
+
 # ---- sampling ---------------------------------------------------------------------------
 
 def test_same_seed_same_text_other_seeds_other_text(engine, mqa):

@@ -4,7 +4,7 @@
 ; split over the threads (threads.asm). The engine knows no Gemma: what a generation
 ; computes is its program. program.asm validates it and lays out the buffers.
 ; Registers inside forward and its handlers: rbx = model header, rbp = fwd_vars (variables as
-; [rbp+FV_*]), r12 = the op's record; a handler finds its slot operands' rows in FV_P and
+; [rbp+FV_*]), r13 = the op's record; a handler finds its slot operands' rows in FV_P and
 ; FV_ST (token 0's row of s0 .. s3, 0 for none; their rows' bytes) and its weight at FV_W.
 
 BLOCK_SHIFT = 6                 ; 64 tokens: a matrix chunk's first call reads its weights from
@@ -31,11 +31,11 @@ forward:
         mov     [rbp+FV_PROMPT], r8d
         add     ecx, edx
         mov     [rbp+FV_N_T], ecx       ; pos + B: where the token loops end
-        mov     r12, [program_ptr]
-        mov     r13d, [rbx+HDR_N_OPS]
+        mov     r13, [program_ptr]
+        mov     r12d, [rbx+HDR_N_OPS]
 .op:
-        mov     [rbp+FV_REC], r12
-        mov     eax, [r12+OP_OP]
+        mov     [rbp+FV_REC], r13
+        mov     eax, [r13+OP_OP]
         lea     r14, [op_table-8+rax*8]
         xor     r15d, r15d
 .operand:                               ; s0 .. s3: token 0's row, the rows' bytes
@@ -43,7 +43,7 @@ forward:
         call    op_width
         shl     rax, 2
         mov     [rbp+FV_ST+r15*8], rax
-        movzx   ecx, byte [r12+OP_S0+r15]
+        movzx   ecx, byte [r13+OP_S0+r15]
         mov     rdx, [slot_ptr+rcx*8]
         test    byte [slot_cache+rcx], SLOT_CACHE
         jz      .row
@@ -56,7 +56,7 @@ forward:
         cmp     r15d, 4
         jb      .operand
         mov     rax, [weights_ptr]
-        add     rax, [r12+OP_W]
+        add     rax, [r13+OP_W]
         mov     [rbp+FV_W], rax
         movzx   eax, word [r14+6]
         add     eax, forward            ; the handler (addresses are below 2^32)
@@ -64,7 +64,7 @@ forward:
         mov     rsi, [rbp+FV_P+8]
         test    byte [r14+5], OPT_TOKEN
         jnz     .tokens
-        mov     edx, [r12+OP_N]
+        mov     edx, [r13+OP_N]
         imul    edx, [rbp+FV_B]
         call    rax                     ; rdi s0, rsi s1, edx n B
         jmp     .next
@@ -86,8 +86,8 @@ forward:
         cmp     r15d, [rbp+FV_B]
         jb      .token
 .next:
-        add     r12, OP_REC
-        dec     r13d
+        add     r13, OP_REC
+        dec     r12d
         jnz     .op                     ; (after LOGITS, the last: its rax rsi edx)
 .done:
         pop     rcx
@@ -99,7 +99,7 @@ forward:
         pop     rbx
         ret
 
-; The handlers: in: r12 the op, rbx rbp as forward's; FV_P, FV_ST, FV_W the op's operands;
+; The handlers: in: r13 the op, rbx rbp as forward's; FV_P, FV_ST, FV_W the op's operands;
 ; per block (OPT_TOKEN clear) rdi = s0's rows, rsi = s1's, edx = n B; per token rdi = s0_t,
 ; rsi = s1_t, ecx = pos + t, edx = t. Each keeps rbx rbp r12-r15 and clobbers as the kernel
 ; it ends in.
@@ -108,18 +108,18 @@ forward:
 h_embed:
         mov     rax, [rbp+FV_IDS]
         mov     esi, [rax+rdx*4]        ; id_t
-        mov     ecx, [r12+OP_K]
+        mov     ecx, [r13+OP_K]
         call    weight_row              ; a row's bytes, the lookup
         imul    rsi, r10
         add     rsi, [rbp+FV_W]         ; -> row id_t
-        mov     ecx, [r12+OP_J]
+        mov     ecx, [r13+OP_J]
         call    weight_row              ; j's bytes
         lea     rax, [rsi+r10]          ; -> column j of row id_t
         xchg    rax, rdx                ; rax: the lookup
-        lea     rsi, [r12+OP_A]         ; [a]
+        lea     rsi, [r13+OP_A]         ; [a]
         push    1                       ; the row as an (n,1) column
         pop     rcx
-        mov     r8d, [r12+OP_N]
+        mov     r8d, [r13+OP_N]
         xor     r9d, r9d
         jmp     rax
 
@@ -127,12 +127,12 @@ h_embed:
 ; eps a (the groups of all tokens follow each other: m B of them).
 h_norm:
         mov     rdx, [rbp+FV_W]
-        mov     ecx, [r12+OP_N]
-        mov     r10d, [r12+OP_M]
+        mov     ecx, [r13+OP_N]
+        mov     r10d, [r13+OP_M]
         imul    r10d, [rbp+FV_B]
-        mov     r8d, [r12+OP_FLAGS]
+        mov     r8d, [r13+OP_FLAGS]
         and     r8d, OPF_ACC
-        movss   xmm0, [r12+OP_A]
+        movss   xmm0, [r13+OP_A]
 .group:
         call    rmsnorm                 ; (keeps all but rax)
         lea     rdi, [rdi+rcx*4]
@@ -146,11 +146,11 @@ h_norm:
 h_matmul:
         mov     rax, [rbp+FV_P+16]
         mov     [job_gate], rax         ; 0: none
-        mov     ecx, [r12+OP_N]
+        mov     ecx, [r13+OP_N]
         call    weight_row              ; r10 bytes per row, r11 its kernel
         mov     rdx, [rbp+FV_W]
-        mov     r8d, [r12+OP_M]
-        mov     r9d, [r12+OP_FLAGS]
+        mov     r8d, [r13+OP_M]
+        mov     r9d, [r13+OP_FLAGS]
         and     r9d, OPF_ACC
         mov     eax, [rbp+FV_B]
         jmp     par_matmul
@@ -159,10 +159,10 @@ h_matmul:
 ; inverse frequencies at W.
 h_rope:
         mov     r9, rsi
-        mov     esi, [r12+OP_M]
-        mov     edx, [r12+OP_N]
+        mov     esi, [r13+OP_M]
+        mov     edx, [r13+OP_N]
         mov     r8, [rbp+FV_W]
-        push    qword [r12+OP_K]        ; rope's n2: k (the low dword; rsp aligned for it)
+        push    qword [r13+OP_K]        ; rope's n2: k (the low dword; rsp aligned for it)
         call    rope
         pop     rax
         ret
@@ -170,11 +170,11 @@ h_rope:
 ; h_attn: ATTN, every (token, head) of the block over the threads (att_share), K's and V's
 ; rows by position from 0.
 h_attn:
-        mov     eax, [r12+OP_M]
+        mov     eax, [r13+OP_M]
         cdq                             ; (m < 2^31)
-        div     dword [r12+OP_K]
+        div     dword [r13+OP_K]
         mov     [rbp+FV_GROUP], eax     ; m / k query heads a kv head
-        mov     eax, [r12+OP_J]
+        mov     eax, [r13+OP_J]
         dec     eax
         mov     [rbp+FV_WINDOW], eax    ; j - 1 (no window: 2^32 - 1)
         mov     rax, [rbp+FV_P+24]
@@ -190,7 +190,7 @@ h_attn:
 ; product rounded once).
 h_scale:
         mov     esi, edx
-        movss   xmm0, [r12+OP_A]
+        movss   xmm0, [r13+OP_A]
         xorps   xmm1, xmm1
         jmp     softcap
 
@@ -208,7 +208,7 @@ h_add:
 ; does. It is the program's last op: forward returns what it leaves in rax (-> the last row),
 ; rsi (-> the first row written) and edx (the bytes written).
 h_logits:
-        mov     ecx, [r12+OP_N]
+        mov     ecx, [r13+OP_N]
         call    weight_row              ; r10 bytes per row, r11 its kernel
         mov     r8d, [rbx+HDR_VOCAB]
         mov     eax, [rbp+FV_B]
@@ -237,7 +237,7 @@ h_logits:
         pop     rsi
         imul    esi, [rbx+HDR_VOCAB]    ; the floats written
         pop     rdi
-        mov     eax, [r12+OP_C]
+        mov     eax, [r13+OP_C]
         test    eax, eax
         jz      .capped
         movd    xmm1, eax

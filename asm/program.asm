@@ -41,22 +41,22 @@ op_table:
         dw      h_logits - forward
 
 ; op_width: the floats of an operand's row, from its width code and the op's n, m, k.
-;   in: al the code (OPW_* and flags), r12 the op   out: rax (0 for code 0)
+;   in: al the code (OPW_* and flags), r13 the op   out: rax (0 for code 0)
 ;   clobbers: rcx rdx
 op_width:
         and     eax, 7
         jz      .ret
-        mov     ecx, [r12+OP_N]
+        mov     ecx, [r13+OP_N]
         cmp     al, OPW_M
         jne     .first
-        mov     ecx, [r12+OP_M]
+        mov     ecx, [r13+OP_M]
 .first:
         xchg    eax, ecx                ; eax: n (or m), cl: the code
         cmp     cl, OPW_NM
         jb      .ret                    ; n, m
-        mov     edx, [r12+OP_M]
+        mov     edx, [r13+OP_M]
         je      .times                  ; n m
-        mov     edx, [r12+OP_K]         ; n k
+        mov     edx, [r13+OP_K]         ; n k
 .times:
         imul    rax, rdx                ; (<= 2^16 2^24)
 .ret:
@@ -66,10 +66,10 @@ op_width:
 ; Q8_0_BLOCK per QK8_0), the kernel record of products with such rows (cpu.asm's choice
 ; for the type) and the routine that looks up one (an embedding row: matmul_f16 of the row
 ; as a (cols,1) column by [s], or dequant_q8).
-;   in: r12 the op (its type F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a
+;   in: r13 the op (its type F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a
 ;   multiple of QK8_0)   out: r10 bytes, r11 kernel record, rdx lookup   clobbers: rax
 weight_row:
-        mov     eax, [r12+OP_WTYPE]
+        mov     eax, [r13+OP_WTYPE]
         lea     r10d, [rcx*4]
         cmp     al, WT_F16
         jb      .ret                    ; F32
@@ -111,10 +111,10 @@ check_program:
         ja      .bad
         stosb
         loop    .slot
-        mov     r12, [program_ptr]
-        mov     r13d, [rbx+HDR_N_OPS]
+        mov     r13, [program_ptr]
+        mov     r12d, [rbx+HDR_N_OPS]
 .op:
-        mov     eax, [r12+OP_OP]
+        mov     eax, [r13+OP_OP]
         dec     eax
         cmp     eax, N_OPCODES-1
         ja      .bad
@@ -126,7 +126,7 @@ check_program:
         call    op_width
         test    r8b, 7
         jz      .next                   ; no such operand
-        movzx   ecx, byte [r12+OP_S0+r15]
+        movzx   ecx, byte [r13+OP_S0+r15]
         jrcxz   .none
         cmp     ecx, [rbx+HDR_N_SLOTS]
         ja      .bad
@@ -158,14 +158,14 @@ check_program:
         inc     r15d
         cmp     r15d, 4
         jb      .operand
-        movzx   ecx, byte [r12+OP_S0]
+        movzx   ecx, byte [r13+OP_S0]
         bts     dword [slot_written], ecx
 
         mov     al, [r14+4]             ; the weight's kind
         test    al, al
         jz      .rules
-        mov     edx, [r12+OP_WTYPE]
-        mov     ecx, [r12+OP_N]
+        mov     edx, [r13+OP_WTYPE]
+        mov     ecx, [r13+OP_N]
         push    1
         pop     r8                      ; rows
         cmp     al, WK_HALF
@@ -183,11 +183,11 @@ check_program:
         cmp     al, WK_TABLE
         ja      .typed                  ; [vocab, n]
         je      .table
-        mov     r8d, [r12+OP_M]         ; [m, n]
+        mov     r8d, [r13+OP_M]         ; [m, n]
         or      [fv_cols], ecx
         jmp     .typed
 .table:
-        mov     ecx, [r12+OP_K]         ; [vocab, k]
+        mov     ecx, [r13+OP_K]         ; [vocab, k]
         cmp     ecx, MAX_WIDTH
         ja      .bad2
 .typed:
@@ -200,7 +200,7 @@ check_program:
 .room:
         call    weight_row
         imul    r10, r8
-        mov     rax, [r12+OP_W]
+        mov     rax, [r13+OP_W]
         test    al, TENSOR_ALIGN-1
         jnz     .bad2
         add     rax, r10
@@ -209,39 +209,39 @@ check_program:
         ja      .bad2
 
 .rules:                                 ; what the handlers assume
-        mov     al, [r12+OP_OP]
+        mov     al, [r13+OP_OP]
         cmp     al, OPC_EMBED
         jne     .attn
-        mov     eax, [r12+OP_J]         ; columns j .. j+n-1 of k
-        mov     ecx, [r12+OP_N]
+        mov     eax, [r13+OP_J]         ; columns j .. j+n-1 of k
+        mov     ecx, [r13+OP_N]
         add     eax, ecx
         jc      .bad2
-        cmp     eax, [r12+OP_K]
+        cmp     eax, [r13+OP_K]
         ja      .bad2
-        cmp     byte [r12+OP_WTYPE], WT_Q8_0
+        cmp     byte [r13+OP_WTYPE], WT_Q8_0
         jne     .ok
-        or      ecx, [r12+OP_J]
+        or      ecx, [r13+OP_J]
         test    cl, QK8_0-1             ; whole Q8_0 blocks
         jmp     .test
 .attn:
         cmp     al, OPC_ATTN
         jne     .logits
-        mov     eax, [r12+OP_M]
+        mov     eax, [r13+OP_M]
         cdq                             ; (m <= n m <= MAX_WIDTH)
-        div     dword [r12+OP_K]        ; (k >= 1: K's row is not empty)
+        div     dword [r13+OP_K]        ; (k >= 1: K's row is not empty)
         test    edx, edx
         jmp     .test
 .logits:
         cmp     al, OPC_LOGITS
         jne     .ok
-        cmp     r13d, 1                 ; the last op
+        cmp     r12d, 1                 ; the last op
 .test:
         jne     .bad2
 .ok:
-        add     r12, OP_REC
-        dec     r13d
+        add     r13, OP_REC
+        dec     r12d
         jnz     .op
-        cmp     byte [r12+OP_OP-OP_REC], OPC_LOGITS
+        cmp     byte [r13+OP_OP-OP_REC], OPC_LOGITS
         jne     .bad2                   ; the last op is not LOGITS
         ret
 

@@ -111,7 +111,7 @@ check_program:
         ja      .bad
         stosb
         loop    .slot
-        mov     r13, [program_ptr]
+        mov     r13, rsi                ; the program (program_off = slots_off + 8 n_slots)
         mov     r12d, [rbx+HDR_N_OPS]
 .op:
         mov     eax, [r13+OP_OP]

@@ -94,10 +94,11 @@ weight_row:
 ; QK8_0; ROPE's n even); EMBED's columns j + n <= k <= MAX_WIDTH (Q8_0: j, n multiples of
 ; QK8_0); ATTN's k dividing m; LOGITS the last op, and only there. After it, no op reaches
 ; outside its buffers. It also ors every MATMUL's n into fv_cols (cpu.asm).
-;   in: rbx header   out: slot_cache, slot_written, fv_cols   (fatal "bad program")
+;   in: rbx header, rbp front_base   out: slot_cache, slot_written, fv_cols   (fatal
+;   "bad program")
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
 check_program:
-        mov     rsi, [slots_ptr]
+        mov     rsi, [rbp+V_SLOTS]
         mov     r9, rsi
         mov     ecx, [rbx+HDR_N_SLOTS]
         mov     edi, slot_cache+1       ; (addresses are below 2^32)
@@ -258,21 +259,21 @@ model_setup:
         call    check_program
         mov     r12d, [rbx+HDR_N_SLOTS]
 .buffer:
-        mov     rax, [slots_ptr]
+        mov     rax, [rbp+V_SLOTS]
         mov     edi, [rax+r12*8-SLOT_REC+SLOT_WIDTH]
         shl     edi, 2                  ; a row's bytes (<= 2^18)
         push    BLOCK
         pop     rax
         test    byte [slot_cache+r12], SLOT_CACHE
         jz      .rows
-        mov     eax, [ctx_len]
+        mov     eax, [rbp+V_CTX_LEN]
 .rows:
         imul    rdi, rax
         call    alloc
         mov     [slot_ptr+r12*8], rax
         dec     r12d
         jnz     .buffer
-        mov     edi, [ctx_len]
+        mov     edi, [rbp+V_CTX_LEN]
         add     edi, MATVEC_LANES-1
         shl     rdi, 2+BLOCK_SHIFT
         call    alloc

@@ -19,6 +19,8 @@ WK_MAT          = 3             ; [m, n] F16 or Q8_0
 WK_TABLE        = 4             ; [vocab, k] F16 or Q8_0
 WK_OUT          = 5             ; [vocab, n] F16 or Q8_0
 OPT_TOKEN       = 1             ; the handler runs once per token (else once per block)
+SLOT_WRITTEN    = 2             ; slot_cache: an earlier op wrote the slot (check_program;
+                                ; the file's flags are SLOT_CACHE at most)
 
 op_table:
         db      OPW_N, 0, 0, 0, WK_TABLE, OPT_TOKEN                     ; EMBED
@@ -94,7 +96,7 @@ weight_row:
 ; QK8_0; ROPE's n even); EMBED's columns j + n <= k <= MAX_WIDTH (Q8_0: j, n multiples of
 ; QK8_0); ATTN's k dividing m; LOGITS the last op, and only there. After it, no op reaches
 ; outside its buffers. It also ors every MATMUL's n into fv_cols (cpu.asm).
-;   in: rbx header, rbp front_base   out: slot_cache, slot_written, fv_cols   (fatal
+;   in: rbx header, rbp front_base   out: slot_cache, fv_cols   (fatal
 ;   "bad program")
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
 check_program:
@@ -145,10 +147,8 @@ check_program:
 .kv:
         test    r8b, OPW_KV
         jz      .next
-        test    byte [slot_cache+rcx], SLOT_CACHE
-        jz      .bad
-        bt      dword [slot_written], ecx
-        jc      .next
+        cmp     byte [slot_cache+rcx], SLOT_CACHE+SLOT_WRITTEN
+        je      .next                   ; a cache an earlier op wrote
 .bad:
         call    fatal_here
         db      'bad program', 0
@@ -160,7 +160,7 @@ check_program:
         cmp     r15d, 4
         jb      .operand
         movzx   ecx, byte [r13+OP_S0]
-        bts     dword [slot_written], ecx
+        or      byte [slot_cache+rcx], SLOT_WRITTEN
 
         mov     al, [r14+4]             ; the weight's kind
         test    al, al

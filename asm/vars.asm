@@ -156,5 +156,4 @@ J_SPIN          = job_spin - job_vars
 
 ; ---- the program's slots (forward.asm) ---------------------------------------------------
 slot_ptr:       rq 256          ; slot s's buffer (slot 0, none: 0)
-slot_cache:     rb 256          ; slot s's flags (SLOT_CACHE: rows by position)
-slot_written:   rb 256 / 8      ; check_program: the slots an earlier op wrote, a bit each
+slot_cache:     rb 256          ; slot s's flags (SLOT_CACHE: rows by position; SLOT_WRITTEN)

@@ -244,7 +244,7 @@ h_logits:
         movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
         call    softcap                 ; logits = c tanh(logits / c); keeps rdi rsi
 .capped:
-        lea     edx, [rsi*4]
+        imul    edx, esi, 4
         mov     rsi, rdi
         pop     rax
 .ret:

@@ -72,7 +72,7 @@ op_width:
 ;   multiple of QK8_0)   out: r10 bytes, r11 kernel record, rdx lookup   clobbers: rax
 weight_row:
         mov     eax, [r13+OP_WTYPE]
-        lea     r10d, [rcx*4]
+        imul    r10d, ecx, 4
         cmp     al, WT_F16
         jb      .ret                    ; F32
         lea     r10d, [rcx+rcx]

@@ -170,19 +170,10 @@ h_rope:
 ; h_attn: ATTN, every (token, head) of the block over the threads (att_share), K's and V's
 ; rows by position from 0.
 h_attn:
-        mov     eax, [r13+OP_M]
-        cdq                             ; (m < 2^31)
-        div     dword [r13+OP_K]
-        mov     [rbp+FV_GROUP], eax     ; m / k query heads a kv head
-        mov     eax, [r13+OP_J]
-        dec     eax
-        mov     [rbp+FV_WINDOW], eax    ; j - 1 (no window: 2^32 - 1)
-        mov     rax, [rbp+FV_P+24]
-        sub     rax, [rbp+FV_P+16]
-        mov     [rbp+FV_KV], rax        ; V's rows - K's (the same bytes a row)
         mov     eax, [rbp+FV_POS]
-        imul    rax, [rbp+FV_ST+16]
+        imul    rax, [rbp+FV_ST+16]     ; (K's and V's rows: the same bytes)
         sub     [rbp+FV_P+16], rax      ; K's row of position 0
+        sub     [rbp+FV_P+24], rax      ; V's
         mov     eax, att_share          ; (addresses are below 2^32)
         jmp     par_run
 
@@ -249,7 +240,7 @@ h_logits:
 
 ; att_share: thread k's attention tasks of the ATTN op forward runs (a share function of
 ; par_run, threads.asm; the op's record at FV_REC: n = hd, m = H query heads, a the scale,
-; c the soft-cap). Task i = t H + h (token t, query head h of kv head g = h / group), i in
+; c the soft-cap). Task i = t H + h (token t, query head h of kv head g = h / (m / k)), i in
 ; [k c, min(B H, (k+1) c)), c = ceil(B H / min(T, BLOCK)): att = K_g (n_t,hd) @ q_h over the
 ; positions attended, the last n_t = pos + t + 1 (the block's earlier rows are in the cache,
 ; roped), or the last min(n_t, w) with the window w > 0 (from position n_t - w: never
@@ -291,14 +282,16 @@ att_share:
         inc     eax
         mov     r13d, eax               ; n_t
         xchg    eax, edx
-        cdq
-        div     dword [rbp+FV_GROUP]    ; g
+        mul     dword [rbx+OP_K]
+        div     dword [rbx+OP_M]        ; g = h k / m = h / (m / k) (k divides m)
         mov     ecx, [rbx+OP_N]         ; hd
         mul     ecx                     ; (edx: free here)
         mov     rdx, [rbp+FV_P+16]
         lea     rdx, [rdx+rax*4]        ; K_g
         lea     eax, [r13-1]            ; pos + t
-        sub     eax, [rbp+FV_WINDOW]    ; - (w - 1): the first position attended, when > 0
+        mov     esi, [rbx+OP_J]
+        dec     esi                     ; w - 1 (no window, w = 0: 2^32 - 1)
+        sub     eax, esi                ; the first position attended, when > 0
         jbe     .all
         sub     r13d, eax               ; n_t: the w positions from there
         imul    rax, [rbp+FV_ST+16]
@@ -323,7 +316,8 @@ att_share:
         call    softmax                 ; att = softmax(att); keeps rdi rsi r8
         pop     rax
         pop     rdx
-        add     rdx, [rbp+FV_KV]        ; V_g
+        sub     rdx, [rbp+FV_P+16]
+        add     rdx, [rbp+FV_P+24]      ; V_g
         mov     ecx, esi
         mov     rsi, rdi
         mov     rdi, [rbp+FV_P]

@@ -16,9 +16,6 @@ fv_rec:         rq 1            ; the op being run (its record in the program)
 fv_ids:         rq 1            ; the block's ids
 fwd_vars:
 fv_w:           rq 1            ; the op's weight: weights_ptr + w
-fv_kv:          rq 1            ; ATTN: V's rows - K's rows (bytes)
-fv_group:       rd 1            ; ATTN: query heads per kv head (m / k)
-fv_window:      rd 1            ; ATTN: the window w - 1 (w = 0, none: 2^32 - 1)
 fv_n_t:         rd 1            ; pos + B: the end of the block's positions
 fv_b:           rd 1            ; B: tokens in this block
 fv_pos:         rd 1            ; the block's first position
@@ -34,9 +31,6 @@ FV_IDS          = fv_ids - fwd_vars
 FV_P            = fv_p - fwd_vars
 FV_ST           = fv_st - fwd_vars
 FV_W            = fv_w - fwd_vars
-FV_KV           = fv_kv - fwd_vars
-FV_GROUP        = fv_group - fwd_vars
-FV_WINDOW       = fv_window - fwd_vars
 FV_N_T          = fv_n_t - fwd_vars
 FV_B            = fv_b - fwd_vars
 FV_POS          = fv_pos - fwd_vars

@@ -5,7 +5,8 @@
 ; computes is its program. program.asm validates it and lays out the buffers.
 ; Registers inside forward and its handlers: rbx = model header, rbp = fwd_vars (variables as
 ; [rbp+FV_*]), r13 = the op's record; a handler finds its slot operands' rows in FV_P and
-; FV_ST (token 0's row of s0 .. s3, 0 for none; their rows' bytes) and its weight at FV_W.
+; FV_ST (token 0's row of s0 .. s3, 0 for none; their rows' bytes) and its weight at FV_W
+; (and in rdx when it runs once per block).
 
 BLOCK_SHIFT = 6                 ; 64 tokens: a matrix chunk's first call reads its weights from
 BLOCK = 1 shl BLOCK_SHIFT       ; memory, its other 20 from the cache (docs/speed.md); tokens
@@ -28,9 +29,9 @@ forward:
         mov     [rbp+FV_IDS], rsi
         mov     [rbp+FV_POS], ecx
         mov     [rbp+FV_B], edx
-        mov     [rbp+FV_PROMPT], r8d
         add     ecx, edx
-        mov     [rbp+FV_N_T], ecx       ; pos + B: where the token loops end
+        sub     r8d, ecx
+        mov     [rbp+FV_PROMPT], r8d    ; the prompt's tokens after the block's (< 0: none)
         mov     r13, [program_ptr]
         mov     r12d, [rbx+HDR_N_OPS]
 .op:
@@ -55,29 +56,28 @@ forward:
         inc     r15d
         cmp     r15d, 4
         jb      .operand
-        mov     rax, [weights_ptr]
-        add     rax, [r13+OP_W]
-        mov     [rbp+FV_W], rax
+        mov     rdx, [weights_ptr]
+        add     rdx, [r13+OP_W]
+        mov     [rbp+FV_W], rdx
         movzx   eax, word [r14+6]
         add     eax, forward            ; the handler (addresses are below 2^32)
         mov     rdi, [rbp+FV_P]
         mov     rsi, [rbp+FV_P+8]
         test    byte [r14+5], OPT_TOKEN
         jnz     .tokens
-        mov     edx, [r13+OP_N]
-        imul    edx, [rbp+FV_B]
-        call    rax                     ; rdi s0, rsi s1, edx n B
+        mov     ecx, [r13+OP_N]
+        imul    ecx, [rbp+FV_B]
+        call    rax                     ; rdi s0, rsi s1, rdx W, ecx n B
         jmp     .next
 .tokens:
         mov     r14, rax
         xor     r15d, r15d              ; t
 .token:
-        mov     edx, r15d
         mov     ecx, [rbp+FV_POS]
-        add     ecx, edx
+        add     ecx, r15d
         push    rdi
         push    rsi
-        call    r14                     ; rdi s0_t, rsi s1_t, ecx pos + t, edx t
+        call    r14                     ; rdi s0_t, rsi s1_t, ecx pos + t, r15d t
         pop     rsi
         pop     rdi
         add     rdi, [rbp+FV_ST]
@@ -100,22 +100,21 @@ forward:
         ret
 
 ; The handlers: in: r13 the op, rbx rbp as forward's; FV_P, FV_ST, FV_W the op's operands;
-; per block (OPT_TOKEN clear) rdi = s0's rows, rsi = s1's, edx = n B; per token rdi = s0_t,
-; rsi = s1_t, ecx = pos + t, edx = t. Each keeps rbx rbp r12-r15 and clobbers as the kernel
-; it ends in.
+; per block (OPT_TOKEN clear) rdi = s0's rows, rsi = s1's, rdx = W, ecx = n B; per token
+; rdi = s0_t, rsi = s1_t, ecx = pos + t, r15d = t. Each keeps rbx rbp r12-r15 and clobbers
+; as the kernel it ends in.
 
 ; h_embed: EMBED, s0_t = row id_t of the table (columns j .. j+n-1 of k) * a.
 h_embed:
         mov     rax, [rbp+FV_IDS]
-        mov     esi, [rax+rdx*4]        ; id_t
+        mov     esi, [rax+r15*4]        ; id_t
         mov     ecx, [r13+OP_K]
         call    weight_row              ; a row's bytes, the lookup
         imul    rsi, r10
         add     rsi, [rbp+FV_W]         ; -> row id_t
         mov     ecx, [r13+OP_J]
         call    weight_row              ; j's bytes
-        lea     rax, [rsi+r10]          ; -> column j of row id_t
-        xchg    rax, rdx                ; rax: the lookup
+        lea     rdx, [rsi+r10]          ; -> column j of row id_t
         lea     rsi, [r13+OP_A]         ; [a]
         push    1                       ; the row as an (n,1) column
         pop     rcx
@@ -126,7 +125,6 @@ h_embed:
 ; h_norm: NORM, s0_t[g] (+)= rmsnorm(s1_t[g], w) for the m groups of n floats of each token,
 ; eps a (the groups of all tokens follow each other: m B of them).
 h_norm:
-        mov     rdx, [rbp+FV_W]
         mov     ecx, [r13+OP_N]
         mov     r10d, [r13+OP_M]
         imul    r10d, [rbp+FV_B]
@@ -148,7 +146,6 @@ h_matmul:
         mov     [job_gate], rax         ; 0: none
         mov     ecx, [r13+OP_N]
         call    weight_row              ; r10 bytes per row, r11 its kernel
-        mov     rdx, [rbp+FV_W]
         mov     r8d, [r13+OP_M]
         mov     r9d, [r13+OP_FLAGS]
         and     r9d, OPF_ACC
@@ -180,19 +177,23 @@ h_attn:
 ; h_scale: SCALE, s0 = s0 * a over the block's n B values (softcap without a cap: each
 ; product rounded once).
 h_scale:
-        mov     esi, edx
+        mov     esi, ecx
         movss   xmm0, [r13+OP_A]
         xorps   xmm1, xmm1
         jmp     softcap
 
 ; h_add: ADD, s0 = s0 + s1 over the block's n B values.
 h_add:
-        movss   xmm0, [rdi+rdx*4-4]
-        addss   xmm0, [rsi+rdx*4-4]
-        movss   [rdi+rdx*4-4], xmm0
-        dec     edx
-        jnz     h_add
+        movss   xmm0, [rdi+rcx*4-4]
+        addss   xmm0, [rsi+rcx*4-4]
+        movss   [rdi+rcx*4-4], xmm0
+        loop    h_add
         ret
+
+; h_geglu: GEGLU, s0 = gelu_tanh(s0) * s1 over the block's n B values.
+h_geglu:
+        mov     edx, ecx
+        jmp     geglu
 
 ; h_logits: LOGITS, logits_t = softcap(W (vocab,n) @ s1_t, c): every token's row with
 ; --logits, else the last token's alone, and none for a block that ends before the prompt
@@ -209,9 +210,8 @@ h_logits:
         lea     r9, [rdi+r9*4]          ; the last token's row (all sampling needs)
         cmp     dword [logits_fd], 0
         jne     .rows                   ; --logits: every token's row
-        mov     edx, [rbp+FV_N_T]
-        cmp     edx, [rbp+FV_PROMPT]
-        jb      .ret                    ; a block before the prompt's end: none
+        cmp     dword [rbp+FV_PROMPT], 0
+        jg      .ret                    ; a block before the prompt's end: none
         dec     eax
         imul    rax, [rbp+FV_ST+8]
         add     rsi, rax                ; the last token's s1
@@ -222,7 +222,6 @@ h_logits:
         push    r9
         push    rdi
         push    rax                     ; the rows (rsp now 16-aligned for the calls)
-        mov     rdx, [rbp+FV_W]
         xor     r9d, r9d
         call    par_matmul              ; logits = W (vocab,n) @ s1
         pop     rsi

@@ -34,7 +34,7 @@ op_table:
         db      OPW_NM, OPW_NM, OPW_NK+OPW_KV, OPW_NK+OPW_KV, 0, 0      ; ATTN
         dw      h_attn - forward
         db      OPW_N+OPW_ALIGN4, OPW_N, 0, 0, 0, 0                     ; GEGLU
-        dw      geglu - forward
+        dw      h_geglu - forward
         db      OPW_N, 0, 0, 0, 0, 0                                    ; SCALE
         dw      h_scale - forward
         db      OPW_N, OPW_N, 0, 0, 0, 0                                ; ADD
@@ -69,7 +69,7 @@ op_width:
 ; for the type) and the routine that looks up one (an embedding row: matmul_f16 of the row
 ; as a (cols,1) column by [s], or dequant_q8).
 ;   in: r13 the op (its type F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a
-;   multiple of QK8_0)   out: r10 bytes, r11 kernel record, rdx lookup   clobbers: rax
+;   multiple of QK8_0)   out: r10 bytes, r11 kernel record, rax lookup   clobbers: -
 weight_row:
         mov     eax, [r13+OP_WTYPE]
         imul    r10d, ecx, 4
@@ -77,12 +77,12 @@ weight_row:
         jb      .ret                    ; F32
         lea     r10d, [rcx+rcx]
         mov     r11d, job_kernel        ; (addresses are below 2^32)
-        mov     edx, matmul_f16
+        mov     eax, matmul_f16
         je      .ret                    ; F16
         imul    r10d, ecx, Q8_0_BLOCK / 2
         shr     r10d, 4                 ; cols * 17 / 16 (exact: a multiple of 32)
         mov     r11d, job_kernel_q8
-        mov     edx, dequant_q8
+        mov     eax, dequant_q8
 .ret:
         ret
 

@@ -16,13 +16,11 @@ fv_rec:         rq 1            ; the op being run (its record in the program)
 fv_ids:         rq 1            ; the block's ids
 fwd_vars:
 fv_w:           rq 1            ; the op's weight: weights_ptr + w
-fv_n_t:         rd 1            ; pos + B: the end of the block's positions
 fv_b:           rd 1            ; B: tokens in this block
 fv_pos:         rd 1            ; the block's first position
-fv_prompt:      rd 1            ; the prompt's length
+fv_prompt:      rd 1            ; the prompt's tokens after the block's (signed)
 fv_cols:        rd 1            ; every product's n or-ed together (cpu.asm: the fast kernels
                                 ; need multiples of 16)
-                rd 1            ; (the front's qwords stay 8-aligned)
 
 FV_ATT          = fv_att - fwd_vars
 FV_LOGITS       = fv_logits - fwd_vars
@@ -31,7 +29,6 @@ FV_IDS          = fv_ids - fwd_vars
 FV_P            = fv_p - fwd_vars
 FV_ST           = fv_st - fwd_vars
 FV_W            = fv_w - fwd_vars
-FV_N_T          = fv_n_t - fwd_vars
 FV_B            = fv_b - fwd_vars
 FV_POS          = fv_pos - fwd_vars
 FV_PROMPT       = fv_prompt - fwd_vars

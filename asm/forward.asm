@@ -32,7 +32,7 @@ forward:
         add     ecx, edx
         sub     r8d, ecx
         mov     [rbp+FV_PROMPT], r8d    ; the prompt's tokens after the block's (< 0: none)
-        mov     r13, [program_ptr]
+        mov     r13, [rbp+FV_PROGRAM]
         mov     r12d, [rbx+HDR_N_OPS]
 .op:
         mov     [rbp+FV_REC], r13
@@ -56,7 +56,7 @@ forward:
         inc     r15d
         cmp     r15d, 4
         jb      .operand
-        mov     rdx, [weights_ptr]
+        mov     rdx, [rbp+FV_WEIGHTS]
         add     rdx, [r13+OP_W]
         mov     [rbp+FV_W], rdx
         movzx   eax, word [r14+6]

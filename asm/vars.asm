@@ -6,7 +6,7 @@
 ; ---- forward ----------------------------------------------------------------------------
 ; fwd_vars (rbp in forward.asm) is 96 bytes into the record, so that [rbp + FV_*] reaches
 ; every field with a one-byte displacement, and model_base (the front's first qword, just
-; after the record) too.
+; after the record) and the sections' pointers after it (program_ptr, weights_ptr) too.
 fv_p:           rq 4            ; the op's slot operands: token 0's row (0: none)
 fv_st:          rq 4            ; ... and their rows' bytes
 fv_att:         rq 1            ; att (BLOCK, ctx + 3): per attention thread, scores then
@@ -34,6 +34,8 @@ FV_POS          = fv_pos - fwd_vars
 FV_PROMPT       = fv_prompt - fwd_vars
 FV_COLS         = fv_cols - fwd_vars
 FV_MODEL_BASE   = model_base - fwd_vars
+FV_PROGRAM      = program_ptr - fwd_vars
+FV_WEIGHTS      = weights_ptr - fwd_vars
 
 ; ---- front ------------------------------------------------------------------------------
 ; From start-up on the front end keeps rbp = front_base: [rbp + V_*] reaches every variable
@@ -41,27 +43,27 @@ FV_MODEL_BASE   = model_base - fwd_vars
 front_vars:
 model_base:     rq 1            ; address of the read-only mapping of the model file (first:
                                 ; forward.asm reaches it as [rbp + FV_MODEL_BASE])
+slots_ptr:      rq 1            ; model_base + slots_off .. weights_off: the sections, in
+program_ptr:    rq 1            ; file order (model.asm's loop stores them so; forward.asm
+strings_ptr:    rq 1            ; reaches program_ptr and weights_ptr from fwd_vars too)
+pieces_ptr:     rq 1            ; PIECE_REC records
+index_ptr:      rq 1            ; u32 normal ids, sorted by bytes
+user_ptr:       rq 1            ; u32 user-defined ids, longest first
+merges_ptr:     rq 1            ; MERGE_REC records
+blob_ptr:       rq 1            ; piece bytes
+weights_ptr:    rq 1            ; the weights region
 opt_model:      rq 1            ; -m path
 opt_prompt:     rq 1            ; -p text (default: an empty string, start in main.asm)
 opt_logits:     rq 1            ; --logits path (0: none)
 rng_state:      rq 1            ; -s, then the generator's state (sample.asm)
 opt_n:          rq 1            ; -n, low dword (0xFFFFFFFF: until EOS or a full context)
 opt_temp:       rq 1            ; --temp, float32 bits in the low dword
+front_base:
 opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
 opt_tokens:     rq 1            ; --tokens, low byte
 model_size:     rq 1            ; its length in bytes
-slots_ptr:      rq 1            ; model_base + slots_off .. weights_off: the sections, in
-program_ptr:    rq 1            ; file order (model.asm's loop stores them so)
-strings_ptr:    rq 1
-pieces_ptr:     rq 1            ; PIECE_REC records
-front_base:
-index_ptr:      rq 1            ; u32 normal ids, sorted by bytes
-user_ptr:       rq 1            ; u32 user-defined ids, longest first
-merges_ptr:     rq 1            ; MERGE_REC records
-blob_ptr:       rq 1            ; piece bytes
-weights_ptr:    rq 1            ; the weights region
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 opt_help:       rq 1            ; -h / --help, low byte
 sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}

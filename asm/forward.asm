@@ -40,7 +40,6 @@ forward:
         lea     r14, [op_table-8+rax*8]
         xor     r15d, r15d
 .operand:                               ; s0 .. s3: token 0's row, the rows' bytes
-        movzx   eax, byte [r14+r15]
         call    op_width
         shl     rax, 2
         mov     [rbp+FV_ST+r15*8], rax

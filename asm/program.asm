@@ -42,10 +42,14 @@ op_table:
         db      0, OPW_N, 0, 0, WK_OUT, 0                               ; LOGITS
         dw      h_logits - forward
 
-; op_width: the floats of an operand's row, from its width code and the op's n, m, k.
-;   in: al the code (OPW_* and flags), r13 the op   out: rax (0 for code 0)
-;   clobbers: rcx rdx
+; op_width: operand r15 of the op: its width code (op_table) and the floats of its row, from
+; the code and the op's n, m, k.
+;   in: r13 the op, r14 its op_table row, r15 the operand (0 .. 3)
+;   out: r8 the code (OPW_* and flags), rax the floats (0 for code 0), ZF set for code 0
+;   (no such operand)   clobbers: rcx rdx
 op_width:
+        movzx   eax, byte [r14+r15]
+        mov     r8d, eax
         and     eax, 7
         jz      .ret
         mov     ecx, [r13+OP_N]
@@ -60,7 +64,8 @@ op_width:
         je      .times                  ; n m
         mov     edx, [r13+OP_K]         ; n k
 .times:
-        imul    rax, rdx                ; (<= 2^16 2^24)
+        imul    rax, rdx                ; (n, m, k < 2^32: exact)
+        test    ecx, ecx                ; (ZF clear)
 .ret:
         ret
 
@@ -124,10 +129,7 @@ check_program:
         lea     r14, [op_table+rax*8]
         xor     r15d, r15d
 .operand:                               ; s0 .. s3
-        movzx   eax, byte [r14+r15]
-        mov     r8d, eax
         call    op_width
-        test    r8b, 7
         jz      .next                   ; no such operand
         movzx   ecx, byte [r13+OP_S0+r15]
         jrcxz   .none

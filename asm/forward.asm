@@ -38,12 +38,13 @@ forward:
         mov     [rbp+FV_REC], r13
         mov     eax, [r13+OP_OP]
         lea     r14, [op_table-8+rax*8]
-        xor     r15d, r15d
-.operand:                               ; s0 .. s3: token 0's row, the rows' bytes
+        push    -4
+        pop     r15
+.operand:                       ; s0 .. s3 (r15 = -4 .. -1): token 0's row, the rows' bytes
         call    op_width
         shl     rax, 2
-        mov     [rbp+FV_ST+r15*8], rax
-        movzx   ecx, byte [r13+OP_S0+r15]
+        mov     [rbp+FV_ST+32+r15*8], rax
+        movzx   ecx, byte [r13+OP_S0+4+r15]
         mov     rdx, [slot_ptr+rcx*8]
         test    byte [slot_cache+rcx], SLOT_CACHE
         jz      .row
@@ -51,10 +52,9 @@ forward:
         imul    rsi, rax
         add     rdx, rsi
 .row:
-        mov     [rbp+FV_P+r15*8], rdx
-        inc     r15d
-        cmp     r15d, 4
-        jb      .operand
+        mov     [rbp+FV_P+32+r15*8], rdx
+        inc     r15
+        jnz     .operand
         mov     rdx, [rbp+FV_WEIGHTS]
         add     rdx, [r13+OP_W]
         mov     [rbp+FV_W], rdx

@@ -44,11 +44,11 @@ op_table:
 
 ; op_width: operand r15 of the op: its width code (op_table) and the floats of its row, from
 ; the code and the op's n, m, k.
-;   in: r13 the op, r14 its op_table row, r15 the operand (0 .. 3)
+;   in: r13 the op, r14 its op_table row, r15 the operand - 4 (-4 .. -1: s0 .. s3)
 ;   out: r8 the code (OPW_* and flags), rax the floats (0 for code 0), ZF set for code 0
 ;   (no such operand)   clobbers: rcx rdx
 op_width:
-        movzx   eax, byte [r14+r15]
+        movzx   eax, byte [r14+r15+4]
         mov     r8d, eax
         and     eax, 7
         jz      .ret
@@ -127,11 +127,12 @@ check_program:
         cmp     eax, N_OPCODES-1
         ja      .bad
         lea     r14, [op_table+rax*8]
-        xor     r15d, r15d
-.operand:                               ; s0 .. s3
+        push    -4
+        pop     r15
+.operand:                               ; s0 .. s3 (r15 = -4 .. -1)
         call    op_width
         jz      .next                   ; no such operand
-        movzx   ecx, byte [r13+OP_S0+r15]
+        movzx   ecx, byte [r13+OP_S0+4+r15]
         jrcxz   .none
         cmp     ecx, [rbx+HDR_N_SLOTS]
         ja      .bad
@@ -158,9 +159,8 @@ check_program:
         test    r8b, OPW_OPTIONAL
         jz      .bad
 .next:
-        inc     r15d
-        cmp     r15d, 4
-        jb      .operand
+        inc     r15
+        jnz     .operand
         movzx   ecx, byte [r13+OP_S0]
         or      byte [slot_cache+rcx], SLOT_WRITTEN
 

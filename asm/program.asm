@@ -123,10 +123,10 @@ check_program:
         mov     r12d, [rbx+HDR_N_OPS]
 .op:
         mov     eax, [r13+OP_OP]
+        lea     r14, [op_table-8+rax*8] ; (as forward finds it)
         dec     eax
         cmp     eax, N_OPCODES-1
         ja      .bad
-        lea     r14, [op_table+rax*8]
         push    -4
         pop     r15
 .operand:                               ; s0 .. s3 (r15 = -4 .. -1)

@@ -20,9 +20,10 @@ BLOCK = 1 shl BLOCK_SHIFT       ; memory, its other 20 from the cache (docs/spee
 ; number of tokens fed before.
 ;   in: rsi ids (B u32 tokens, each < vocab), ecx pos, edx B (1 .. BLOCK, pos + B <= ctx_len),
 ;   r8d the prompt's length
-;   out: the logits (float32, vocab a row): every row with --logits (logits_fd); else the
-;   last row, and none at all for a block that ends before the prompt does (then rax rsi
-;   edx undefined); rax -> the last row, rsi -> the rows written, edx = their bytes
+;   out: the logits (float32, vocab a row): every token's row with --logits (logits_fd);
+;   else the last token's, and none at all for a block that ends before the prompt does
+;   (then rax rsi edx undefined); rax -> the last row written, rsi -> the rows written,
+;   edx = their bytes
 ;   clobbers: rcx rdi r8-r11 xmm0-xmm15 (preserves rbx rbp r12-r15)
 forward:
         call    fwd_frame
@@ -195,34 +196,31 @@ h_geglu:
         jmp     geglu
 
 ; h_logits: LOGITS, logits_t = softcap(W (vocab,n) @ s1_t, c): every token's row with
-; --logits, else the last token's alone, and none for a block that ends before the prompt
-; does. It is the program's last op: forward returns what it leaves in rax (-> the last row),
-; rsi (-> the first row written) and edx (the bytes written).
+; --logits, else the last token's alone (in the first row), and none for a block that ends
+; before the prompt does. It is the program's last op: forward returns what it leaves in rax
+; (-> the last row written), rsi (-> the first) and edx (the bytes written).
 h_logits:
         mov     ecx, [r13+OP_N]
         call    weight_row              ; r10 bytes per row, r11 its kernel
         mov     r8d, [rbx+HDR_VOCAB]
         mov     eax, [rbp+FV_B]
         mov     rdi, [rbp+FV_LOGITS]
-        lea     r9d, [rax-1]
-        imul    r9d, r8d
-        lea     r9, [rdi+r9*4]          ; the last token's row (all sampling needs)
         cmp     dword [logits_fd], 0
         jne     .rows                   ; --logits: every token's row
         cmp     dword [rbp+FV_PROMPT], 0
         jg      .ret                    ; a block before the prompt's end: none
         dec     eax
         imul    rax, [rbp+FV_ST+8]
-        add     rsi, rax                ; the last token's s1
-        mov     rdi, r9
+        add     rsi, rax                ; the last token's s1 (its logits: the first row)
         push    1
         pop     rax
 .rows:
-        push    r9
         push    rdi
-        push    rax                     ; the rows (rsp now 16-aligned for the calls)
+        push    rax
+        push    rax                     ; the rows (twice: rsp 16-aligned for the calls)
         xor     r9d, r9d
         call    par_matmul              ; logits = W (vocab,n) @ s1
+        pop     rsi
         pop     rsi
         imul    esi, [rbx+HDR_VOCAB]    ; the floats written
         pop     rdi
@@ -231,8 +229,10 @@ h_logits:
         call    softcap                 ; logits = c tanh(logits / c) (c = 0: logits times
                                         ; 1.0, the same bits); keeps rdi rsi
         imul    edx, esi, 4
+        imul    ecx, [rbx+HDR_VOCAB], 4
+        lea     rax, [rdi+rdx]
+        sub     rax, rcx                ; the last row
         mov     rsi, rdi
-        pop     rax
 .ret:
         ret
 

@@ -320,8 +320,7 @@ att_share:
         mov     rsi, rdi
         mov     rdi, [rbp+FV_P]
         lea     rdi, [rdi+rax*4]        ; o_h
-        mov     r9, [rbp+FV_ST+16]
-        call    matvec_t_f32            ; o_h = V_g^T (hd,n_t) @ att
+        call    matvec_t_f32            ; o_h = V_g^T (hd,n_t) @ att (r9: kept since K's)
         inc     r12d
         jmp     .task
 

@@ -70,8 +70,7 @@ forward:
         call    rax                     ; rdi s0, rsi s1, rdx W, ecx n B
         jmp     .next
 .tokens:
-        mov     r14, rax
-        xor     r15d, r15d              ; t
+        mov     r14, rax                ; (r15 = 0 from the operands' loop: t)
 .token:
         mov     ecx, [rbp+FV_POS]
         add     ecx, r15d

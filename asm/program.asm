@@ -187,7 +187,7 @@ check_program:
         ja      .typed                  ; [vocab, n]
         je      .table
         mov     r8d, [r13+OP_M]         ; [m, n]
-        or      [fv_cols], ecx
+        or      [rbp+V_COLS], ecx
         jmp     .typed
 .table:
         mov     ecx, [r13+OP_K]         ; [vocab, k]

@@ -19,8 +19,7 @@ fv_w:           rq 1            ; the op's weight: weights_ptr + w
 fv_b:           rd 1            ; B: tokens in this block
 fv_pos:         rd 1            ; the block's first position
 fv_prompt:      rd 1            ; the prompt's tokens after the block's (signed)
-fv_cols:        rd 1            ; every product's n or-ed together (cpu.asm: the fast kernels
-                                ; need multiples of 16)
+                rd 1            ; (the front's qwords stay 8-aligned)
 
 FV_ATT          = fv_att - fwd_vars
 FV_LOGITS       = fv_logits - fwd_vars
@@ -32,7 +31,6 @@ FV_W            = fv_w - fwd_vars
 FV_B            = fv_b - fwd_vars
 FV_POS          = fv_pos - fwd_vars
 FV_PROMPT       = fv_prompt - fwd_vars
-FV_COLS         = fv_cols - fwd_vars
 FV_MODEL_BASE   = model_base - fwd_vars
 FV_PROGRAM      = program_ptr - fwd_vars
 FV_WEIGHTS      = weights_ptr - fwd_vars
@@ -74,6 +72,8 @@ ctx_len:        rd 1            ; context length (from -c or the header)
 logits_fd:      rd 1            ; --logits file descriptor (0: none)
 out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
+fv_cols:        rd 1            ; every product's n or-ed together (check_program; cpu.asm: the
+                                ; fast kernels need multiples of 16)
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -97,6 +97,7 @@ V_CTX_LEN       = ctx_len - front_base
 V_LOGITS_FD     = logits_fd - front_base
 V_OUT_LEN       = out_len - front_base
 V_WROTE         = wrote - front_base
+V_COLS          = fv_cols - front_base
 V_FILE          = opt_file - front_base
 V_HELP          = opt_help - front_base
 V_SIGSET        = sig_block - front_base

@@ -164,9 +164,25 @@ check_program:
         movzx   ecx, byte [r13+OP_S0]
         or      byte [slot_cache+rcx], SLOT_WRITTEN
 
+        mov     al, [r13+OP_OP]         ; what the handlers assume (EMBED's: with its table)
+        cmp     al, OPC_ATTN
+        jne     .logits
+        mov     eax, [r13+OP_M]
+        cdq                             ; (m <= n m <= MAX_WIDTH)
+        div     dword [r13+OP_K]        ; (k >= 1: K's row is not empty)
+        test    edx, edx
+        jmp     .test
+.logits:
+        cmp     al, OPC_LOGITS
+        jne     .weight
+        cmp     r12d, 1                 ; the last op
+.test:
+        jne     .bad
+
+.weight:
         mov     al, [r14+4]             ; the weight's kind
         test    al, al
-        jz      .rules
+        jz      .ok
         mov     edx, [r13+OP_WTYPE]
         mov     ecx, [r13+OP_N]
         push    1
@@ -189,8 +205,18 @@ check_program:
         mov     r8d, [r13+OP_M]         ; [m, n]
         or      [rbp+V_COLS], ecx
         jmp     .typed
-.table:
+.table:                                 ; EMBED: columns j .. j+n-1 of k (ecx = n)
+        mov     eax, [r13+OP_J]
+        lea     rsi, [rax+rcx]          ; j + n (64 bits: no wrap)
+        or      ecx, eax
+        cmp     edx, WT_Q8_0
+        jne     .k
+        test    cl, QK8_0-1             ; j, n: whole Q8_0 blocks (k below)
+        jnz     .bad2
+.k:
         mov     ecx, [r13+OP_K]         ; [vocab, k]
+        cmp     rsi, rcx
+        ja      .bad2                   ; j + n <= k
         cmp     ecx, MAX_WIDTH
         ja      .bad2
 .typed:
@@ -211,35 +237,6 @@ check_program:
         cmp     rax, [rbx+HDR_WEIGHTS_SIZE]
         ja      .bad2
 
-.rules:                                 ; what the handlers assume
-        mov     al, [r13+OP_OP]
-        cmp     al, OPC_EMBED
-        jne     .attn
-        mov     eax, [r13+OP_J]         ; columns j .. j+n-1 of k
-        mov     ecx, [r13+OP_N]
-        add     eax, ecx
-        jc      .bad2
-        cmp     eax, [r13+OP_K]
-        ja      .bad2
-        cmp     byte [r13+OP_WTYPE], WT_Q8_0
-        jne     .ok
-        or      ecx, [r13+OP_J]
-        test    cl, QK8_0-1             ; whole Q8_0 blocks
-        jmp     .test
-.attn:
-        cmp     al, OPC_ATTN
-        jne     .logits
-        mov     eax, [r13+OP_M]
-        cdq                             ; (m <= n m <= MAX_WIDTH)
-        div     dword [r13+OP_K]        ; (k >= 1: K's row is not empty)
-        test    edx, edx
-        jmp     .test
-.logits:
-        cmp     al, OPC_LOGITS
-        jne     .ok
-        cmp     r12d, 1                 ; the last op
-.test:
-        jne     .bad2
 .ok:
         add     r13, OP_REC
         dec     r12d

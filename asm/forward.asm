@@ -43,17 +43,17 @@ forward:
         pop     r15
 .operand:                       ; s0 .. s3 (r15 = -4 .. -1): token 0's row, the rows' bytes
         call    op_width
-        shl     rax, 2
-        mov     [rbp+FV_ST+32+r15*8], rax
+        shl     rdx, 2
+        mov     [rbp+FV_ST+32+r15*8], rdx
         movzx   ecx, byte [r13+OP_S0+4+r15]
-        mov     rdx, [slot_ptr+rcx*8]
+        mov     rax, [slot_ptr+rcx*8]
         test    byte [slot_cache+rcx], SLOT_CACHE
         jz      .row
         mov     esi, [rbp+FV_POS]       ; a cache's rows go by position
-        imul    rsi, rax
-        add     rdx, rsi
+        imul    rsi, rdx
+        add     rax, rsi
 .row:
-        mov     [rbp+FV_P+32+r15*8], rdx
+        mov     [rbp+FV_P+32+r15*8], rax
         inc     r15
         jnz     .operand
         mov     rdx, [rbp+FV_WEIGHTS]

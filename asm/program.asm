@@ -45,27 +45,27 @@ op_table:
 ; op_width: operand r15 of the op: its width code (op_table) and the floats of its row, from
 ; the code and the op's n, m, k.
 ;   in: r13 the op, r14 its op_table row, r15 the operand - 4 (-4 .. -1: s0 .. s3)
-;   out: r8 the code (OPW_* and flags), rax the floats (0 for code 0), ZF set for code 0
-;   (no such operand)   clobbers: rcx rdx
+;   out: eax the code (OPW_* and flags), rdx the floats (0 for code 0), ZF set for code 0
+;   (no such operand)   clobbers: rcx
 op_width:
         movzx   eax, byte [r14+r15+4]
-        mov     r8d, eax
-        and     eax, 7
+        xor     edx, edx
+        mov     ecx, eax
+        and     ecx, 7
         jz      .ret
-        mov     ecx, [r13+OP_N]
-        cmp     al, OPW_M
+        mov     edx, [r13+OP_N]
+        cmp     cl, OPW_M
         jne     .first
-        mov     ecx, [r13+OP_M]
-.first:
-        xchg    eax, ecx                ; eax: n (or m), cl: the code
+        mov     edx, [r13+OP_M]
+.first:                                 ; edx: n (or m)
         cmp     cl, OPW_NM
         jb      .ret                    ; n, m
-        mov     edx, [r13+OP_M]
+        mov     ecx, [r13+OP_M]
         je      .times                  ; n m
-        mov     edx, [r13+OP_K]         ; n k
+        mov     ecx, [r13+OP_K]         ; n k
 .times:
-        imul    rax, rdx                ; (n, m, k < 2^32: exact)
-        test    ecx, ecx                ; (ZF clear)
+        imul    rdx, rcx                ; (n, m, k < 2^32: exact)
+        test    eax, eax                ; (ZF clear)
 .ret:
         ret
 
@@ -136,19 +136,19 @@ check_program:
         jrcxz   .none
         cmp     ecx, [rbx+HDR_N_SLOTS]
         ja      .bad
-        mov     edx, [r9+rcx*8-SLOT_REC+SLOT_WIDTH]
-        cmp     rax, rdx
+        mov     esi, [r9+rcx*8-SLOT_REC+SLOT_WIDTH]
+        cmp     rdx, rsi
         ja      .bad
-        test    r8b, OPW_EMPTY
+        test    al, OPW_EMPTY
         jnz     .kv
-        test    rax, rax
+        test    rdx, rdx
         jz      .bad
-        test    r8b, OPW_ALIGN4
+        test    al, OPW_ALIGN4
         jz      .kv
-        test    al, 3
+        test    dl, 3
         jnz     .bad
 .kv:
-        test    r8b, OPW_KV
+        test    al, OPW_KV
         jz      .next
         cmp     byte [slot_cache+rcx], SLOT_CACHE+SLOT_WRITTEN
         je      .next                   ; a cache an earlier op wrote
@@ -156,7 +156,7 @@ check_program:
         call    fatal_here
         db      'bad program', 0
 .none:
-        test    r8b, OPW_OPTIONAL
+        test    al, OPW_OPTIONAL
         jz      .bad
 .next:
         inc     r15

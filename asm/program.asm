@@ -261,12 +261,10 @@ model_setup:
         mov     rax, [rbp+V_SLOTS]
         mov     edi, [rax+r12*8-SLOT_REC+SLOT_WIDTH]
         shl     edi, 2                  ; a row's bytes (<= 2^18)
+        test    byte [slot_cache+r12], SLOT_CACHE
         push    BLOCK
         pop     rax
-        test    byte [slot_cache+r12], SLOT_CACHE
-        jz      .rows
-        mov     eax, [rbp+V_CTX_LEN]
-.rows:
+        cmovnz  eax, [rbp+V_CTX_LEN]
         imul    rdi, rax
         call    alloc
         mov     [slot_ptr+r12*8], rax

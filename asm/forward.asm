@@ -283,8 +283,7 @@ att_share:
         div     dword [rbx+OP_M]        ; g = h k / m = h / (m / k) (k divides m)
         mov     ecx, [rbx+OP_N]         ; hd
         mul     ecx                     ; (edx: free here)
-        mov     rdx, [rbp+FV_P+16]
-        lea     rdx, [rdx+rax*4]        ; K_g
+        imul    edx, eax, 4             ; K_g's and V_g's offset in their caches
         lea     eax, [r13-1]            ; pos + t
         mov     esi, [rbx+OP_J]
         dec     esi                     ; w - 1 (no window, w = 0: 2^32 - 1)
@@ -292,7 +291,7 @@ att_share:
         jbe     .all
         sub     r13d, eax               ; n_t: the w positions from there
         imul    rax, [rbp+FV_ST+16]
-        add     rdx, rax                ; K_g from there
+        add     rdx, rax                ; from there
 .all:
         push    rdx                     ; (with rax: rsp stays 16-aligned for the calls)
         mov     eax, r12d
@@ -300,6 +299,7 @@ att_share:
         push    rax
         mov     rsi, [rbp+FV_P+8]
         lea     rsi, [rsi+rax*4]        ; q_h
+        add     rdx, [rbp+FV_P+16]      ; K_g
         mov     rdi, r15
         mov     r8d, r13d
         mov     r9, [rbp+FV_ST+16]
@@ -313,7 +313,6 @@ att_share:
         call    softmax                 ; att = softmax(att); keeps rdi rsi r8
         pop     rax
         pop     rdx
-        sub     rdx, [rbp+FV_P+16]
         add     rdx, [rbp+FV_P+24]      ; V_g
         mov     ecx, esi
         mov     rsi, rdi

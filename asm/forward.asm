@@ -223,10 +223,13 @@ h_logits:
         pop     rsi
         imul    esi, [rbx+HDR_VOCAB]    ; the floats written
         pop     rdi
-        movss   xmm1, [r13+OP_C]
+        mov     eax, [r13+OP_C]
+        test    eax, eax
+        jz      .capped
+        movd    xmm1, eax
         movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
-        call    softcap                 ; logits = c tanh(logits / c) (c = 0: logits times
-                                        ; 1.0, the same bits); keeps rdi rsi
+        call    softcap                 ; logits = c tanh(logits / c); keeps rdi rsi
+.capped:
         imul    edx, esi, 4
         imul    ecx, [rbx+HDR_VOCAB], 4
         lea     rax, [rdi+rdx]

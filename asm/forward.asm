@@ -204,7 +204,7 @@ h_logits:
         mov     r8d, [rbx+HDR_VOCAB]
         mov     eax, [rbp+FV_B]
         mov     rdi, [rbp+FV_LOGITS]
-        cmp     dword [logits_fd], 0
+        cmp     dword [rbp+FV_LOGITS_FD], 0
         jne     .rows                   ; --logits: every token's row
         cmp     dword [rbp+FV_PROMPT], 0
         jg      .ret                    ; a block before the prompt's end: none
@@ -252,7 +252,7 @@ h_logits:
 att_share:
         call    fwd_frame
         mov     rbx, [rbp+FV_REC]       ; the op
-        mov     eax, [ctx_len]
+        mov     eax, [rbp+FV_CTX_LEN]
         add     eax, MATVEC_LANES - 1   ; (softmax's lanes past n_t)
         mul     esi                     ; (edx: free here)
         mov     r15, [rbp+FV_ATT]

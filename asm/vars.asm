@@ -6,7 +6,7 @@
 ; ---- forward ----------------------------------------------------------------------------
 ; fwd_vars (rbp in forward.asm) is 96 bytes into the record, so that [rbp + FV_*] reaches
 ; every field with a one-byte displacement, and model_base (the front's first qword, just
-; after the record) and the sections' pointers after it (program_ptr, weights_ptr) too.
+; after the record) and the sections' pointers, ctx_len and logits_fd after it too.
 fv_p:           rq 4            ; the op's slot operands: token 0's row (0: none)
 fv_st:          rq 4            ; ... and their rows' bytes
 fv_att:         rq 1            ; att (BLOCK, ctx + 3): per attention thread, scores then
@@ -34,6 +34,8 @@ FV_PROMPT       = fv_prompt - fwd_vars
 FV_MODEL_BASE   = model_base - fwd_vars
 FV_PROGRAM      = program_ptr - fwd_vars
 FV_WEIGHTS      = weights_ptr - fwd_vars
+FV_CTX_LEN      = ctx_len - fwd_vars
+FV_LOGITS_FD    = logits_fd - fwd_vars
 
 ; ---- front ------------------------------------------------------------------------------
 ; From start-up on the front end keeps rbp = front_base: [rbp + V_*] reaches every variable
@@ -50,13 +52,15 @@ user_ptr:       rq 1            ; u32 user-defined ids, longest first
 merges_ptr:     rq 1            ; MERGE_REC records
 blob_ptr:       rq 1            ; piece bytes
 weights_ptr:    rq 1            ; the weights region
+ctx_len:        rd 1            ; context length (from -c or the header)
+logits_fd:      rd 1            ; --logits file descriptor (0: none)
 opt_model:      rq 1            ; -m path
 opt_prompt:     rq 1            ; -p text (default: an empty string, start in main.asm)
 opt_logits:     rq 1            ; --logits path (0: none)
 rng_state:      rq 1            ; -s, then the generator's state (sample.asm)
 opt_n:          rq 1            ; -n, low dword (0xFFFFFFFF: until EOS or a full context)
-opt_temp:       rq 1            ; --temp, float32 bits in the low dword
 front_base:
+opt_temp:       rq 1            ; --temp, float32 bits in the low dword
 opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
@@ -68,8 +72,6 @@ sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
 memo_ptr:       rq 1            ; the tokenizer's memo of lookups (tokenizer.asm)
 opt_baseline:   rq 1            ; --baseline, low byte (cpu.asm)
 opt_avx2:       rq 1            ; --avx2, low byte (cpu.asm)
-ctx_len:        rd 1            ; context length (from -c or the header)
-logits_fd:      rd 1            ; --logits file descriptor (0: none)
 out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 fv_cols:        rd 1            ; every product's n or-ed together (check_program; cpu.asm: the

@@ -4,8 +4,9 @@
 ; split over the threads (threads.asm). The engine knows no Gemma: what a generation
 ; computes is its program. program.asm validates it and lays out the buffers.
 ; Registers inside forward and its handlers: rbx = model header, rbp = fwd_vars (variables as
-; [rbp+FV_*]), r12 = the op's record; a handler finds its slot operands' rows in FV_P and
-; FV_ST (token 0's row of s0 .. s3, 0 for none; their rows' bytes) and its weight at FV_W.
+; [rbp+FV_*]), r13 = the op's record; a handler finds its slot operands' rows in FV_P and
+; FV_ST (token 0's row of s0 .. s3, 0 for none; their rows' bytes) and its weight at FV_W
+; (and in rdx when it runs once per block).
 
 BLOCK_SHIFT = 6                 ; 64 tokens: a matrix chunk's first call reads its weights from
 BLOCK = 1 shl BLOCK_SHIFT       ; memory, its other 20 from the cache (docs/speed.md); tokens
@@ -19,65 +20,63 @@ BLOCK = 1 shl BLOCK_SHIFT       ; memory, its other 20 from the cache (docs/spee
 ; number of tokens fed before.
 ;   in: rsi ids (B u32 tokens, each < vocab), ecx pos, edx B (1 .. BLOCK, pos + B <= ctx_len),
 ;   r8d the prompt's length
-;   out: the logits (float32, vocab a row): every row with --logits (logits_fd); else the
-;   last row, and none at all for a block that ends before the prompt does (then rax rsi
-;   edx undefined); rax -> the last row, rsi -> the rows written, edx = their bytes
+;   out: the logits (float32, vocab a row): every token's row with --logits (logits_fd);
+;   else the last token's, and none at all for a block that ends before the prompt does
+;   (then rax rsi edx undefined); rax -> the last row written, rsi -> the rows written,
+;   edx = their bytes
 ;   clobbers: rcx rdi r8-r11 xmm0-xmm15 (preserves rbx rbp r12-r15)
 forward:
         call    fwd_frame
         mov     [rbp+FV_IDS], rsi
         mov     [rbp+FV_POS], ecx
         mov     [rbp+FV_B], edx
-        mov     [rbp+FV_PROMPT], r8d
         add     ecx, edx
-        mov     [rbp+FV_N_T], ecx       ; pos + B: where the token loops end
-        mov     r12, [program_ptr]
-        mov     r13d, [rbx+HDR_N_OPS]
+        sub     r8d, ecx
+        mov     [rbp+FV_PROMPT], r8d    ; the prompt's tokens after the block's (< 0: none)
+        mov     r13, [rbp+FV_PROGRAM]
+        mov     r12d, [rbx+HDR_N_OPS]
 .op:
-        mov     [rbp+FV_REC], r12
-        mov     eax, [r12+OP_OP]
+        mov     [rbp+FV_REC], r13
+        mov     eax, [r13+OP_OP]
         lea     r14, [op_table-8+rax*8]
-        xor     r15d, r15d
-.operand:                               ; s0 .. s3: token 0's row, the rows' bytes
-        movzx   eax, byte [r14+r15]
+        push    -4
+        pop     r15
+.operand:                       ; s0 .. s3 (r15 = -4 .. -1): token 0's row, the rows' bytes
         call    op_width
-        shl     rax, 2
-        mov     [rbp+FV_ST+r15*8], rax
-        movzx   ecx, byte [r12+OP_S0+r15]
-        mov     rdx, [slot_ptr+rcx*8]
+        shl     rdx, 2
+        mov     [rbp+FV_ST+32+r15*8], rdx
+        movzx   ecx, byte [r13+OP_S0+4+r15]
+        mov     rax, [slot_ptr+rcx*8]
         test    byte [slot_cache+rcx], SLOT_CACHE
         jz      .row
         mov     esi, [rbp+FV_POS]       ; a cache's rows go by position
-        imul    rsi, rax
-        add     rdx, rsi
+        imul    rsi, rdx
+        add     rax, rsi
 .row:
-        mov     [rbp+FV_P+r15*8], rdx
-        inc     r15d
-        cmp     r15d, 4
-        jb      .operand
-        mov     rax, [weights_ptr]
-        add     rax, [r12+OP_W]
-        mov     [rbp+FV_W], rax
+        mov     [rbp+FV_P+32+r15*8], rax
+        inc     r15
+        jnz     .operand
+        mov     rdx, [rbp+FV_WEIGHTS]
+        add     rdx, [r13+OP_W]
+        mov     [rbp+FV_W], rdx
         movzx   eax, word [r14+6]
         add     eax, forward            ; the handler (addresses are below 2^32)
         mov     rdi, [rbp+FV_P]
         mov     rsi, [rbp+FV_P+8]
         test    byte [r14+5], OPT_TOKEN
         jnz     .tokens
-        mov     edx, [r12+OP_N]
-        imul    edx, [rbp+FV_B]
-        call    rax                     ; rdi s0, rsi s1, edx n B
+        mov     ecx, [r13+OP_N]
+        imul    ecx, [rbp+FV_B]
+        call    rax                     ; rdi s0, rsi s1, rdx W, ecx n B
         jmp     .next
 .tokens:
-        mov     r14, rax
-        xor     r15d, r15d              ; t
+        mov     r14, rax                ; (r15 = 0 from the operands' loop: t)
 .token:
-        mov     edx, r15d
         mov     ecx, [rbp+FV_POS]
-        add     ecx, edx
+        add     ecx, r15d
         push    rdi
         push    rsi
-        call    r14                     ; rdi s0_t, rsi s1_t, ecx pos + t, edx t
+        call    r14                     ; rdi s0_t, rsi s1_t, ecx pos + t, r15d t
         pop     rsi
         pop     rdi
         add     rdi, [rbp+FV_ST]
@@ -86,8 +85,8 @@ forward:
         cmp     r15d, [rbp+FV_B]
         jb      .token
 .next:
-        add     r12, OP_REC
-        dec     r13d
+        add     r13, OP_REC
+        dec     r12d
         jnz     .op                     ; (after LOGITS, the last: its rax rsi edx)
 .done:
         pop     rcx
@@ -99,40 +98,38 @@ forward:
         pop     rbx
         ret
 
-; The handlers: in: r12 the op, rbx rbp as forward's; FV_P, FV_ST, FV_W the op's operands;
-; per block (OPT_TOKEN clear) rdi = s0's rows, rsi = s1's, edx = n B; per token rdi = s0_t,
-; rsi = s1_t, ecx = pos + t, edx = t. Each keeps rbx rbp r12-r15 and clobbers as the kernel
-; it ends in.
+; The handlers: in: r13 the op, rbx rbp as forward's; FV_P, FV_ST, FV_W the op's operands;
+; per block (OPT_TOKEN clear) rdi = s0's rows, rsi = s1's, rdx = W, ecx = n B; per token
+; rdi = s0_t, rsi = s1_t, ecx = pos + t, r15d = t. Each keeps rbx rbp r12-r15 and clobbers
+; as the kernel it ends in.
 
 ; h_embed: EMBED, s0_t = row id_t of the table (columns j .. j+n-1 of k) * a.
 h_embed:
         mov     rax, [rbp+FV_IDS]
-        mov     esi, [rax+rdx*4]        ; id_t
-        mov     ecx, [r12+OP_K]
+        mov     esi, [rax+r15*4]        ; id_t
+        mov     ecx, [r13+OP_K]
         call    weight_row              ; a row's bytes, the lookup
         imul    rsi, r10
         add     rsi, [rbp+FV_W]         ; -> row id_t
-        mov     ecx, [r12+OP_J]
+        mov     ecx, [r13+OP_J]
         call    weight_row              ; j's bytes
-        lea     rax, [rsi+r10]          ; -> column j of row id_t
-        xchg    rax, rdx                ; rax: the lookup
-        lea     rsi, [r12+OP_A]         ; [a]
+        lea     rdx, [rsi+r10]          ; -> column j of row id_t
+        lea     rsi, [r13+OP_A]         ; [a]
         push    1                       ; the row as an (n,1) column
         pop     rcx
-        mov     r8d, [r12+OP_N]
+        mov     r8d, [r13+OP_N]
         xor     r9d, r9d
         jmp     rax
 
 ; h_norm: NORM, s0_t[g] (+)= rmsnorm(s1_t[g], w) for the m groups of n floats of each token,
 ; eps a (the groups of all tokens follow each other: m B of them).
 h_norm:
-        mov     rdx, [rbp+FV_W]
-        mov     ecx, [r12+OP_N]
-        mov     r10d, [r12+OP_M]
+        mov     ecx, [r13+OP_N]
+        mov     r10d, [r13+OP_M]
         imul    r10d, [rbp+FV_B]
-        mov     r8d, [r12+OP_FLAGS]
+        mov     r8d, [r13+OP_FLAGS]
         and     r8d, OPF_ACC
-        movss   xmm0, [r12+OP_A]
+        movss   xmm0, [r13+OP_A]
 .group:
         call    rmsnorm                 ; (keeps all but rax)
         lea     rdi, [rdi+rcx*4]
@@ -146,11 +143,10 @@ h_norm:
 h_matmul:
         mov     rax, [rbp+FV_P+16]
         mov     [job_gate], rax         ; 0: none
-        mov     ecx, [r12+OP_N]
+        mov     ecx, [r13+OP_N]
         call    weight_row              ; r10 bytes per row, r11 its kernel
-        mov     rdx, [rbp+FV_W]
-        mov     r8d, [r12+OP_M]
-        mov     r9d, [r12+OP_FLAGS]
+        mov     r8d, [r13+OP_M]
+        mov     r9d, [r13+OP_FLAGS]
         and     r9d, OPF_ACC
         mov     eax, [rbp+FV_B]
         jmp     par_matmul
@@ -159,10 +155,10 @@ h_matmul:
 ; inverse frequencies at W.
 h_rope:
         mov     r9, rsi
-        mov     esi, [r12+OP_M]
-        mov     edx, [r12+OP_N]
+        mov     esi, [r13+OP_M]
+        mov     edx, [r13+OP_N]
         mov     r8, [rbp+FV_W]
-        push    qword [r12+OP_K]        ; rope's n2: k (the low dword; rsp aligned for it)
+        push    qword [r13+OP_K]        ; rope's n2: k (the low dword; rsp aligned for it)
         call    rope
         pop     rax
         ret
@@ -170,89 +166,81 @@ h_rope:
 ; h_attn: ATTN, every (token, head) of the block over the threads (att_share), K's and V's
 ; rows by position from 0.
 h_attn:
-        mov     eax, [r12+OP_M]
-        cdq                             ; (m < 2^31)
-        div     dword [r12+OP_K]
-        mov     [rbp+FV_GROUP], eax     ; m / k query heads a kv head
-        mov     eax, [r12+OP_J]
-        dec     eax
-        mov     [rbp+FV_WINDOW], eax    ; j - 1 (no window: 2^32 - 1)
-        mov     rax, [rbp+FV_P+24]
-        sub     rax, [rbp+FV_P+16]
-        mov     [rbp+FV_KV], rax        ; V's rows - K's (the same bytes a row)
         mov     eax, [rbp+FV_POS]
-        imul    rax, [rbp+FV_ST+16]
+        imul    rax, [rbp+FV_ST+16]     ; (K's and V's rows: the same bytes)
         sub     [rbp+FV_P+16], rax      ; K's row of position 0
+        sub     [rbp+FV_P+24], rax      ; V's
         mov     eax, att_share          ; (addresses are below 2^32)
         jmp     par_run
 
 ; h_scale: SCALE, s0 = s0 * a over the block's n B values (softcap without a cap: each
 ; product rounded once).
 h_scale:
-        mov     esi, edx
-        movss   xmm0, [r12+OP_A]
+        mov     esi, ecx
+        movss   xmm0, [r13+OP_A]
         xorps   xmm1, xmm1
         jmp     softcap
 
 ; h_add: ADD, s0 = s0 + s1 over the block's n B values.
 h_add:
-        movss   xmm0, [rdi+rdx*4-4]
-        addss   xmm0, [rsi+rdx*4-4]
-        movss   [rdi+rdx*4-4], xmm0
-        dec     edx
-        jnz     h_add
+        movss   xmm0, [rdi+rcx*4-4]
+        addss   xmm0, [rsi+rcx*4-4]
+        movss   [rdi+rcx*4-4], xmm0
+        loop    h_add
         ret
 
+; h_geglu: GEGLU, s0 = gelu_tanh(s0) * s1 over the block's n B values.
+h_geglu:
+        mov     edx, ecx
+        jmp     geglu
+
 ; h_logits: LOGITS, logits_t = softcap(W (vocab,n) @ s1_t, c): every token's row with
-; --logits, else the last token's alone, and none for a block that ends before the prompt
-; does. It is the program's last op: forward returns what it leaves in rax (-> the last row),
-; rsi (-> the first row written) and edx (the bytes written).
+; --logits, else the last token's alone (in the first row), and none for a block that ends
+; before the prompt does. It is the program's last op: forward returns what it leaves in rax
+; (-> the last row written), rsi (-> the first) and edx (the bytes written).
 h_logits:
-        mov     ecx, [r12+OP_N]
+        mov     ecx, [r13+OP_N]
         call    weight_row              ; r10 bytes per row, r11 its kernel
         mov     r8d, [rbx+HDR_VOCAB]
         mov     eax, [rbp+FV_B]
         mov     rdi, [rbp+FV_LOGITS]
-        lea     r9d, [rax-1]
-        imul    r9d, r8d
-        lea     r9, [rdi+r9*4]          ; the last token's row (all sampling needs)
-        cmp     dword [logits_fd], 0
+        cmp     dword [rbp+FV_LOGITS_FD], 0
         jne     .rows                   ; --logits: every token's row
-        mov     edx, [rbp+FV_N_T]
-        cmp     edx, [rbp+FV_PROMPT]
-        jb      .ret                    ; a block before the prompt's end: none
+        cmp     dword [rbp+FV_PROMPT], 0
+        jg      .ret                    ; a block before the prompt's end: none
         dec     eax
         imul    rax, [rbp+FV_ST+8]
-        add     rsi, rax                ; the last token's s1
-        mov     rdi, r9
+        add     rsi, rax                ; the last token's s1 (its logits: the first row)
         push    1
         pop     rax
 .rows:
-        push    r9
         push    rdi
-        push    rax                     ; the rows (rsp now 16-aligned for the calls)
-        mov     rdx, [rbp+FV_W]
+        push    rax
+        push    rax                     ; the rows (twice: rsp 16-aligned for the calls)
         xor     r9d, r9d
         call    par_matmul              ; logits = W (vocab,n) @ s1
         pop     rsi
+        pop     rsi
         imul    esi, [rbx+HDR_VOCAB]    ; the floats written
         pop     rdi
-        mov     eax, [r12+OP_C]
+        mov     eax, [r13+OP_C]
         test    eax, eax
         jz      .capped
         movd    xmm1, eax
         movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
         call    softcap                 ; logits = c tanh(logits / c); keeps rdi rsi
 .capped:
-        lea     edx, [rsi*4]
+        imul    edx, esi, 4
+        imul    ecx, [rbx+HDR_VOCAB], 4
+        lea     rax, [rdi+rdx]
+        sub     rax, rcx                ; the last row
         mov     rsi, rdi
-        pop     rax
 .ret:
         ret
 
 ; att_share: thread k's attention tasks of the ATTN op forward runs (a share function of
 ; par_run, threads.asm; the op's record at FV_REC: n = hd, m = H query heads, a the scale,
-; c the soft-cap). Task i = t H + h (token t, query head h of kv head g = h / group), i in
+; c the soft-cap). Task i = t H + h (token t, query head h of kv head g = h / (m / k)), i in
 ; [k c, min(B H, (k+1) c)), c = ceil(B H / min(T, BLOCK)): att = K_g (n_t,hd) @ q_h over the
 ; positions attended, the last n_t = pos + t + 1 (the block's earlier rows are in the cache,
 ; roped), or the last min(n_t, w) with the window w > 0 (from position n_t - w: never
@@ -264,7 +252,7 @@ h_logits:
 att_share:
         call    fwd_frame
         mov     rbx, [rbp+FV_REC]       ; the op
-        mov     eax, [ctx_len]
+        mov     eax, [rbp+FV_CTX_LEN]
         add     eax, MATVEC_LANES - 1   ; (softmax's lanes past n_t)
         mul     esi                     ; (edx: free here)
         mov     r15, [rbp+FV_ATT]
@@ -294,18 +282,19 @@ att_share:
         inc     eax
         mov     r13d, eax               ; n_t
         xchg    eax, edx
-        cdq
-        div     dword [rbp+FV_GROUP]    ; g
+        mul     dword [rbx+OP_K]
+        div     dword [rbx+OP_M]        ; g = h k / m = h / (m / k) (k divides m)
         mov     ecx, [rbx+OP_N]         ; hd
         mul     ecx                     ; (edx: free here)
-        mov     rdx, [rbp+FV_P+16]
-        lea     rdx, [rdx+rax*4]        ; K_g
+        imul    edx, eax, 4             ; K_g's and V_g's offset in their caches
         lea     eax, [r13-1]            ; pos + t
-        sub     eax, [rbp+FV_WINDOW]    ; - (w - 1): the first position attended, when > 0
+        mov     esi, [rbx+OP_J]
+        dec     esi                     ; w - 1 (no window, w = 0: 2^32 - 1)
+        sub     eax, esi                ; the first position attended, when > 0
         jbe     .all
         sub     r13d, eax               ; n_t: the w positions from there
         imul    rax, [rbp+FV_ST+16]
-        add     rdx, rax                ; K_g from there
+        add     rdx, rax                ; from there
 .all:
         push    rdx                     ; (with rax: rsp stays 16-aligned for the calls)
         mov     eax, r12d
@@ -313,6 +302,7 @@ att_share:
         push    rax
         mov     rsi, [rbp+FV_P+8]
         lea     rsi, [rsi+rax*4]        ; q_h
+        add     rdx, [rbp+FV_P+16]      ; K_g
         mov     rdi, r15
         mov     r8d, r13d
         mov     r9, [rbp+FV_ST+16]
@@ -326,13 +316,12 @@ att_share:
         call    softmax                 ; att = softmax(att); keeps rdi rsi r8
         pop     rax
         pop     rdx
-        add     rdx, [rbp+FV_KV]        ; V_g
+        add     rdx, [rbp+FV_P+24]      ; V_g
         mov     ecx, esi
         mov     rsi, rdi
         mov     rdi, [rbp+FV_P]
         lea     rdi, [rdi+rax*4]        ; o_h
-        mov     r9, [rbp+FV_ST+16]
-        call    matvec_t_f32            ; o_h = V_g^T (hd,n_t) @ att
+        call    matvec_t_f32            ; o_h = V_g^T (hd,n_t) @ att (r9: kept since K's)
         inc     r12d
         jmp     .task
 

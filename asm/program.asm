@@ -19,6 +19,8 @@ WK_MAT          = 3             ; [m, n] F16 or Q8_0
 WK_TABLE        = 4             ; [vocab, k] F16 or Q8_0
 WK_OUT          = 5             ; [vocab, n] F16 or Q8_0
 OPT_TOKEN       = 1             ; the handler runs once per token (else once per block)
+SLOT_WRITTEN    = 2             ; slot_cache: an earlier op wrote the slot (check_program;
+                                ; the file's flags are SLOT_CACHE at most)
 
 op_table:
         db      OPW_N, 0, 0, 0, WK_TABLE, OPT_TOKEN                     ; EMBED
@@ -32,7 +34,7 @@ op_table:
         db      OPW_NM, OPW_NM, OPW_NK+OPW_KV, OPW_NK+OPW_KV, 0, 0      ; ATTN
         dw      h_attn - forward
         db      OPW_N+OPW_ALIGN4, OPW_N, 0, 0, 0, 0                     ; GEGLU
-        dw      geglu - forward
+        dw      h_geglu - forward
         db      OPW_N, 0, 0, 0, 0, 0                                    ; SCALE
         dw      h_scale - forward
         db      OPW_N, OPW_N, 0, 0, 0, 0                                ; ADD
@@ -40,25 +42,30 @@ op_table:
         db      0, OPW_N, 0, 0, WK_OUT, 0                               ; LOGITS
         dw      h_logits - forward
 
-; op_width: the floats of an operand's row, from its width code and the op's n, m, k.
-;   in: al the code (OPW_* and flags), r12 the op   out: rax (0 for code 0)
-;   clobbers: rcx rdx
+; op_width: operand r15 of the op: its width code (op_table) and the floats of its row, from
+; the code and the op's n, m, k.
+;   in: r13 the op, r14 its op_table row, r15 the operand - 4 (-4 .. -1: s0 .. s3)
+;   out: eax the code (OPW_* and flags), rdx the floats (0 for code 0), ZF set for code 0
+;   (no such operand)   clobbers: rcx
 op_width:
-        and     eax, 7
+        movzx   eax, byte [r14+r15+4]
+        xor     edx, edx
+        mov     ecx, eax
+        and     ecx, 7
         jz      .ret
-        mov     ecx, [r12+OP_N]
-        cmp     al, OPW_M
+        mov     edx, [r13+OP_N]
+        cmp     cl, OPW_M
         jne     .first
-        mov     ecx, [r12+OP_M]
-.first:
-        xchg    eax, ecx                ; eax: n (or m), cl: the code
+        mov     edx, [r13+OP_M]
+.first:                                 ; edx: n (or m)
         cmp     cl, OPW_NM
         jb      .ret                    ; n, m
-        mov     edx, [r12+OP_M]
+        mov     ecx, [r13+OP_M]
         je      .times                  ; n m
-        mov     edx, [r12+OP_K]         ; n k
+        mov     ecx, [r13+OP_K]         ; n k
 .times:
-        imul    rax, rdx                ; (<= 2^16 2^24)
+        imul    rdx, rcx                ; (n, m, k < 2^32: exact)
+        test    eax, eax                ; (ZF clear)
 .ret:
         ret
 
@@ -66,21 +73,21 @@ op_width:
 ; Q8_0_BLOCK per QK8_0), the kernel record of products with such rows (cpu.asm's choice
 ; for the type) and the routine that looks up one (an embedding row: matmul_f16 of the row
 ; as a (cols,1) column by [s], or dequant_q8).
-;   in: r12 the op (its type F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a
-;   multiple of QK8_0)   out: r10 bytes, r11 kernel record, rdx lookup   clobbers: rax
+;   in: r13 the op (its type F32, F16 or Q8_0: validated), ecx cols (< 2^25; Q8_0: a
+;   multiple of QK8_0)   out: r10 bytes, r11 kernel record, rax lookup   clobbers: -
 weight_row:
-        mov     eax, [r12+OP_WTYPE]
-        lea     r10d, [rcx*4]
+        mov     eax, [r13+OP_WTYPE]
+        imul    r10d, ecx, 4
         cmp     al, WT_F16
         jb      .ret                    ; F32
         lea     r10d, [rcx+rcx]
         mov     r11d, job_kernel        ; (addresses are below 2^32)
-        mov     edx, matmul_f16
+        mov     eax, matmul_f16
         je      .ret                    ; F16
         imul    r10d, ecx, Q8_0_BLOCK / 2
         shr     r10d, 4                 ; cols * 17 / 16 (exact: a multiple of 32)
         mov     r11d, job_kernel_q8
-        mov     edx, dequant_q8
+        mov     eax, dequant_q8
 .ret:
         ret
 
@@ -94,10 +101,11 @@ weight_row:
 ; QK8_0; ROPE's n even); EMBED's columns j + n <= k <= MAX_WIDTH (Q8_0: j, n multiples of
 ; QK8_0); ATTN's k dividing m; LOGITS the last op, and only there. After it, no op reaches
 ; outside its buffers. It also ors every MATMUL's n into fv_cols (cpu.asm).
-;   in: rbx header   out: slot_cache, slot_written, fv_cols   (fatal "bad program")
+;   in: rbx header, rbp front_base   out: slot_cache, fv_cols   (fatal
+;   "bad program")
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
 check_program:
-        mov     rsi, [slots_ptr]
+        mov     rsi, [rbp+V_SLOTS]
         mov     r9, rsi
         mov     ecx, [rbx+HDR_N_SLOTS]
         mov     edi, slot_cache+1       ; (addresses are below 2^32)
@@ -111,61 +119,72 @@ check_program:
         ja      .bad
         stosb
         loop    .slot
-        mov     r12, [program_ptr]
-        mov     r13d, [rbx+HDR_N_OPS]
+        mov     r13, rsi                ; the program (program_off = slots_off + 8 n_slots)
+        mov     r12d, [rbx+HDR_N_OPS]
 .op:
-        mov     eax, [r12+OP_OP]
+        mov     eax, [r13+OP_OP]
+        lea     r14, [op_table-8+rax*8] ; (as forward finds it)
         dec     eax
         cmp     eax, N_OPCODES-1
         ja      .bad
-        lea     r14, [op_table+rax*8]
-        xor     r15d, r15d
-.operand:                               ; s0 .. s3
-        movzx   eax, byte [r14+r15]
-        mov     r8d, eax
+        push    -4
+        pop     r15
+.operand:                               ; s0 .. s3 (r15 = -4 .. -1)
         call    op_width
-        test    r8b, 7
         jz      .next                   ; no such operand
-        movzx   ecx, byte [r12+OP_S0+r15]
+        movzx   ecx, byte [r13+OP_S0+4+r15]
         jrcxz   .none
         cmp     ecx, [rbx+HDR_N_SLOTS]
         ja      .bad
-        mov     edx, [r9+rcx*8-SLOT_REC+SLOT_WIDTH]
-        cmp     rax, rdx
+        mov     esi, [r9+rcx*8-SLOT_REC+SLOT_WIDTH]
+        cmp     rdx, rsi
         ja      .bad
-        test    r8b, OPW_EMPTY
+        test    al, OPW_EMPTY
         jnz     .kv
-        test    rax, rax
+        test    rdx, rdx
         jz      .bad
-        test    r8b, OPW_ALIGN4
+        test    al, OPW_ALIGN4
         jz      .kv
-        test    al, 3
+        test    dl, 3
         jnz     .bad
 .kv:
-        test    r8b, OPW_KV
+        test    al, OPW_KV
         jz      .next
-        test    byte [slot_cache+rcx], SLOT_CACHE
-        jz      .bad
-        bt      dword [slot_written], ecx
-        jc      .next
+        cmp     byte [slot_cache+rcx], SLOT_CACHE+SLOT_WRITTEN
+        je      .next                   ; a cache an earlier op wrote
 .bad:
         call    fatal_here
         db      'bad program', 0
 .none:
-        test    r8b, OPW_OPTIONAL
+        test    al, OPW_OPTIONAL
         jz      .bad
 .next:
-        inc     r15d
-        cmp     r15d, 4
-        jb      .operand
-        movzx   ecx, byte [r12+OP_S0]
-        bts     dword [slot_written], ecx
+        inc     r15
+        jnz     .operand
+        movzx   ecx, byte [r13+OP_S0]
+        or      byte [slot_cache+rcx], SLOT_WRITTEN
 
+        mov     al, [r13+OP_OP]         ; what the handlers assume (EMBED's: with its table)
+        cmp     al, OPC_ATTN
+        jne     .logits
+        mov     eax, [r13+OP_M]
+        cdq                             ; (m <= n m <= MAX_WIDTH)
+        div     dword [r13+OP_K]        ; (k >= 1: K's row is not empty)
+        test    edx, edx
+        jmp     .test
+.logits:
+        cmp     al, OPC_LOGITS
+        jne     .weight
+        cmp     r12d, 1                 ; the last op
+.test:
+        jne     .bad
+
+.weight:
         mov     al, [r14+4]             ; the weight's kind
         test    al, al
-        jz      .rules
-        mov     edx, [r12+OP_WTYPE]
-        mov     ecx, [r12+OP_N]
+        jz      .ok
+        mov     edx, [r13+OP_WTYPE]
+        mov     ecx, [r13+OP_N]
         push    1
         pop     r8                      ; rows
         cmp     al, WK_HALF
@@ -183,11 +202,21 @@ check_program:
         cmp     al, WK_TABLE
         ja      .typed                  ; [vocab, n]
         je      .table
-        mov     r8d, [r12+OP_M]         ; [m, n]
-        or      [fv_cols], ecx
+        mov     r8d, [r13+OP_M]         ; [m, n]
+        or      [rbp+V_COLS], ecx
         jmp     .typed
-.table:
-        mov     ecx, [r12+OP_K]         ; [vocab, k]
+.table:                                 ; EMBED: columns j .. j+n-1 of k (ecx = n)
+        mov     eax, [r13+OP_J]
+        lea     rsi, [rax+rcx]          ; j + n (64 bits: no wrap)
+        or      ecx, eax
+        cmp     edx, WT_Q8_0
+        jne     .k
+        test    cl, QK8_0-1             ; j, n: whole Q8_0 blocks (k below)
+        jnz     .bad2
+.k:
+        mov     ecx, [r13+OP_K]         ; [vocab, k]
+        cmp     rsi, rcx
+        ja      .bad2                   ; j + n <= k
         cmp     ecx, MAX_WIDTH
         ja      .bad2
 .typed:
@@ -200,7 +229,7 @@ check_program:
 .room:
         call    weight_row
         imul    r10, r8
-        mov     rax, [r12+OP_W]
+        mov     rax, [r13+OP_W]
         test    al, TENSOR_ALIGN-1
         jnz     .bad2
         add     rax, r10
@@ -208,40 +237,11 @@ check_program:
         cmp     rax, [rbx+HDR_WEIGHTS_SIZE]
         ja      .bad2
 
-.rules:                                 ; what the handlers assume
-        mov     al, [r12+OP_OP]
-        cmp     al, OPC_EMBED
-        jne     .attn
-        mov     eax, [r12+OP_J]         ; columns j .. j+n-1 of k
-        mov     ecx, [r12+OP_N]
-        add     eax, ecx
-        jc      .bad2
-        cmp     eax, [r12+OP_K]
-        ja      .bad2
-        cmp     byte [r12+OP_WTYPE], WT_Q8_0
-        jne     .ok
-        or      ecx, [r12+OP_J]
-        test    cl, QK8_0-1             ; whole Q8_0 blocks
-        jmp     .test
-.attn:
-        cmp     al, OPC_ATTN
-        jne     .logits
-        mov     eax, [r12+OP_M]
-        cdq                             ; (m <= n m <= MAX_WIDTH)
-        div     dword [r12+OP_K]        ; (k >= 1: K's row is not empty)
-        test    edx, edx
-        jmp     .test
-.logits:
-        cmp     al, OPC_LOGITS
-        jne     .ok
-        cmp     r13d, 1                 ; the last op
-.test:
-        jne     .bad2
 .ok:
-        add     r12, OP_REC
-        dec     r13d
+        add     r13, OP_REC
+        dec     r12d
         jnz     .op
-        cmp     byte [r12+OP_OP-OP_REC], OPC_LOGITS
+        cmp     byte [r13+OP_OP-OP_REC], OPC_LOGITS
         jne     .bad2                   ; the last op is not LOGITS
         ret
 
@@ -258,21 +258,19 @@ model_setup:
         call    check_program
         mov     r12d, [rbx+HDR_N_SLOTS]
 .buffer:
-        mov     rax, [slots_ptr]
+        mov     rax, [rbp+V_SLOTS]
         mov     edi, [rax+r12*8-SLOT_REC+SLOT_WIDTH]
         shl     edi, 2                  ; a row's bytes (<= 2^18)
+        test    byte [slot_cache+r12], SLOT_CACHE
         push    BLOCK
         pop     rax
-        test    byte [slot_cache+r12], SLOT_CACHE
-        jz      .rows
-        mov     eax, [ctx_len]
-.rows:
+        cmovnz  eax, [rbp+V_CTX_LEN]
         imul    rdi, rax
         call    alloc
         mov     [slot_ptr+r12*8], rax
         dec     r12d
         jnz     .buffer
-        mov     edi, [ctx_len]
+        mov     edi, [rbp+V_CTX_LEN]
         add     edi, MATVEC_LANES-1
         shl     rdi, 2+BLOCK_SHIFT
         call    alloc

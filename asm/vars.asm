@@ -6,7 +6,7 @@
 ; ---- forward ----------------------------------------------------------------------------
 ; fwd_vars (rbp in forward.asm) is 96 bytes into the record, so that [rbp + FV_*] reaches
 ; every field with a one-byte displacement, and model_base (the front's first qword, just
-; after the record) too.
+; after the record) and the sections' pointers, ctx_len and logits_fd after it too.
 fv_p:           rq 4            ; the op's slot operands: token 0's row (0: none)
 fv_st:          rq 4            ; ... and their rows' bytes
 fv_att:         rq 1            ; att (BLOCK, ctx + 3): per attention thread, scores then
@@ -16,15 +16,9 @@ fv_rec:         rq 1            ; the op being run (its record in the program)
 fv_ids:         rq 1            ; the block's ids
 fwd_vars:
 fv_w:           rq 1            ; the op's weight: weights_ptr + w
-fv_kv:          rq 1            ; ATTN: V's rows - K's rows (bytes)
-fv_group:       rd 1            ; ATTN: query heads per kv head (m / k)
-fv_window:      rd 1            ; ATTN: the window w - 1 (w = 0, none: 2^32 - 1)
-fv_n_t:         rd 1            ; pos + B: the end of the block's positions
 fv_b:           rd 1            ; B: tokens in this block
 fv_pos:         rd 1            ; the block's first position
-fv_prompt:      rd 1            ; the prompt's length
-fv_cols:        rd 1            ; every product's n or-ed together (cpu.asm: the fast kernels
-                                ; need multiples of 16)
+fv_prompt:      rd 1            ; the prompt's tokens after the block's (signed)
                 rd 1            ; (the front's qwords stay 8-aligned)
 
 FV_ATT          = fv_att - fwd_vars
@@ -34,15 +28,14 @@ FV_IDS          = fv_ids - fwd_vars
 FV_P            = fv_p - fwd_vars
 FV_ST           = fv_st - fwd_vars
 FV_W            = fv_w - fwd_vars
-FV_KV           = fv_kv - fwd_vars
-FV_GROUP        = fv_group - fwd_vars
-FV_WINDOW       = fv_window - fwd_vars
-FV_N_T          = fv_n_t - fwd_vars
 FV_B            = fv_b - fwd_vars
 FV_POS          = fv_pos - fwd_vars
 FV_PROMPT       = fv_prompt - fwd_vars
-FV_COLS         = fv_cols - fwd_vars
 FV_MODEL_BASE   = model_base - fwd_vars
+FV_PROGRAM      = program_ptr - fwd_vars
+FV_WEIGHTS      = weights_ptr - fwd_vars
+FV_CTX_LEN      = ctx_len - fwd_vars
+FV_LOGITS_FD    = logits_fd - fwd_vars
 
 ; ---- front ------------------------------------------------------------------------------
 ; From start-up on the front end keeps rbp = front_base: [rbp + V_*] reaches every variable
@@ -50,36 +43,38 @@ FV_MODEL_BASE   = model_base - fwd_vars
 front_vars:
 model_base:     rq 1            ; address of the read-only mapping of the model file (first:
                                 ; forward.asm reaches it as [rbp + FV_MODEL_BASE])
+slots_ptr:      rq 1            ; model_base + slots_off .. weights_off: the sections, in
+program_ptr:    rq 1            ; file order (model.asm's loop stores them so; forward.asm
+strings_ptr:    rq 1            ; reaches program_ptr and weights_ptr from fwd_vars too)
+pieces_ptr:     rq 1            ; PIECE_REC records
+index_ptr:      rq 1            ; u32 normal ids, sorted by bytes
+user_ptr:       rq 1            ; u32 user-defined ids, longest first
+merges_ptr:     rq 1            ; MERGE_REC records
+blob_ptr:       rq 1            ; piece bytes
+weights_ptr:    rq 1            ; the weights region
+ctx_len:        rd 1            ; context length (from -c or the header)
+logits_fd:      rd 1            ; --logits file descriptor (0: none)
 opt_model:      rq 1            ; -m path
 opt_prompt:     rq 1            ; -p text (default: an empty string, start in main.asm)
 opt_logits:     rq 1            ; --logits path (0: none)
 rng_state:      rq 1            ; -s, then the generator's state (sample.asm)
 opt_n:          rq 1            ; -n, low dword (0xFFFFFFFF: until EOS or a full context)
+front_base:
 opt_temp:       rq 1            ; --temp, float32 bits in the low dword
 opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
 opt_tokens:     rq 1            ; --tokens, low byte
 model_size:     rq 1            ; its length in bytes
-slots_ptr:      rq 1            ; model_base + slots_off .. weights_off: the sections, in
-program_ptr:    rq 1            ; file order (model.asm's loop stores them so)
-strings_ptr:    rq 1
-pieces_ptr:     rq 1            ; PIECE_REC records
-front_base:
-index_ptr:      rq 1            ; u32 normal ids, sorted by bytes
-user_ptr:       rq 1            ; u32 user-defined ids, longest first
-merges_ptr:     rq 1            ; MERGE_REC records
-blob_ptr:       rq 1            ; piece bytes
-weights_ptr:    rq 1            ; the weights region
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 opt_help:       rq 1            ; -h / --help, low byte
 sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
 opt_baseline:   rq 1            ; --baseline, low byte (cpu.asm)
 opt_avx2:       rq 1            ; --avx2, low byte (cpu.asm)
-ctx_len:        rd 1            ; context length (from -c or the header)
-logits_fd:      rd 1            ; --logits file descriptor (0: none)
 out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
+fv_cols:        rd 1            ; every product's n or-ed together (check_program; cpu.asm: the
+                                ; fast kernels need multiples of 16)
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -104,6 +99,7 @@ V_CTX_LEN       = ctx_len - front_base
 V_LOGITS_FD     = logits_fd - front_base
 V_OUT_LEN       = out_len - front_base
 V_WROTE         = wrote - front_base
+V_COLS          = fv_cols - front_base
 V_FILE          = opt_file - front_base
 V_HELP          = opt_help - front_base
 V_SIGSET        = sig_block - front_base
@@ -155,5 +151,4 @@ J_SPIN          = job_spin - job_vars
 
 ; ---- the program's slots (forward.asm) ---------------------------------------------------
 slot_ptr:       rq 256          ; slot s's buffer (slot 0, none: 0)
-slot_cache:     rb 256          ; slot s's flags (SLOT_CACHE: rows by position)
-slot_written:   rb 256 / 8      ; check_program: the slots an earlier op wrote, a bit each
+slot_cache:     rb 256          ; slot s's flags (SLOT_CACHE: rows by position; SLOT_WRITTEN)

@@ -326,10 +326,10 @@ def engine_path(cfg: Config) -> Path:
         raise BenchError(f"building ./gemma failed: {e}") from None
 
 
-def token_ids(engine: Path, model: Path, ctx: int, text: str) -> list[int]:
-    """The token ids an engine gives text on a model file (its --tokens run)."""
+def token_ids(engine: Path, model: Path, ctx: int, text: str, who: str = "the engine") -> list[int]:
+    """The token ids an engine (who, in an error) gives text on a model file (its --tokens run)."""
     r = checked(run([str(engine), "-m", str(model), "-c", str(ctx), "--tokens", "-p", text], capture=True),
-                f"{engine}'s --tokens")
+                f"{who}'s --tokens")
     return [int(t) for t in r.stdout.split()]
 
 
@@ -524,7 +524,7 @@ def bench(cfg: Config) -> Result:
     engines, jobs, peers, peer_jobs = lineup(cfg, engine, pairs, source is not None)
     for job in jobs:  # B reads its file and the prompt as the engine does, or its rows would not be the prompt's
         if other and files[1][job.path] != job.path and \
-                token_ids(other, files[1][job.path], header(job.path).max_ctx, job.text) != job.ids:
+                token_ids(other, files[1][job.path], header(job.path).max_ctx, job.text, "B") != job.ids:
             raise BenchError(f"B tokenizes the prompt otherwise on {files[1][job.path]}")
     level = bench_level.kernel_level(cfg.engine_args, bench_machine.cpu_flags())
     fma_level = bench_level.fma_level(level)

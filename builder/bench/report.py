@@ -1,7 +1,8 @@
 """The figures of `python -m builder bench` and how they are shown: the machine, one engine
 at one thread count (`Figures`), ./gemma on one model file at one prompt length (`Engine`:
 one per weight type and length; with --compare-image its image's figures too, with --compare
-another engine's), llama.cpp on
+another engine's, each round's ratio and their median, and with --compare-format the other
+engine's own model file), llama.cpp on
 one GGUF at one length (`Peer`, compared with one or more engines), the packed program's
 start-up against its image (`Startup`), a whole run (`Result`, with the derived decode
 efficiency and fraction of the FMA peak), the text table (one row per figure, one column per
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from statistics import median
 from pathlib import Path
 
 from builder.bench.level import FMA_VECTORS, KERNELS, TITLE
@@ -85,6 +87,7 @@ class Engine:
     #                      thread count (the engine's own figures are the packed program's);
     #                      --compare: the other engine's (Result.image_label says which)
     image_rounds: list[list[Figures]] = field(default_factory=list)  # and each round's
+    image_model: str = ""  # --compare-format: B's own model file (the same source), else ""
     prompt_tokens: int = 64  # the prompt length asked for (its figures give the one it got)
 
 
@@ -248,7 +251,9 @@ def table(res: Result) -> str:
     files = _files(res)
     for e in files:
         by = f" by gemma[{e.wtype}]" if len(files) > 1 else ""
-        lines += [f"model: {e.model} ({res.preset})",
+        lines += [f"model: {e.model} ({res.preset})"] + \
+            [f"{res.image_label}'s model: {e.image_model} (--compare-format: its own, from the same source)"] * bool(e.image_model)
+        lines += [
                   f"bytes read per generated token{by}: {e.bytes_per_token:,} (every tensor once)"]
     lengths = len({e.prompt_tokens for e in res.engines}) > 1
     for name, per_token in dict.fromkeys((p.name, p.bytes_per_token) for p in res.peers):
@@ -290,10 +295,11 @@ def table(res: Result) -> str:
             rows += [(f"{other} {what} tokens/s, each round", _each(e.image_rounds, what))
                      for what in ("prompt", "decode")]
             rows += _ratios(name, g, other, e.image)
-            rows += [(f"{what} ratio {name}/{other}, each round",
-                      [" / ".join(_num(getattr(x, f"{what}_tps") / getattr(y, f"{what}_tps"), 3)
-                                  for x, y in zip(xs, ys)) for xs, ys in zip(e.rounds, e.image_rounds)])
-                     for what in ("prompt", "decode")]
+            for what in ("prompt", "decode"):
+                each = [[getattr(x, f"{what}_tps") / getattr(y, f"{what}_tps") for x, y in zip(xs, ys)]
+                        for xs, ys in zip(e.rounds, e.image_rounds)]
+                rows += [(f"{what} ratio {name}/{other}, each round", [" / ".join(_num(r, 3) for r in rs) for rs in each]),
+                         (f"{what} ratio {name}/{other}, median of the rounds", [_num(median(rs), 3) for rs in each])]
         rows += [
             (f"{name} decode efficiency", [_eff(res.efficiency(f, e.bytes_per_token)) for f in g]),
             (f"{name} decode kernel in cache GB/s",

@@ -16,6 +16,7 @@ import math
 import mmap
 import os
 import re
+import shlex
 import struct
 import threading
 from dataclasses import asdict
@@ -314,6 +315,47 @@ def test_compare_engine(gemma, tmp_path):
                                      abs=6e-4)
 
 
+def test_compare_format_gives_b_its_own_file(gemma, tmp_path):
+    """--compare-format 2: B (an engine that reads version 2 files, played by a bash script that
+    notes the file it is given and runs the engine on the version 4 file beside it) gets its own
+    file, the tiny preset written in version 2 from the same seed (synth's bytes) and cached
+    beside the pair; the engine keeps the version 4 file; the report names B's file and gives
+    the median of each round's ratios, as in the JSON."""
+    from builder.models.synth import synth
+    seen = tmp_path / "seen"
+    other = tmp_path / "gemma-v2"
+    other.write_text(f"""#!/bin/bash
+args=("$@")
+for i in "${{!args[@]}}"; do
+  if [ "${{args[i]}}" = -m ]; then m=${{args[i+1]}}; args[i+1]=${{m%-v2.bin}}.bin; fi
+done
+echo "$m" >> {shlex.quote(str(seen))}
+exec {shlex.quote(str(gemma.binary))} "${{args[@]}}"
+""")
+    other.chmod(0o755)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--preset", "tiny", "--cache", str(tmp_path / "cache"), "--engine", str(gemma.binary),
+                         "--compare", str(other), "--compare-format", "2", "--no-llama", "--bw-size", "16M",
+                         "-t", "1", "-r", "3", "-p", str(PROMPT), "-n", str(N), "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    mine = tmp_path / "cache" / "tiny-seed0-v2.bin"
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["tiny-seed0-v2.bin", "tiny-seed0.bin",
+                                                                      "tiny-seed0.gguf"]
+    synth("tiny", tmp_path / "same.bin", seed=0, progress=False, version=2)
+    assert mine.read_bytes() == (tmp_path / "same.bin").read_bytes()
+    assert set(seen.read_text().split()) == {str(mine)}  # B ran on its own file alone
+    engine, = json.loads((tmp_path / "out.json").read_text())["engines"]
+    assert (engine["model"], engine["image_model"]) == (str(tmp_path / "cache" / "tiny-seed0.bin"), str(mine))
+    assert f"B's model: {mine} (--compare-format: its own, from the same source)" in text
+    rows = parse_table(text)
+    for what in ("prompt", "decode"):
+        each = [a[f"{what}_tps"] / b[f"{what}_tps"] for a, b in zip(engine["rounds"][0], engine["image_rounds"][0])]
+        assert len(each) == 3 and number(rows[f"{what} ratio gemma/gemma B, median of the rounds"][0]) == \
+            pytest.approx(sorted(each)[1], abs=6e-4)
+
+
 def test_prompt_lengths_sweep(gemma, tmp_path):
     """-p 96,192: each engine's rows at each length (labels gemma@96, gemma@192), the ratios of
     the second length to the first, and llama.cpp (when installed) at each length compared
@@ -372,12 +414,13 @@ def test_real_gives_the_q4_k_m_file_to_every_type(monkeypatch, tmp_path):
     """--real: llama.cpp runs the Q4_K_M file beside the twin for Q8_0 too, not only FP16."""
     from builder import demo
     monkeypatch.setattr(demo, "cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(demo, "real_model", lambda cache, wtype: cache / f"model-{wtype}.bin")
+    monkeypatch.setattr(demo, "real_model", lambda cache, wtype, version: cache / f"model-{wtype}-v{version}.bin")
     for wtype in ("f16", "q8_0"):
         (tmp_path / f"{demo.REAL_NAME}-{wtype}.gguf").write_bytes(b"")  # the twin, made already
-        assert bench.real_model_paths(wtype) == (tmp_path / f"model-{wtype}.bin",
+        assert bench.real_model_paths(wtype) == (tmp_path / f"model-{wtype}-v4.bin",
                                                  [tmp_path / f"{demo.REAL_NAME}-{wtype}.gguf",
                                                   tmp_path / demo.GGUF_NAME])
+        assert bench.real_model_paths(wtype, 2) == (tmp_path / f"model-{wtype}-v2.bin", [])  # B's: no peers
 
 
 def test_model_pair_is_cached(report):
@@ -715,6 +758,10 @@ def test_llama_bench_output_is_parsed():
     (["--preset", "tiny", "--engine", "/bin/true", "--compare", "/nonexistent/gemma"],
      "--compare: /nonexistent/gemma is not an executable file"),
     (["--compare", "/bin/true", "--compare-image"], "--compare and --compare-image exclude each other"),
+    (["--preset", "tiny", "--compare-format", "2"], "--compare-format goes with --compare"),
+    (["--model", "m.bin", "--compare", "/bin/true", "--compare-format", "2"],
+     "--compare-format goes with a preset or --real"),
+    (["--preset", "tiny", "--compare", "/bin/false", "--compare-format", "2", "--no-llama"], "B's --tokens failed"),
     (["--startup-only", "--compare", "/bin/true"], "--startup-only times the engine alone"),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path):

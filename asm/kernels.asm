@@ -126,11 +126,11 @@ matvec_t_f32:
 matvec_f32:
         push    4
         pop     r10                     ; column stride
-; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes, < 2^32). With
-; a column stride of 4 bytes (contiguous rows) a row is summed in two chains of four float32
-; lanes (two additions in flight), lane l of chain c over the columns j = 8m + 4c + l of the
-; first n - n mod 8 in order of m, then l_i = c0_i + c1_i, then (l0 + l1) + (l2 + l3); then
-; (any stride) the products left, in order of j.
+; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes, below
+; 2^32). With a column stride of 4 bytes (contiguous rows) a row is summed in two chains of
+; four float32 lanes (two additions in flight), lane l of chain c over the columns
+; j = 8m + 4c + l of the first n - n mod 8 in order of m, then l_i = c0_i + c1_i, then
+; (l0 + l1) + (l2 + l3); then (any stride) the products left, in order of j.
 ;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0-xmm3
 matvec_strided:
 .row:

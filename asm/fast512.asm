@@ -52,9 +52,9 @@ tile8:
         push    FAST_TOKENS             ; matmul_f16_avx2.sum_row reads (its .go's: k at
         push    rax                     ; [rsp+16], ostride at [rsp+24])
         push    r9
-        imul    eax, ecx, 4
-        mov     rcx, r10                ; rcx: bytes of a row
-        xchg    rax, r10                ; r10: s, bytes of an x_t
+        mov     rax, r10
+        imul    r10d, ecx, 4            ; r10: s, bytes of an x_t
+        xchg    rax, rcx                ; rcx: bytes of a row (as fast.asm's .go: packs smaller)
         lea     r11, [r10+r10*2]        ; 3s
 .tri:
         xor     ebx, ebx                ; rows b, c: rbx, rbp bytes on (one row left:

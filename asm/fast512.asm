@@ -23,8 +23,8 @@ matmul_q8_avx512:
         cmp     dword [rsp+8], TILE8_TOKENS
         jne     matmul_q8_avx2
         lea     rax, [q8_rows3]
-        imul    r10d, ecx, Q8_0_BLOCK
-        shr     r10d, 5                 ; bytes of a row: n/32 blocks
+        imul    r10d, ecx, Q8_0_BLOCK / 2
+        shr     r10d, 4                 ; bytes of a row: n/32 blocks
         jmp     tile8
 matmul_f16_avx512:
         cmp     dword [rsp+8], TILE8_TOKENS

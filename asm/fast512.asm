@@ -19,18 +19,18 @@
 ;   in: rdi xout, rsi x, rdx W, ecx n (16, 32, ...; Q8_0: 32, 64, ...), r8d d, r9d accumulate;
 ;   stack: k (1..4 or 8, low dword), ostride (a qword)   out: xout_t
 ;   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (the zmm registers; upper halves cleared)
+matmul_f16_avx512:
+        cmp     dword [rsp+8], TILE8_TOKENS
+        jne     matmul_f16_avx2
+        lea     rax, [f16_rows3]
+        lea     r10d, [rcx+rcx]         ; bytes of a row
+        jmp     tile8
 matmul_q8_avx512:
         cmp     dword [rsp+8], TILE8_TOKENS
         jne     matmul_q8_avx2
         lea     rax, [q8_rows3]
         imul    r10d, ecx, Q8_0_BLOCK / 2
-        shr     r10d, 4                 ; bytes of a row: n/32 blocks
-        jmp     tile8
-matmul_f16_avx512:
-        cmp     dword [rsp+8], TILE8_TOKENS
-        jne     matmul_f16_avx2
-        lea     rax, [f16_rows3]
-        lea     r10d, [rcx+rcx]         ; bytes of a row (on into tile8)
+        shr     r10d, 4                 ; bytes of a row: n/32 blocks (on into tile8)
 ; tile8: matmul_f16_avx512's and matmul_q8_avx512's prompt blocks (k = 8): three rows a-c at
 ; a time; the loader (r12) puts each row's next 16 weights in zmm20-22 (rows b, c rbx, rbp
 ; bytes on; past the last row, row a or b again, their sums not stored); 24 accumulators:

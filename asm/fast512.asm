@@ -23,14 +23,14 @@ matmul_f16_avx512:
         cmp     dword [rsp+8], TILE8_TOKENS
         jne     matmul_f16_avx2
         lea     rax, [f16_rows3]
-        lea     r10d, [rcx+rcx]         ; bytes of a row
+        lea     r11d, [rcx+rcx]         ; bytes of a row
         jmp     tile8
 matmul_q8_avx512:
         cmp     dword [rsp+8], TILE8_TOKENS
         jne     matmul_q8_avx2
         lea     rax, [q8_rows3]
-        imul    r10d, ecx, Q8_0_BLOCK / 2
-        shr     r10d, 4                 ; bytes of a row: n/32 blocks (on into tile8)
+        imul    r11d, ecx, Q8_0_BLOCK / 2
+        shr     r11d, 4                 ; bytes of a row: n/32 blocks (on into tile8)
 ; tile8: matmul_f16_avx512's and matmul_q8_avx512's prompt blocks (k = 8): three rows a-c at
 ; a time; the loader (r12) puts each row's next 16 weights in zmm20-22 (rows b, c rbx, rbp
 ; bytes on; past the last row, row a or b again, their sums not stored); 24 accumulators:
@@ -38,7 +38,7 @@ matmul_q8_avx512:
 ; zmm28-31. Then each row's sums, four tokens at a time (.half): the upper halves (chain 1)
 ; into ymm4-7 and matmul_f16_avx2.sum_row (fast.asm: its order, its stores). (k != 8: the
 ; entries go to the AVX2 kernels themselves.)
-;   in: as matmul_f16_avx512 (k = 8), and rax the loader, r10 bytes of a row of W
+;   in: as matmul_f16_avx512 (k = 8), and rax the loader, r11 bytes of a row of W
 ;   out, clobbers: as matmul_f16_avx512
 TILE8_ROWS = 3                          ; rows a tile8 pass takes
 tile8:
@@ -52,9 +52,8 @@ tile8:
         push    FAST_TOKENS             ; matmul_f16_avx2.sum_row reads (its .go's: k at
         push    rax                     ; [rsp+16], ostride at [rsp+24])
         push    r9
-        mov     rax, r10
         imul    r10d, ecx, 4            ; r10: s, bytes of an x_t
-        xchg    rax, rcx                ; rcx: bytes of a row (as fast.asm's .go: packs smaller)
+        mov     rcx, r11                ; rcx: bytes of a row
         lea     r11, [r10+r10*2]        ; 3s
 .tri:
         xor     ebx, ebx                ; rows b, c: rbx, rbp bytes on (one row left:

@@ -227,26 +227,25 @@ matmul_f16_avx2:
         vaddps  ymm2, ymm2, ymm6
         vaddps  ymm3, ymm3, ymm7
 .sum_l:                                 ; (from l in ymm0-3)
-        push    rcx
+        push    rdi
         vhaddps ymm0, ymm0, ymm1
         vhaddps ymm2, ymm2, ymm3
         vhaddps ymm0, ymm0, ymm2        ; tokens 0-3: lanes 0-3 summed, then lanes 4-7
         vextractf128 xmm1, ymm0, 1
         vaddps  xmm0, xmm0, xmm1        ; the row's sums for tokens 0-3
-        mov     rcx, rdi
         mov     eax, [rsp+32]           ; k
 .put:
         cmp     dword [rsp+16], 0       ; accumulate
         je      .store
-        vaddss  xmm0, xmm0, [rcx]
+        vaddss  xmm0, xmm0, [rdi]
 .store:
-        vmovss  [rcx], xmm0
+        vmovss  [rdi], xmm0
         vpermilps xmm0, xmm0, 0x39      ; the next token's sum to lane 0
-        add     rcx, [rsp+40]           ; ostride
+        add     rdi, [rsp+40]           ; ostride
         dec     eax
         jnz     .put
+        pop     rdi
         add     rdi, 4                  ; the next row's
-        pop     rcx
         ret
 .tile:                                  ; FP16, k = 3, d even: rows a and b = a + 1 at once
         push    r9                      ; (as .go) row a's chains in ymm0-2 / ymm4-6 (as the

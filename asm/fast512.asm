@@ -19,30 +19,29 @@
 ;   in: rdi xout, rsi x, rdx W, ecx n (16, 32, ...; Q8_0: 32, 64, ...), r8d d, r9d accumulate;
 ;   stack: k (1..4 or 8, low dword), ostride (a qword)   out: xout_t
 ;   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (the zmm registers; upper halves cleared)
-matmul_q8_avx512:
-        lea     rax, [q8_rows3]
-        lea     r11, [matmul_q8_avx2]
-        imul    r10d, ecx, Q8_0_BLOCK
-        shr     r10d, 5                 ; bytes of a row: n/32 blocks
-        jmp     tile8
 matmul_f16_avx512:
+        cmp     dword [rsp+8], TILE8_TOKENS
+        jne     matmul_f16_avx2
         lea     rax, [f16_rows3]
-        lea     r11, [matmul_f16_avx2]
-        lea     r10d, [rcx+rcx]         ; bytes of a row
+        lea     r11d, [rcx+rcx]         ; bytes of a row
         jmp     tile8
+matmul_q8_avx512:
+        cmp     dword [rsp+8], TILE8_TOKENS
+        jne     matmul_q8_avx2
+        lea     rax, [q8_rows3]
+        imul    r11d, ecx, Q8_0_BLOCK / 2
+        shr     r11d, 4                 ; bytes of a row: n/32 blocks (on into tile8)
 ; tile8: matmul_f16_avx512's and matmul_q8_avx512's prompt blocks (k = 8): three rows a-c at
 ; a time; the loader (r12) puts each row's next 16 weights in zmm20-22 (rows b, c rbx, rbp
 ; bytes on; past the last row, row a or b again, their sums not stored); 24 accumulators:
 ; tokens 0-3 of rows a, b, c in zmm0-3, zmm8-11, zmm12-15, tokens 4-7 in zmm16-19, zmm24-27,
 ; zmm28-31. Then each row's sums, four tokens at a time (.half): the upper halves (chain 1)
-; into ymm4-7 and matmul_f16_avx2.sum_row (fast.asm: its order, its stores). k != 8: the AVX2
-; kernel (r11).
-;   in: as matmul_f16_avx512, and rax the loader, r10 bytes of a row of W, r11 the AVX2 kernel
+; into ymm4-7 and matmul_f16_avx2.sum_row (fast.asm: its order, its stores). (k != 8: the
+; entries go to the AVX2 kernels themselves.)
+;   in: as matmul_f16_avx512 (k = 8), and rax the loader, r11 bytes of a row of W
 ;   out, clobbers: as matmul_f16_avx512
 TILE8_ROWS = 3                          ; rows a tile8 pass takes
 tile8:
-        cmp     dword [rsp+8], TILE8_TOKENS
-        jne     .avx2
         push    rbx
         push    rbp
         push    r12
@@ -53,9 +52,8 @@ tile8:
         push    FAST_TOKENS             ; matmul_f16_avx2.sum_row reads (its .go's: k at
         push    rax                     ; [rsp+16], ostride at [rsp+24])
         push    r9
-        imul    eax, ecx, 4
-        mov     rcx, r10                ; rcx: bytes of a row
-        xchg    rax, r10                ; r10: s, bytes of an x_t
+        imul    r10d, ecx, 4            ; r10: s, bytes of an x_t
+        mov     rcx, r11                ; rcx: bytes of a row
         lea     r11, [r10+r10*2]        ; 3s
 .tri:
         xor     ebx, ebx                ; rows b, c: rbx, rbp bytes on (one row left:
@@ -160,8 +158,6 @@ tile8:
         pop     rbx
         vzeroupper
         ret
-.avx2:
-        jmp     r11
 .half:                                  ; four tokens' sums from zmm0-3
         vextractf64x4 ymm4, zmm0, 1     ; chain 1 (lanes 8-15) as fast.asm's ymm 4+t
         vextractf64x4 ymm5, zmm1, 1

@@ -126,11 +126,11 @@ matvec_t_f32:
 matvec_f32:
         push    4
         pop     r10                     ; column stride
-; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes). With
-; a column stride of 4 bytes (contiguous rows) a row is summed in two chains of four float32
-; lanes (two additions in flight), lane l of chain c over the columns j = 8m + 4c + l of the
-; first n - n mod 8 in order of m, then l_i = c0_i + c1_i, then (l0 + l1) + (l2 + l3); then
-; (any stride) the products left, in order of j.
+; matvec_strided: xout[i] = sum_j W[i*r9 + j*r10] x[j], i < d, j < n (strides in bytes, below
+; 2^32). With a column stride of 4 bytes (contiguous rows) a row is summed in two chains of
+; four float32 lanes (two additions in flight), lane l of chain c over the columns
+; j = 8m + 4c + l of the first n - n mod 8 in order of m, then l_i = c0_i + c1_i, then
+; (l0 + l1) + (l2 + l3); then (any stride) the products left, in order of j.
 ;   in: as above, r10 column stride   out: xout   clobbers: rax rdx rdi r8 r11 xmm0-xmm3
 matvec_strided:
 .row:
@@ -139,7 +139,7 @@ matvec_strided:
         xorps   xmm0, xmm0
         xorps   xmm3, xmm3
         xor     r11d, r11d
-        cmp     r10, 4
+        cmp     r10d, 4
         jne     .col0
         jmp     .more
 .oct:
@@ -441,33 +441,29 @@ matmul_q8:
 ;   out: x, x2   clobbers: rax rdx r10 xmm0-xmm2
 rope:
         add     edx, edx                ; 2hd: bytes of hd/2 floats
-        push    rcx                     ; (aligns rsp for .heads)
-        push    rcx                     ; [rsp+8]: pos
-        push    rcx                     ; [rsp]: scratch float32s
-        lea     eax, [rdx-4]            ; 4i, the last pair first
+        push    rcx                     ; [rsp]: pos; [rsp-8]: scratch float32s (the red zone:
+        lea     eax, [rdx-4]            ; dead before each call); 4i, the last pair first
 .pair:
         fld     dword [r8+rax]          ; f
-        fimul   dword [rsp+8]           ; pos f, exact
-        fstp    dword [rsp]
-        fld     dword [rsp]             ; a
+        fimul   dword [rsp]             ; pos f, exact
+        fstp    dword [rsp-8]
+        fld     dword [rsp-8]           ; a
         fsincos
-        fstp    dword [rsp]             ; cos a
-        fstp    dword [rsp+4]           ; sin a
-        movq    xmm2, [rsp]
+        fstp    dword [rsp-8]           ; cos a
+        fstp    dword [rsp-4]           ; sin a
+        movq    xmm2, [rsp-8]
         movlhps xmm2, xmm2              ; c, s, c, s
-        lea     rcx, [rdi+rax]          ; x[i] of head 0 (pos is at [rsp+8])
+        lea     rcx, [rdi+rax]          ; x[i] of head 0
         mov     r10d, esi
         call    .heads
         lea     rcx, [r9+rax]           ; x2[i] of its head 0
-        mov     r10d, [rsp+32]          ; n2
+        mov     r10d, [rsp+16]          ; n2
         test    r10d, r10d
         jz      .next                   ; (none)
         call    .heads
 .next:
         sub     eax, 4
         jns     .pair
-        pop     rcx
-        pop     rcx
         pop     rcx
         ret
 .heads:                                 ; pair i of r10d heads from rcx on

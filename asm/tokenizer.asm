@@ -103,39 +103,36 @@ tokenize:
         add     r13, r14                ; the heap
         push    r8                      ; [rsp+8] the first-byte index
 
-; The first-byte index: count each first byte at X[b + 2], sum up (X[b + 1] = the start of
-; b's bucket), then file each id at X[b + 1] and move it on (to the start of b + 1's).
+; The first-byte index, in two passes over the user ids (r9 -> X + 8, then X + 4): count each
+; first byte at X[b + 2], sum up (X[b + 1] = the start of b's bucket), then file each id at
+; X[b + 1] and move it on (to the start of b + 1's). The first pass's stores land inside the
+; list (each bucket's count so far is < n_user) and the second pass overwrites every one.
+        lea     r9, [r8+8]
+.pass:
         mov     rsi, [rbp+V_USER]
         mov     edx, [rbx+HDR_N_USER]
-.count:
+.user_id:
         sub     edx, 1
-        jb      .counted
+        jb      .passed
         lodsd
         call    piece                   ; rdi -> its bytes (at least one: load_model)
-        movzx   eax, byte [rdi]
-        inc     dword [r8+rax*4+8]
-        jmp     .count
-.counted:
-        xor     eax, eax
-        xor     ecx, ecx
-.sum:
-        add     eax, [r8+rcx*4]
-        mov     [r8+rcx*4], eax
-        inc     ecx
-        cmp     ecx, FIRST_BYTES + 2
-        jb      .sum
-        mov     rsi, [rbp+V_USER]
-        mov     edx, [rbx+HDR_N_USER]
-.file:
-        sub     edx, 1
-        jb      .filed
-        lodsd
-        call    piece
         movzx   ecx, byte [rdi]
-        mov     edi, [r8+rcx*4+4]       ; its place: the next free one of its bucket
-        inc     dword [r8+rcx*4+4]
+        mov     edi, [r9+rcx*4]         ; (the second pass: its place, the next free one)
+        inc     dword [r9+rcx*4]
         mov     [r8+rdi*4+FIRST_INDEX], eax
-        jmp     .file
+        jmp     .user_id
+.passed:
+        sub     r9, 4
+        cmp     r9, r8
+        je      .filed
+        xor     eax, eax
+        mov     ecx, FIRST_BYTES + 2
+        mov     rdi, r8
+.sum:
+        add     eax, [rdi]
+        stosd
+        loop    .sum
+        jmp     .pass
 .filed:
         mov     rdi, r12
         mov     eax, [rbx+HDR_BOS]

@@ -189,11 +189,11 @@ tokenize:
         movzx   ecx, byte [rsi]
         mov     r9d, [rax+rcx*4]
         mov     r10d, [rax+rcx*4+4]
+        sub     r10d, r9d                       ; r10d = their count
         lea     r9, [rax+r9*4+FIRST_INDEX]      ; r9 -> the first id
-        lea     r10, [rax+r10*4+FIRST_INDEX]    ; r10 -> after the last
 .user:
-        cmp     r9, r10
-        jae     .character
+        sub     r10d, 1
+        jb      .character
         mov     eax, [r9]
         add     r9, 4
         call    piece

@@ -290,10 +290,10 @@ tokenize:
         mov     rsi, [r13+SYM_START]
         mov     edx, [r13+SYM_LEN]
         mov     eax, [r13+SYM_ID]
-        cmp     qword [r13+SYM_NEXT], 0
-        je      .emitted                ; the end record
         test    eax, eax
-        jns     .store
+        jns     .store                  ; (the end record: the user piece's)
+        cmp     qword [r13+SYM_NEXT], 0
+        je      .check                  ; the end record at the text's end
 .byte:
         lodsb                           ; byte fallback: <0xHH> = byte_base + HH
         movzx   eax, al
@@ -305,11 +305,8 @@ tokenize:
 .store:
         stosd
         mov     r13, [r13+SYM_NEXT]
-        jmp     .emit_symbol
-.emitted:                               ; rsi -> where the next segment starts
-        test    eax, eax
-        js      .check
-        stosd
+        test    r13, r13
+        jnz     .emit_symbol            ; else rsi -> where the next segment starts
 .check:                                 ; the ids so far must fit in the context
         mov     [rsp], rdi
         mov     r13, rdi

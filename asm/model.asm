@@ -177,7 +177,7 @@ check_tables:
         cmovb   edi, eax
         add     rax, rdx
         cmp     rax, [rbx+HDR_BLOB_SIZE]
-        ja      err_header
+        ja      check_ids.bad
         lodsq                           ; (score, type)
         loop    .piece
         cmp     edi, [rbx+HDR_MAX_PIECE_LEN]

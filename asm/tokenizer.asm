@@ -103,39 +103,36 @@ tokenize:
         add     r13, r14                ; the heap
         push    r8                      ; [rsp+8] the first-byte index
 
-; The first-byte index: count each first byte at X[b + 2], sum up (X[b + 1] = the start of
-; b's bucket), then file each id at X[b + 1] and move it on (to the start of b + 1's).
+; The first-byte index, in two passes over the user ids (r9 -> X + 8, then X + 4): count each
+; first byte at X[b + 2], sum up (X[b + 1] = the start of b's bucket), then file each id at
+; X[b + 1] and move it on (to the start of b + 1's). The first pass's stores land inside the
+; list (each bucket's count so far is < n_user) and the second pass overwrites every one.
+        lea     r9, [r8+8]
+.pass:
         mov     rsi, [rbp+V_USER]
         mov     edx, [rbx+HDR_N_USER]
-.count:
+.user_id:
         sub     edx, 1
-        jb      .counted
+        jb      .passed
         lodsd
         call    piece                   ; rdi -> its bytes (at least one: load_model)
-        movzx   eax, byte [rdi]
-        inc     dword [r8+rax*4+8]
-        jmp     .count
-.counted:
-        xor     eax, eax
-        xor     ecx, ecx
-.sum:
-        add     eax, [r8+rcx*4]
-        mov     [r8+rcx*4], eax
-        inc     ecx
-        cmp     ecx, FIRST_BYTES + 2
-        jb      .sum
-        mov     rsi, [rbp+V_USER]
-        mov     edx, [rbx+HDR_N_USER]
-.file:
-        sub     edx, 1
-        jb      .filed
-        lodsd
-        call    piece
         movzx   ecx, byte [rdi]
-        mov     edi, [r8+rcx*4+4]       ; its place: the next free one of its bucket
-        inc     dword [r8+rcx*4+4]
+        mov     edi, [r9+rcx*4]         ; (the second pass: its place, the next free one)
+        inc     dword [r9+rcx*4]
         mov     [r8+rdi*4+FIRST_INDEX], eax
-        jmp     .file
+        jmp     .user_id
+.passed:
+        sub     r9, 4
+        cmp     r9, r8
+        je      .filed
+        xor     eax, eax
+        mov     ecx, FIRST_BYTES + 2
+        mov     rdi, r8
+.sum:
+        add     eax, [rdi]
+        stosd
+        loop    .sum
+        jmp     .pass
 .filed:
         mov     rdi, r12
         mov     eax, [rbx+HDR_BOS]
@@ -192,11 +189,11 @@ tokenize:
         movzx   ecx, byte [rsi]
         mov     r9d, [rax+rcx*4]
         mov     r10d, [rax+rcx*4+4]
+        sub     r10d, r9d                       ; r10d = their count
         lea     r9, [rax+r9*4+FIRST_INDEX]      ; r9 -> the first id
-        lea     r10, [rax+r10*4+FIRST_INDEX]    ; r10 -> after the last
 .user:
-        cmp     r9, r10
-        jae     .character
+        sub     r10d, 1
+        jb      .character
         mov     eax, [r9]
         add     r9, 4
         call    piece
@@ -293,10 +290,10 @@ tokenize:
         mov     rsi, [r13+SYM_START]
         mov     edx, [r13+SYM_LEN]
         mov     eax, [r13+SYM_ID]
-        cmp     qword [r13+SYM_NEXT], 0
-        je      .emitted                ; the end record
         test    eax, eax
-        jns     .store
+        jns     .store                  ; (the end record: the user piece's)
+        cmp     qword [r13+SYM_NEXT], 0
+        je      .check                  ; the end record at the text's end
 .byte:
         lodsb                           ; byte fallback: <0xHH> = byte_base + HH
         movzx   eax, al
@@ -308,11 +305,8 @@ tokenize:
 .store:
         stosd
         mov     r13, [r13+SYM_NEXT]
-        jmp     .emit_symbol
-.emitted:                               ; rsi -> where the next segment starts
-        test    eax, eax
-        js      .check
-        stosd
+        test    r13, r13
+        jnz     .emit_symbol            ; else rsi -> where the next segment starts
 .check:                                 ; the ids so far must fit in the context
         mov     [rsp], rdi
         mov     r13, rdi

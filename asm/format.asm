@@ -42,8 +42,11 @@ HDR_BLOB_SIZE   = 152
 HDR_WEIGHTS_SIZE = 160
 HDR_FILE_SIZE   = 168
 
-FLAG_MERGES     = 8             ; the tokenizer merges by rank (merge records)
-MERGE_REC       = 16            ; per merge: u32 left, u32 right, u32 result, f32 score
+FLAG_MERGES_BIT = 3
+FLAG_MERGES     = 1 shl FLAG_MERGES_BIT ; the tokenizer merges by rank (merge records)
+MAX_MERGES_BITS = 24            ; at most 2^24 merge records
+MERGE_SHIFT     = 4
+MERGE_REC       = 1 shl MERGE_SHIFT     ; per merge: u32 left, u32 right, u32 result, f32 score
 MERGE_LEFT      = 0             ; the pair's left id
 MERGE_RIGHT     = 4             ; its right id
 MERGE_RESULT    = 8             ; the id the pair (left, right) merges into

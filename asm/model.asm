@@ -105,7 +105,7 @@ check_header:                           ; (load_model, after the magic and the v
         mov     eax, [rbx+HDR_FLAGS]
         test    eax, not FLAG_MERGES
         jnz     err_header
-        shl     eax, 21                 ; MERGES: 2^24 merges at most, else none
+        shl     eax, MAX_MERGES_BITS - FLAG_MERGES_BIT  ; MERGES: 2^24 merges at most, else none
         cmp     [rbx+HDR_N_MERGES], eax
         ja      err_header
         push    3                       ; bos, eos, eot < vocab
@@ -130,7 +130,7 @@ check_tables:
         mov     r8d, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
         push    qword [rbx+HDR_BLOB_SIZE]       ; the sections' sizes, the last first
         mov     eax, [rbx+HDR_N_MERGES]
-        shl     rax, 4                  ; MERGE_REC bytes each
+        shl     rax, MERGE_SHIFT        ; MERGE_REC bytes each
         push    rax
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2

@@ -409,7 +409,7 @@ pair:
         mov     eax, ecx
         shr     eax, 1
         sub     ecx, eax                ; the key is in the last n - half or before it
-        shl     eax, 4                  ; * MERGE_REC
+        shl     eax, MERGE_SHIFT        ; * MERGE_REC
         lea     r11, [rsi+rax]
         cmp     [r11+MERGE_LEFT], r8d
         jne     .decided

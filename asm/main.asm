@@ -136,6 +136,13 @@ setup:
         jne     help
         cmp     qword [rbp+V_MODEL], 0
         je      err_no_model
+        cmp     byte [rbp+V_CNV], 0
+        je      .cnv_checked
+        cmp     byte [rbp+V_TOKENS], 0
+        jne     err_cnv
+        cmp     dword [rbp+V_N], 0
+        je      err_cnv
+.cnv_checked:
         call    read_prompt             ; -f
         mov     rbx, [rbp+V_MODEL]
         call    load_model              ; validates everything the file holds; rbx = header
@@ -151,6 +158,11 @@ setup:
         ja      err_bad_c
         mov     [rbp+V_CTX_LEN], eax    ; (-n may exceed it: generation stops at a full context)
         call    model_setup             ; (clobbers r12-r15)
+        mov     eax, [rbx+HDR_BOS]      ; the first id (tokenize)
+        mov     [rbp+V_PENDING], eax
+        xor     r15d, r15d              ; from position 0
+        cmp     byte [rbp+V_CNV], 0
+        jne     .no_tokens              ; (chat.asm tokenizes each turn)
         call    tokenize                ; r12 -> ids, r13d = count (<= ctx_len)
         cmp     byte [rbp+V_TOKENS], 0
         je      .no_tokens
@@ -221,6 +233,9 @@ logits_open:                            ; (setup, continued)
 ; position, r12 -> ids, r13d = prompt length (>= 1), r14d = ids still to generate (-n),
 ; rbx = header.
 generate:                               ; (r15 = 0: tokenize)
+        cmp     byte [rbp+V_CNV], 0
+        jne     chat
+.run:                                   ; (chat.asm: each turn)
         mov     r14d, [rbp+V_N]
 .prompt:
         push    BLOCK
@@ -248,10 +263,15 @@ generate:                               ; (r15 = 0: tokenize)
         jz      exit_ok                 ; -n 0: no text, not even its newline
         call    sample
         cmp     eax, [rbx+HDR_EOS]
-        je      .text_end
+        je      .ended
         cmp     eax, [rbx+HDR_EOT]
-        je      .text_end
+        jne     .sampled
+.ended:
+        or      eax, -1                 ; (chat.asm: no id for the next turn to feed)
+.sampled:
         mov     [r12+r15*4], eax
+        test    eax, eax
+        js      .text_end
         call    put_piece
         dec     r14d
         jz      .text_end
@@ -262,6 +282,8 @@ generate:                               ; (r15 = 0: tokenize)
 .text_end:                              ; the generated text, even none, ends with one newline
         mov     al, 10
         call    put_byte
+        cmp     byte [rbp+V_CNV], 0
+        jne     chat.replied
 exit_ok:
         call    flush
         xor     edi, edi
@@ -382,6 +404,8 @@ opt_name_c:
         db      '-c', K_INT + K_MIN1, V_CTX and 0xFF
         dd      0x7FFFFFFF              ; further checked against the model's max_ctx
         db      '--tokens', K_FLAG, V_TOKENS and 0xFF
+        db      '-cnv', K_FLAG, V_CNV and 0xFF
+        db      '-sys', K_STR, V_SYS and 0xFF
         db      '--logits', K_STR, V_LOGITS and 0xFF
         db      '--baseline', K_FLAG, V_BASELINE and 0xFF
         db      '--avx2', K_FLAG, V_AVX2 and 0xFF
@@ -396,6 +420,21 @@ err_stray_argument:                     ; (the command line's, here out of the w
 err_prompt_and_file:                    ; (read_prompt's, in its short-jump reach)
         call    fatal_usage_here
         db      'use -p or -f, not both', 0
+err_cnv:
+        call    fatal_usage_here
+        db      '-cnv: no --tokens, -n 0 or -f -', 0
+
+; check_nul: refuse a text that holds a NUL byte (fatal_here: in a conversation, the turn).
+;   in: rdi text, rsi its end (a zero byte there)   out: -   clobbers: rax rcx rdi
+check_nul:
+        xor     eax, eax
+        or      rcx, -1
+        repne   scasb                   ; the first zero byte
+        dec     rdi
+        cmp     rdi, rsi
+        jae     sys_call.ret
+        call    fatal_here
+        db      'NUL byte in the prompt', 0
 
 ; read_prompt: (last in this file: model.asm's err_cannot_read follows, in short-jump reach)
 ; with -f FILE the prompt is the file's bytes ("-": standard input's), one
@@ -414,7 +453,11 @@ read_prompt:
         jne     err_prompt_and_file
         xor     eax, eax                ; standard input
         cmp     word [rbx], '-'         ; "-" and its zero byte
+        jne     .open
+        cmp     byte [rbp+V_CNV], 0     ; -cnv reads its turns there
         je      .opened
+        jmp     err_cnv
+.open:
         push    rbx
         pop     rdi
         xor     esi, esi                ; O_RDONLY
@@ -438,8 +481,10 @@ read_prompt:
         jnz     .read
         jmp     tokenize.err_long_prompt
 .end:
+        mov     rdi, [rbp+V_PROMPT]
+        call    check_nul               ; (al = 0 after it)
         cmp     byte [rsi-1], 10
         jne     .done
-        mov     [rsi-1], al             ; 0 (the read that returned it)
+        mov     [rsi-1], al             ; 0
 .done:
         ret

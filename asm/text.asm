@@ -5,6 +5,10 @@
 msg_usage:
         db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-n N=EOS] [--temp T=0] [--top-p P=1] [-s SEED=0]', 10
         db      '  [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
+msg_marker:
+        db      '> ', 0
+msg_full:
+        db      'gemma: context full (-c)', 10, 0
 msg_newline:
         db      10
 empty_text:                             ; (also the usage's terminating 0)

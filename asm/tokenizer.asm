@@ -49,6 +49,7 @@ FIRST_INDEX     = (FIRST_BYTES + 2) * 4         ; bytes before the list
 ;   (fatal "prompt too long" for more ids than ctx_len: at once when the text alone proves
 ;   it, more bytes than ctx_len * max_piece_len, else once the segments so far give more)
 tokenize:
+        push    r15                     ; (the position, for the end)
         mov     rsi, [rbp+V_PROMPT]     ; (never 0: main.asm's start sets an empty default)
         push    rsi
         pop     rdi
@@ -135,8 +136,14 @@ tokenize:
         jmp     .pass
 .filed:
         mov     rdi, r12
-        mov     eax, [rbx+HDR_BOS]
+        mov     eax, [rsp+16]           ; the position
+        shl     eax, 2
+        sub     r12, rax                ; [r12 + 4 position] = the first id
+        mov     eax, [rbp+V_PENDING]
+        test    eax, eax
+        js      .first_done             ; none
         stosd
+.first_done:
         push    rdi                     ; [rsp] -> the next id (rsp 16-aligned for the calls)
         mov     rsi, r15                ; the text's start
         mov     r15, r13                ; r15 -> the heap
@@ -317,7 +324,7 @@ tokenize:
         test    eax, eax
         jns     .segment
         add     rsp, 24
-        xor     r15d, r15d
+        pop     r15
         ret
 
 .err_long_prompt:

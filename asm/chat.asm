@@ -1,0 +1,165 @@
+; chat.asm: conversation mode (-cnv). The turns come from -p or -f, then from standard input
+; one line each; each is wrapped in the model's turn template (the strings section,
+; docs/format.md "Strings"), tokenized and fed from the conversation's position, so the KV
+; cache runs on from turn to turn and nothing before a turn is computed again (docs/chat.md).
+
+SYS_ioctl       = 16
+TCGETS          = 0x5401        ; succeeds on a terminal only
+LINE_MAX        = PROMPT_FILE_MAX       ; a line of this many bytes or more is refused
+TURN_MAX        = 1 shl 25      ; a turn's text: the strings (N_STRINGS * STRING_MAX bytes at
+                                ; most), -sys (an argument: < 2^17 bytes), the line's text
+
+; chat: the conversation (setup's tail with -cnv). Each turn: the text trimmed of ASCII
+; whitespace (skipped when empty), then with the strings around it: the first turn
+; SYS_BEGIN sys SYS_END text USER_END with -sys, else USER_BEGIN text USER_END; every later
+; turn REPLY_END USER_BEGIN text USER_END. Its ids (BOS only on the first) follow the id that
+; ended the last reply when -n ended it (pending), else none; generate feeds them
+; from position r15 and samples the reply, and comes back to .replied. A turn refused
+; (too long, a NUL byte: fatal_here comes back to .next) leaves the conversation as it was.
+;   in: rbx header, rbp front_base   out: never returns (exit 0 at the end of the input)
+chat:
+        mov     edi, TURN_MAX + LINE_MAX + 2
+        call    alloc                   ; the turn's text, then the line (a zero byte before it)
+        mov     [rbp+V_TURN], rax
+        mov     rsi, [rbp+V_PROMPT]     ; the first turn: -p or -f (empty: none)
+        jmp     .turn
+.replied:                               ; (generate, after a reply and its newline)
+        mov     eax, [r12+r15*4]        ; the id that ended it, or -1
+        mov     [rbp+V_PENDING], eax
+        cmp     r15d, [rbp+V_CTX_LEN]
+        jb      .next
+        call    flush
+        mov     esi, msg_full
+        call    put_err
+        jmp     exit_ok
+.next:
+        mov     [rbp+V_CHAT_RSP], rsp   ; (fatal_here: a refusal comes back here)
+        call    flush
+        xor     edi, edi                ; standard input a terminal: a marker on stderr
+        mov     esi, TCGETS
+        lea     edx, [rbp+V_OUT_BUF]    ; (its struct termios: out_buf is empty)
+        mov     al, SYS_ioctl
+        call    sys_call
+        jnz     .read
+        mov     esi, msg_marker
+        call    put_err
+.read:                                  ; the line, at rsi on, bytes one read each
+        mov     rsi, [rbp+V_TURN]
+        add     rsi, TURN_MAX + 1
+        push    rsi
+        lea     r13, [rsi+LINE_MAX]
+.byte:
+        xor     edi, edi                ; standard input
+        push    1
+        pop     rdx
+        xor     eax, eax                ; SYS_read
+        call    sys_call
+        jle     .input_end              ; (a failed read: the same)
+        lodsb
+        cmp     al, 10
+        je      .newline
+        cmp     rsi, r13
+        jbe     .byte
+        dec     rsi                     ; LINE_MAX bytes: the rest goes over the last one
+        jmp     .byte
+.newline:                               ; a \r before it goes; a '\' before it: both one \n
+        dec     rsi
+        cmp     byte [rsi-1], 13
+        jne     .lf
+        dec     rsi
+.lf:
+        cmp     byte [rsi-1], '\'
+        jne     .line
+        mov     byte [rsi-1], 10
+        jmp     .byte
+.input_end:
+        cmp     rsi, [rsp]
+        je      exit_ok                 ; nothing: the conversation ends
+.line:                                  ; [rsp] -> the line's first byte, rsi -> its end
+        mov     byte [rsi], 0
+        cmp     rsi, r13
+        jae     tokenize.err_long_prompt        ; (refused: fatal_here)
+        pop     rdi
+        push    rdi
+        call    check_nul
+        pop     rsi
+.turn:                                  ; rsi -> the turn's text (zero-terminated)
+        mov     r14, rsi
+        mov     rdi, [rbp+V_TURN]
+        test    r15d, r15d
+        jz      .first
+        mov     al, S_REPLY_END
+        call    put_string
+.user:
+        mov     al, S_USER_BEGIN
+.open:
+        call    put_string
+        mov     rsi, r14
+.lead:                                  ; the text trimmed
+        lodsb
+        call    is_space
+        jc      .lead
+        dec     rsi
+        mov     rdx, rdi
+        call    put_text
+.trail:
+        cmp     rdi, rdx
+        je      .next                   ; empty: skipped
+        mov     al, [rdi-1]
+        call    is_space
+        jnc     .close
+        dec     rdi
+        jmp     .trail
+.close:
+        mov     al, S_USER_END
+        call    put_string
+        mov     [rdi], cl               ; (0: rep movsb's count)
+        mov     rax, [rbp+V_TURN]
+        mov     [rbp+V_PROMPT], rax
+        call    tokenize                ; pending, then the turn's ids from position r15
+        and     qword [rbp+V_CHAT_RSP], 0       ; (errors from here on are fatal)
+        jmp     generate.run
+.first:
+        mov     rsi, [rbp+V_SYS]
+        test    rsi, rsi
+        jz      .user
+        push    rsi
+        mov     al, S_SYS_BEGIN
+        call    put_string
+        pop     rsi
+        call    put_text
+        mov     al, S_SYS_END
+        jmp     .open
+
+; put_string: append a string of the strings section (load_model checked it lies inside).
+;   in: al its record's offset (S_*), rdi destination   out: rdi after it
+;   clobbers: rax rcx rsi
+put_string:
+        movzx   eax, al
+        mov     rsi, [rbp+V_STRINGS]
+        mov     ecx, [rsi+rax+4]
+        mov     eax, [rsi+rax]
+        add     rsi, rax
+        rep     movsb
+        ret
+
+; put_text: append a zero-terminated string (without its zero).
+;   in: rsi string, rdi destination   out: rdi after it, al = 0   clobbers: rsi
+put_text:
+        lodsb
+        stosb
+        test    al, al
+        jnz     put_text
+        dec     rdi
+        ret
+
+; is_space: whether al is ASCII whitespace (\t \n \v \f \r, space).
+;   in: al   out: CF set when it is   clobbers: al
+is_space:
+        cmp     al, ' '
+        stc
+        je      .ret
+        sub     al, 9
+        cmp     al, 5
+.ret:
+        ret

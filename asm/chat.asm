@@ -20,8 +20,8 @@ TURN_MAX        = 1 shl 25      ; a turn's text: the strings (N_STRINGS * STRING
 chat:
         mov     edi, TURN_MAX + LINE_MAX + 2
         call    alloc                   ; the turn's text, then the line (a zero byte before it)
-        mov     [rbp+V_TURN], rax
         mov     rsi, [rbp+V_PROMPT]     ; the first turn: -p or -f (empty: none)
+        mov     [rbp+V_PROMPT], rax     ; from now on each turn's text (tokenize)
         jmp     .turn
 .replied:                               ; (generate, after a reply and its newline)
         mov     eax, [r12+r15*4]        ; the id that ended it, or -1
@@ -44,7 +44,7 @@ chat:
         mov     esi, msg_marker
         call    put_err
 .read:                                  ; the line, at rsi on, bytes one read each
-        mov     rsi, [rbp+V_TURN]
+        mov     rsi, [rbp+V_PROMPT]
         add     rsi, TURN_MAX + 1
         push    rsi
         lea     r13, [rsi+LINE_MAX]
@@ -85,7 +85,7 @@ chat:
         pop     rsi
 .turn:                                  ; rsi -> the turn's text (zero-terminated)
         mov     r14, rsi
-        mov     rdi, [rbp+V_TURN]
+        mov     rdi, [rbp+V_PROMPT]
         test    r15d, r15d
         jz      .first
         mov     al, S_REPLY_END
@@ -114,8 +114,6 @@ chat:
         mov     al, S_USER_END
         call    put_string
         mov     [rdi], cl               ; (0: rep movsb's count)
-        mov     rax, [rbp+V_TURN]
-        mov     [rbp+V_PROMPT], rax
         call    tokenize                ; pending, then the turn's ids from position r15
         and     qword [rbp+V_CHAT_RSP], 0       ; (errors from here on are fatal)
         jmp     generate.run

@@ -24,7 +24,8 @@ err_cannot_read:                        ; (before load_model: its jumps here are
 ; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag but MERGES, n_merges 0 without it
 ; and <= 2^24 with it, bos/eos/eot < vocab, byte_base + 256 <= vocab, each section where the
 ; one before ends (slots, program, strings, pieces, index, user, merges, blob; weights at the
-; next multiple of 4096), the last ending at file_size, every piece's bytes inside the blob,
+; next multiple of 4096), the last ending at file_size, the strings section's N_STRINGS records
+; inside it and each string (at most STRING_MAX bytes) too, every piece's bytes inside the blob,
 ; max_piece_len == the longest piece's length (the prompt-length guard relies on it), every
 ; index id < vocab, every merge's left, right and result < vocab and the merges strictly
 ; sorted by (left, right) (the tokenizer's binary search), every user id < vocab and its piece
@@ -165,6 +166,22 @@ check_tables:
         stosq                           ; weights_ptr
         cmp     r8, [rbx+HDR_FILE_SIZE]
         jne     err_header
+        mov     rsi, [rbp+V_STRINGS]    ; the strings: their records inside the section, each
+        mov     rdx, [rbx+HDR_STRINGS_SIZE]     ; string at most STRING_MAX bytes, inside it
+        cmp     rdx, N_STRINGS * STRING_REC
+        jb      check_ids.bad
+        push    N_STRINGS
+        pop     rcx
+.string:
+        lodsd                           ; off
+        xchg    eax, edi
+        lodsd                           ; len
+        cmp     eax, STRING_MAX
+        ja      check_ids.bad
+        add     rax, rdi
+        cmp     rax, rdx
+        ja      check_ids.bad
+        loop    .string
 
         mov     rsi, [rbp+V_PIECES]
         mov     ecx, r9d

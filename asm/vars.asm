@@ -71,7 +71,6 @@ opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
 opt_sys:        rq 1            ; -sys text (0: none)
 chat_rsp:       rq 1            ; a conversation's stack at each turn (0: no conversation yet)
-turn_ptr:       rq 1            ; a conversation's turn text, then its line (chat.asm)
 out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 fv_cols:        rd 1            ; every product's n or-ed together (check_program; cpu.asm: the
@@ -96,7 +95,6 @@ V_AVX2          = opt_flags + 3 - front_base
 V_CNV           = opt_flags + 4 - front_base
 V_SYS           = opt_sys - front_base
 V_CHAT_RSP      = chat_rsp - front_base
-V_TURN          = turn_ptr - front_base
 V_PENDING       = pending - front_base
 V_STRINGS       = strings_ptr - front_base
 V_BASE          = model_base - front_base

@@ -166,22 +166,6 @@ check_tables:
         stosq                           ; weights_ptr
         cmp     r8, [rbx+HDR_FILE_SIZE]
         jne     err_header
-        mov     rsi, [rbp+V_STRINGS]    ; the strings: their records inside the section, each
-        mov     rdx, [rbx+HDR_STRINGS_SIZE]     ; string at most STRING_MAX bytes, inside it
-        cmp     rdx, N_STRINGS * STRING_REC
-        jb      check_ids.bad
-        push    N_STRINGS
-        pop     rcx
-.string:
-        lodsd                           ; off
-        xchg    eax, edi
-        lodsd                           ; len
-        cmp     eax, STRING_MAX
-        ja      check_ids.bad
-        add     rax, rdi
-        cmp     rax, rdx
-        ja      check_ids.bad
-        loop    .string
 
         mov     rsi, [rbp+V_PIECES]
         mov     ecx, r9d
@@ -221,6 +205,22 @@ check_tables:
         pop     rcx
         loop    .merge
 .merged:
+        mov     rsi, [rbp+V_STRINGS]    ; the strings: each at most STRING_MAX bytes and
+        push    N_STRINGS               ; inside the section (which ends where the pieces
+        pop     rcx                     ; start), then the records inside it too (read
+.string:                                ; first: still inside the mapping, which goes on
+        lodsd                           ; off       to a page past weights_off)
+        xchg    eax, edi
+        lodsd                           ; len
+        cmp     eax, STRING_MAX
+        ja      check_ids.bad
+        add     rdi, rax
+        add     rdi, [rbp+V_STRINGS]
+        cmp     rdi, [rbp+V_PIECES]
+        ja      check_ids.bad
+        loop    .string
+        cmp     rsi, [rbp+V_PIECES]
+        ja      check_ids.bad
         mov     rsi, [rbp+V_USER]
         mov     edx, [rbx+HDR_N_USER]
         inc     r10d                    ; user pieces are matched: never empty

@@ -3,8 +3,8 @@
 ; Usage: defaults after '='; -n: until EOS, <end_of_turn> or a full context.
 
 msg_usage:
-        db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-n N=EOS] [--temp T=0] [--top-p P=1] [-s SEED=0]', 10
-        db      '  [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
+        db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-cnv [-sys TEXT]] [-n N=EOS] [--temp T=0] [--top-p P=1]', 10
+        db      '  [-s SEED=0] [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
 msg_marker:
         db      '> ', 0
 msg_full:

@@ -23,16 +23,7 @@ chat:
         mov     rsi, [rbp+V_PROMPT]     ; the first turn: -p or -f (empty: none)
         mov     [rbp+V_PROMPT], rax     ; from now on each turn's text (tokenize)
         jmp     .turn
-.replied:                               ; (generate, after a reply and its newline)
-        mov     eax, [r12+r15*4]        ; the id that ended it, or -1
-        mov     [rbp+V_PENDING], eax
-        cmp     r15d, [rbp+V_CTX_LEN]
-        jb      .next
-        call    flush
-        mov     esi, msg_full
-        call    put_err
-        jmp     exit_ok
-.next:
+.next:                                  ; (main.asm's generate, after a reply and its newline)
         mov     [rbp+V_CHAT_RSP], rsp   ; (fatal_here: a refusal comes back here)
         call    flush
         xor     edi, edi                ; standard input a terminal: a marker on stderr
@@ -87,7 +78,18 @@ chat:
         mov     r14, rsi
         mov     rdi, [rbp+V_PROMPT]
         test    r15d, r15d
-        jz      .first
+        jnz     .later
+        mov     rsi, [rbp+V_SYS]
+        test    rsi, rsi
+        jz      .user
+        push    rsi
+        mov     al, S_SYS_BEGIN
+        call    put_string
+        pop     rsi
+        call    put_text
+        mov     al, S_SYS_END
+        jmp     .open
+.later:
         mov     al, S_REPLY_END
         call    put_string
 .user:
@@ -117,17 +119,6 @@ chat:
         call    tokenize                ; pending, then the turn's ids from position r15
         and     qword [rbp+V_CHAT_RSP], 0       ; (errors from here on are fatal)
         jmp     generate.run
-.first:
-        mov     rsi, [rbp+V_SYS]
-        test    rsi, rsi
-        jz      .user
-        push    rsi
-        mov     al, S_SYS_BEGIN
-        call    put_string
-        pop     rsi
-        call    put_text
-        mov     al, S_SYS_END
-        jmp     .open
 
 ; put_string: append a string of the strings section (load_model checked it lies inside).
 ;   in: al its record's offset (S_*), rdi destination   out: rdi after it

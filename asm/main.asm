@@ -161,8 +161,6 @@ setup:
         mov     eax, [rbx+HDR_BOS]      ; the first id (tokenize)
         mov     [rbp+V_PENDING], eax
         xor     r15d, r15d              ; from position 0
-        cmp     byte [rbp+V_CNV], 0
-        jne     .no_tokens              ; (chat.asm tokenizes each turn)
         call    tokenize                ; r12 -> ids, r13d = count (<= ctx_len)
         cmp     byte [rbp+V_TOKENS], 0
         je      .no_tokens
@@ -283,7 +281,14 @@ generate:                               ; (r15 = 0: tokenize)
         mov     al, 10
         call    put_byte
         cmp     byte [rbp+V_CNV], 0
-        jne     chat.replied
+        je      exit_ok
+        mov     eax, [r12+r15*4]        ; a conversation (chat.asm): the id that ended the
+        mov     [rbp+V_PENDING], eax    ; reply, or -1; the next turn, but at a full context
+        cmp     r15d, [rbp+V_CTX_LEN]
+        jb      chat.next
+        call    flush
+        mov     esi, msg_full
+        call    put_err
 exit_ok:
         call    flush
         xor     edi, edi

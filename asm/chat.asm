@@ -23,8 +23,12 @@ chat:
         mov     rsi, [rbp+V_PROMPT]     ; the first turn: -p or -f (empty: none)
         mov     [rbp+V_PROMPT], rax     ; from now on each turn's text (tokenize)
         jmp     .turn
+.refused:                               ; (fatal_status: a turn refused, its message out; rsp
+        mov     r15d, [rbp+V_POS]       ; as at .next; rbx and, in tokenize, r15 were
+        mov     rbx, [rbp+V_BASE]       ; overwritten)
 .next:                                  ; (main.asm's generate, after a reply and its newline)
-        mov     [rbp+V_CHAT_RSP], rsp   ; (fatal_here: a refusal comes back here)
+        mov     [rbp+V_POS], r15d
+        mov     [rbp+V_CHAT_RSP], rsp   ; (fatal_here: a refusal comes back to .refused)
         call    flush
         xor     edi, edi                ; standard input a terminal: a marker on stderr
         mov     esi, TCGETS

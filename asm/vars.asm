@@ -75,6 +75,7 @@ out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 fv_cols:        rd 1            ; every product's n or-ed together (check_program; cpu.asm: the
                                 ; fast kernels need multiples of 16)
+chat_pos:       rd 1            ; a conversation's position at the turn being read
 pending:        rd 1            ; a conversation: the id that ended the last reply when the next
                                 ; turn must feed it (-n), else -1
 out_buf:        rb 256          ; stdout buffer, flushed after every token
@@ -96,6 +97,7 @@ V_CNV           = opt_flags + 4 - front_base
 V_SYS           = opt_sys - front_base
 V_CHAT_RSP      = chat_rsp - front_base
 V_PENDING       = pending - front_base
+V_POS           = chat_pos - front_base
 V_STRINGS       = strings_ptr - front_base
 V_BASE          = model_base - front_base
 V_SIZE          = model_size - front_base

@@ -14,7 +14,7 @@ reply to the turn before it.
   renders (transformers' apply_chat_template with add_generation_prompt) for replies and a
   system prompt free of surrounding whitespace (templates trim those too; the engine keeps a
   reply as sampled and the system prompt as given).
-- `feed(tok, strings, system, turns, replies)`: the ids the engine forwards, in order: the
+- `feed(tok, strings, system, turns, replies, eot, eos)`: the ids the engine forwards, in order: the
   first kept turn's string tokenized as one text with BOS first (tok: the tokenizer twin),
   then each reply's sampled ids, then the next kept turn's. A reply is its sampled ids and how
   it ended (`Ending`): "eot" (its last id is the header's eot), "eos" (its last id is eos)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from builder.models import synth
+from builder.models.modelfile import CONTROL
 from builder.models.modelfile4 import CHAT, ModelFile4
 from builder.twins.chat import feed, render, trim, turn_strings
 from builder.twins.tokenizer import Tokenizer
@@ -87,7 +88,8 @@ def test_endings(models):
     turn; the conversation's last reply never forwards the id it ended on."""
     f = models["synth tiny-g4-dense"]
     tok, strings, eot, eos = Tokenizer(f), f.strings, f.header.eot, f.header.eos
-    assert (eot, eos, f.pieces[eot], f.pieces[106], f.pieces[105]) == (106, 1, b"<turn|>", b"<turn|>", b"<|turn>")
+    assert (eot, eos, f.pieces[105], f.pieces[106], f.types[105], f.types[106]) == (106, 1, b"<|turn>", b"<turn|>",
+                                                                                   CONTROL, CONTROL)
     first = tok.encode(b"<|turn>user\nHi<turn|>\n<|turn>model\n")
     assert first[:2] == [2, 105] and first.count(106) == 1
     next_turn = [t for s in tok.segments(b"<turn|>\n<|turn>user\nBye<turn|>\n<|turn>model\n") for t in s]

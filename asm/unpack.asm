@@ -211,10 +211,9 @@ unpack:
         jnz     .more
         push    rdi                     ; the field tables decoded: the image starts with
         mov     rdi, r11                ; a zeroed table (what the tables taught would
-        mov     ecx, PACK_SCRATCH / 4   ; mislead)
-        xor     eax, eax
-        rep     stosd
-        pop     rdi
+        bts     ecx, PACK_TABLE_BITS    ; mislead): PACK_SCRATCH / 4 dwords (the tables'
+        rep     stosd                   ; last byte, a ModRM of entry 0, left eax and ecx 0
+        pop     rdi                     ; in .append)
 .more:
         cmp     rdi, [rsp+r12]
         jb      .byte

@@ -44,7 +44,7 @@ forward:
         pop     r15
 .operand:                       ; s0 .. s3 (r15 = -4 .. -1): token 0's row, the rows' bytes
         call    op_width
-        shl     rdx, 2
+        shl     edx, 2                  ; (<= MAX_WIDTH floats: check_program)
         mov     [rbp+FV_ST+32+r15*8], rdx
         movzx   ecx, byte [r13+OP_S0+4+r15]
         test    al, OPW_KV              ; (eax: the operand's code)

@@ -39,9 +39,7 @@ threads_start:
         adc     ecx, 0                  ; CPUs: at least 1
         mov     ebp, [rbp+V_THREADS]
         test    ebp, ebp
-        jnz     .spin
-        mov     ebp, ecx
-.spin:
+        cmovz   ebp, ecx
         mov     eax, SPIN_ROUNDS
         cmp     ecx, ebp
         jae     .spawn

@@ -206,20 +206,19 @@ check_tables:
         loop    .merge
 .merged:
         mov     rsi, [rbp+V_STRINGS]    ; the strings: each at most STRING_MAX bytes and
-        push    N_STRINGS               ; inside the section (which ends where the pieces
-        pop     rcx                     ; start), then the records inside it too (read
-.string:                                ; first: still inside the mapping, which goes on
-        lodsd                           ; off       to a page past weights_off)
+        push    N_STRINGS               ; inside the section (off + len <= its size), then
+        pop     rcx                     ; the records inside it too (read first: still
+.string:                                ; inside the mapping, which goes on to a page past
+        lodsd                           ; off       weights_off)
         xchg    eax, edi
         lodsd                           ; len
         cmp     eax, STRING_MAX
         ja      check_ids.bad
-        add     rdi, rax
-        add     rdi, [rbp+V_STRINGS]
-        cmp     rdi, [rbp+V_PIECES]
+        add     rdi, rax                ; (no carry: two u32)
+        cmp     rdi, [rbx+HDR_STRINGS_SIZE]
         ja      check_ids.bad
         loop    .string
-        cmp     rsi, [rbp+V_PIECES]
+        cmp     rsi, [rbp+V_PIECES]     ; (the section ends where the pieces start)
         ja      check_ids.bad
         mov     rsi, [rbp+V_USER]
         mov     edx, [rbx+HDR_N_USER]

@@ -136,8 +136,7 @@ tokenize:
         jmp     .pass
 .filed:
         mov     rdi, r12
-        mov     eax, [rsp+16]           ; the position
-        shl     eax, 2
+        imul    eax, [rsp+16], 4        ; the position's bytes
         sub     r12, rax                ; [r12 + 4 position] = the first id
         mov     eax, [rbp+V_PENDING]
         test    eax, eax

@@ -18,7 +18,7 @@ err_cannot_read:                        ; (before load_model: its jumps here are
         db      'cannot read ', 0
 
 ; load_model: map the file named by -m (asking for huge pages) and validate it (docs/format.md,
-; "Version 4"): sets model_base, model_size and the sections' pointers (slots_ptr ..
+; "Version 4"): sets model_base and the sections' pointers (slots_ptr ..
 ; weights_ptr). Checks, in order: size >= the header (else truncated), magic, version,
 ; header_size, file_size == the real size (larger: truncated), vocab 1 .. 2^24, max_ctx
 ; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag but MERGES, n_merges 0 without it
@@ -50,7 +50,6 @@ load_model:
         mov     rax, [rsi+ST_SIZE]
         cmp     rax, HEADER_SIZE
         jb      err_truncated
-        mov     [rbp+V_SIZE], rax
         xchg    rsi, rax
         push    1                       ; PROT_READ
         pop     rdx

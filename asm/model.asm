@@ -159,11 +159,11 @@ check_tables:
         or      r8w, WEIGHTS_ALIGN - 1
         inc     r8
         jz      err_header              ; (past 2^64)
-        lodsq                           ; weights_off
-        mov     rdx, [rbx+HDR_WEIGHTS_SIZE]
+        lodsq                           ; weights_off (rsi -> strings_size: the sizes follow)
+        mov     rdx, [rsi+HDR_WEIGHTS_SIZE-HDR_STRINGS_SIZE]
         call    check_section
         stosq                           ; weights_ptr
-        cmp     r8, [rbx+HDR_FILE_SIZE]
+        cmp     r8, [rsi+HDR_FILE_SIZE-HDR_STRINGS_SIZE]
         jne     err_header
 
         mov     rsi, [rbp+V_PIECES]

@@ -181,7 +181,7 @@ check_tables:
         lodsq                           ; (score, type)
         loop    .piece
         cmp     edi, [rbx+HDR_MAX_PIECE_LEN]
-        jne     err_header
+        jne     check_ids.bad
         mov     rsi, [rbp+V_INDEX]
         mov     edx, [rbx+HDR_N_INDEX]
         xor     r10d, r10d              ; index pieces may be empty

@@ -24,12 +24,14 @@ err_cannot_read:                        ; (before load_model: its jumps here are
 ; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag but MERGES, n_merges 0 without it
 ; and <= 2^24 with it, bos/eos/eot < vocab, byte_base + 256 <= vocab, each section where the
 ; one before ends (slots, program, strings, pieces, index, user, merges, blob; weights at the
-; next multiple of 4096), the last ending at file_size, the strings section's N_STRINGS records
-; inside it and each string (at most STRING_MAX bytes) too, every piece's bytes inside the blob,
-; max_piece_len == the longest piece's length (the prompt-length guard relies on it), every
-; index id < vocab, every merge's left, right and result < vocab and the merges strictly
-; sorted by (left, right) (the tokenizer's binary search), every user id < vocab and its piece
-; not empty; then the program (check_program).
+; next multiple of 4096), the last ending at file_size, every index id < vocab, every merge's
+; left, right and result < vocab and the merges strictly sorted by (left, right) (the
+; tokenizer's binary search), the strings section's N_STRINGS records inside it and each string
+; (at most STRING_MAX bytes) too, every piece's bytes inside the blob, max_piece_len == the
+; longest piece's length (the prompt-length guard relies on it), every user id < vocab and its
+; piece not empty; then the program (check_program). (From header_size on a failure is "bad
+; header", file_size above the real size "truncated model": the order shows only in what each
+; check may read.)
 ;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
 ;   file's struct stat (main.asm compares st_dev, st_ino with the --logits file's)
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
@@ -166,22 +168,6 @@ check_tables:
         cmp     r8, [rsi+HDR_FILE_SIZE-HDR_STRINGS_SIZE]
         jne     err_header
 
-        mov     rsi, [rbp+V_PIECES]
-        mov     ecx, r9d
-        xor     edi, edi                ; the longest piece so far
-.piece:
-        lodsd                           ; blob_off
-        xchg    eax, edx
-        lodsd                           ; len
-        cmp     edi, eax
-        cmovb   edi, eax
-        add     rax, rdx
-        cmp     rax, [rbx+HDR_BLOB_SIZE]
-        ja      check_ids.bad
-        lodsq                           ; (score, type)
-        loop    .piece
-        cmp     edi, [rbx+HDR_MAX_PIECE_LEN]
-        jne     check_ids.bad
         mov     rsi, [rbp+V_INDEX]
         mov     edx, [rbx+HDR_N_INDEX]
         xor     r10d, r10d              ; index pieces may be empty
@@ -219,6 +205,22 @@ check_tables:
         loop    .string
         cmp     rsi, [rbp+V_PIECES]     ; (the section ends where the pieces start)
         ja      check_ids.bad
+        mov     rsi, [rbp+V_PIECES]
+        mov     ecx, r9d
+        xor     edi, edi                ; the longest piece so far
+.piece:
+        lodsd                           ; blob_off
+        xchg    eax, edx
+        lodsd                           ; len
+        cmp     edi, eax
+        cmovb   edi, eax
+        add     rax, rdx
+        cmp     rax, [rbx+HDR_BLOB_SIZE]
+        ja      check_ids.bad
+        lodsq                           ; (score, type)
+        loop    .piece
+        cmp     edi, [rbx+HDR_MAX_PIECE_LEN]
+        jne     check_ids.bad
         mov     rsi, [rbp+V_USER]
         mov     edx, [rbx+HDR_N_USER]
         inc     r10d                    ; user pieces are matched: never empty

@@ -287,18 +287,18 @@ tokenize:
         call    add_pair                ; (previous, merged)
         jmp     .merge
 
-; The segment's ids: each symbol's, or its bytes' byte pieces; then the user piece's. r13 ->
+; The segment's ids: each symbol's, or its bytes' byte pieces; then the user piece's. r8 ->
 ; a record, rdi -> the next id.
 .emit:
         mov     rdi, [rsp]
-        mov     r13, r14
+        mov     r8, r14
 .emit_symbol:
-        mov     rsi, [r13+SYM_START]
-        mov     edx, [r13+SYM_LEN]
-        mov     eax, [r13+SYM_ID]
+        mov     rsi, [r8+SYM_START]
+        mov     edx, [r8+SYM_LEN]
+        mov     eax, [r8+SYM_ID]
         test    eax, eax
         jns     .store                  ; (the end record: the user piece's)
-        cmp     qword [r13+SYM_NEXT], 0
+        cmp     qword [r8+SYM_NEXT], 0
         je      .check                  ; the end record at the text's end
 .byte:
         lodsb                           ; byte fallback: <0xHH> = byte_base + HH
@@ -310,8 +310,8 @@ tokenize:
         jmp     .byte
 .store:
         stosd
-        mov     r13, [r13+SYM_NEXT]
-        test    r13, r13
+        mov     r8, [r8+SYM_NEXT]
+        test    r8, r8
         jnz     .emit_symbol            ; else rsi -> where the next segment starts
 .check:                                 ; the ids so far must fit in the context
         mov     [rsp], rdi

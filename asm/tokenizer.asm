@@ -101,7 +101,7 @@ tokenize:
         call    alloc
         xchg    r14, rax                ; r14 -> the symbol records
         lea     r8, [r14+r13*2]         ; the first-byte index
-        add     r13, r14                ; the heap
+        add     r13, r14                ; the heap (r14 a mapping's start: a multiple of SYM)
         push    r8                      ; [rsp+8] the first-byte index
 
 ; The first-byte index, in two passes over the user ids (r9 -> X + 8, then X + 4): count each
@@ -334,8 +334,8 @@ space_piece:
 
 ; add_pair: push the pair of symbol rdi and the next one onto the heap when the segment has a
 ; next one and the two merge (sentencepiece's MaybeAddNewSymbolPair).
-;   in: rdi -> a symbol's record, or 0 (none), r13 the heap's end, r15 its start, rbx header,
-;   rbp front_base   out: r13 (one entry further when pushed)
+;   in: rdi -> a symbol's record, or 0 (none), r13 the heap's end, r15 its start (a multiple
+;   of CAND), rbx header, rbp front_base   out: r13 (one entry further when pushed)
 ;   clobbers: rax rcx rdx rsi r8-r11 xmm0 xmm1
 add_pair:
         test    rdi, rdi
@@ -354,11 +354,9 @@ add_pair:
 .up:                                    ; r9 -> the entry going up, entry i
         cmp     r9, r15
         je      .done
-        lea     rax, [r9-CAND]
-        sub     rax, r15
-        shr     rax, 1
-        and     al, -CAND
-        lea     r10, [r15+rax]          ; its parent, entry (i - 1) / 2
+        lea     r10, [r9+r15-CAND]
+        shr     r10, 1
+        and     r10, -CAND              ; its parent, entry (i - 1) / 2 (r15: a multiple of CAND)
         call    order
         mov     r9, r10
         jc      .up

@@ -439,9 +439,9 @@ symbol_piece:
         mov     rsi, [rdi+SYM_START]
         cmp     byte [rsi], ' '
         jne     .sized
-        mov     qword [rdi+SYM_START], space_piece      ; (the image is below 2^31)
+        mov     esi, space_piece        ; (the image is below 2^32)
+        mov     [rdi+SYM_START], rsi
         mov     dl, 3
-        jmp     symbol_piece
 .sized:
         mov     [rdi+SYM_LEN], edx
 .bytes:                                 ; (pair: the edx bytes from rsi on)

@@ -175,8 +175,8 @@ tokenize:
 .single:
         mov     dl, 1                   ; (edx < 256)
 .whole:
-        add     rsi, rdx
-        push    rsi
+        lea     rax, [rsi+rdx]
+        push    rax                     ; the next character
         mov     rdi, r8
         call    symbol_piece            ; its length and id
         mov     [rdi+SYM_ID], eax
@@ -433,10 +433,9 @@ pair:
 
 ; symbol_piece: a new symbol's length (edx) into its record, and its normal piece (lookup); a
 ; symbol that is a space (left only by MERGES) becomes U+2581 (its start and length there).
-;   in: rdi -> a symbol's record (its start set), edx its length, rbx header, rbp front_base
-;   out: as lookup, rsi = its first byte   clobbers: rcx r8-r11
+;   in: rdi -> a symbol's record (its start set), rsi = its start, edx its length, rbx
+;   header, rbp front_base   out: as lookup, rsi = its first byte   clobbers: rcx r8-r11
 symbol_piece:
-        mov     rsi, [rdi+SYM_START]
         cmp     byte [rsi], ' '
         jne     .sized
         mov     esi, space_piece        ; (the image is below 2^32)

@@ -148,8 +148,9 @@ tokenize:
         mov     r15, r13                ; r15 -> the heap
 
 ; A segment: rsi -> its first byte, r8 -> the record to fill. Each record points to its
-; neighbours (the first's previous and the end record's next are cleared at the end) and holds
-; its normal piece's id (symbol_piece: a space left by MERGES becomes the symbol U+2581).
+; neighbours (set as the next one starts; the first's previous and the end record's next are
+; cleared at the end) and holds its normal piece's id (symbol_piece: a space left by MERGES
+; becomes the symbol U+2581).
 .segment:
         mov     r8, r14
         jmp     .symbol
@@ -182,12 +183,10 @@ tokenize:
         mov     [rdi+SYM_ID], eax
         pop     rsi
         lea     r8, [rdi+SYM]
+        mov     [rdi+SYM_NEXT], r8
+        mov     [r8+SYM_PREV], rdi
 .symbol:
         mov     [r8+SYM_START], rsi
-        lea     rax, [r8-SYM]
-        mov     [r8+SYM_PREV], rax
-        lea     rax, [r8+SYM]
-        mov     [r8+SYM_NEXT], rax
         mov     rdx, [rsp+16]
         sub     edx, esi                ; bytes left
         jz      .text_end

@@ -148,9 +148,9 @@ tokenize:
         mov     r15, r13                ; r15 -> the heap
 
 ; A segment: rsi -> its first byte, r8 -> the record to fill. Each record points to its
-; neighbours (set as the next one starts; the first's previous and the end record's next are
-; cleared at the end) and holds its normal piece's id (symbol_piece: a space left by MERGES
-; becomes the symbol U+2581).
+; neighbours (set as the next one starts; the end record's next is cleared at the end; the
+; first's previous stays 0, as the mapping came: nothing else writes it) and holds its normal
+; piece's id (symbol_piece: a space left by MERGES becomes the symbol U+2581).
 .segment:
         mov     r8, r14
         jmp     .symbol
@@ -225,7 +225,6 @@ tokenize:
         mov     [r8+SYM_LEN], edx
         mov     [r8+SYM_START], rsi
         and     qword [r8+SYM_NEXT], 0
-        and     qword [r14+SYM_PREV], 0
 
 ; Merging (sentencepiece's bpe_model.cc): every adjacent pair that merges onto the heap;
 ; then pop the pair that goes first; skip it if stale, else merge it (the merged symbol takes

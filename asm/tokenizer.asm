@@ -150,9 +150,12 @@ tokenize:
 ; A segment: rsi -> its first byte, r8 -> the record to fill. Each record points to its
 ; neighbours (set as the next one starts; the end record's next is cleared at the end; the
 ; first's previous stays 0, as the mapping came: nothing else writes it) and holds its normal
-; piece's id (symbol_piece: a space left by MERGES becomes the symbol U+2581).
+; piece's id (symbol_piece: a space left by MERGES becomes the symbol U+2581). Once a symbol
+; has its next, the pair it ends goes onto the heap (add_pair: left to right, as sentencepiece
+; pushes them; r13 -> the heap's end).
 .segment:
         mov     r8, r14
+        mov     r13, r15
         jmp     .symbol
 .character:
         ; UTF-8: the lead byte's leading ones give the length; a byte that does not start a
@@ -181,10 +184,14 @@ tokenize:
         mov     rdi, r8
         call    symbol_piece            ; its length and id
         mov     [rdi+SYM_ID], eax
-        pop     rsi
         lea     r8, [rdi+SYM]
         mov     [rdi+SYM_NEXT], r8
         mov     [r8+SYM_PREV], rdi
+        push    r8
+        mov     rdi, [rdi+SYM_PREV]
+        call    add_pair                ; (the previous one, this one)
+        pop     r8
+        pop     rsi
 .symbol:
         mov     [r8+SYM_START], rsi
         mov     rdx, [rsp+16]
@@ -226,17 +233,9 @@ tokenize:
         mov     [r8+SYM_START], rsi
         and     qword [r8+SYM_NEXT], 0
 
-; Merging (sentencepiece's bpe_model.cc): every adjacent pair that merges onto the heap;
-; then pop the pair that goes first; skip it if stale, else merge it (the merged symbol takes
-; the pair's id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
-        mov     r13, r15
-        mov     rdi, r14
-.pairs:
-        cmp     qword [rdi+SYM_NEXT], 0
-        je      .merge
-        call    add_pair
-        add     rdi, SYM
-        jmp     .pairs
+; Merging (sentencepiece's bpe_model.cc), every adjacent pair that merges on the heap: pop
+; the pair that goes first; skip it if stale, else merge it (the merged symbol takes the pair's
+; id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
 .merge:
         cmp     r13, r15
         je      .emit

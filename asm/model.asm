@@ -18,18 +18,20 @@ err_cannot_read:                        ; (before load_model: its jumps here are
         db      'cannot read ', 0
 
 ; load_model: map the file named by -m (asking for huge pages) and validate it (docs/format.md,
-; "Version 4"): sets model_base, model_size and the sections' pointers (slots_ptr ..
+; "Version 4"): sets model_base and the sections' pointers (slots_ptr ..
 ; weights_ptr). Checks, in order: size >= the header (else truncated), magic, version,
 ; header_size, file_size == the real size (larger: truncated), vocab 1 .. 2^24, max_ctx
 ; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag but MERGES, n_merges 0 without it
 ; and <= 2^24 with it, bos/eos/eot < vocab, byte_base + 256 <= vocab, each section where the
 ; one before ends (slots, program, strings, pieces, index, user, merges, blob; weights at the
-; next multiple of 4096), the last ending at file_size, the strings section's N_STRINGS records
-; inside it and each string (at most STRING_MAX bytes) too, every piece's bytes inside the blob,
-; max_piece_len == the longest piece's length (the prompt-length guard relies on it), every
-; index id < vocab, every merge's left, right and result < vocab and the merges strictly
-; sorted by (left, right) (the tokenizer's binary search), every user id < vocab and its piece
-; not empty; then the program (check_program).
+; next multiple of 4096), the last ending at file_size, every index id < vocab, every merge's
+; left, right and result < vocab and the merges strictly sorted by (left, right) (the
+; tokenizer's binary search), the strings section's N_STRINGS records inside it and each string
+; (at most STRING_MAX bytes) too, every piece's bytes inside the blob, max_piece_len == the
+; longest piece's length (the prompt-length guard relies on it), every user id < vocab and its
+; piece not empty; then the program (check_program). (From header_size on a failure is "bad
+; header", file_size above the real size "truncated model": the order shows only in what each
+; check may read.)
 ;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
 ;   file's struct stat (main.asm compares st_dev, st_ino with the --logits file's)
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
@@ -50,7 +52,6 @@ load_model:
         mov     rax, [rsi+ST_SIZE]
         cmp     rax, HEADER_SIZE
         jb      err_truncated
-        mov     [rbp+V_SIZE], rax
         xchg    rsi, rax
         push    1                       ; PROT_READ
         pop     rdx
@@ -160,29 +161,13 @@ check_tables:
         or      r8w, WEIGHTS_ALIGN - 1
         inc     r8
         jz      err_header              ; (past 2^64)
-        lodsq                           ; weights_off
-        mov     rdx, [rbx+HDR_WEIGHTS_SIZE]
+        lodsq                           ; weights_off (rsi -> strings_size: the sizes follow)
+        mov     rdx, [rsi+HDR_WEIGHTS_SIZE-HDR_STRINGS_SIZE]
         call    check_section
         stosq                           ; weights_ptr
-        cmp     r8, [rbx+HDR_FILE_SIZE]
+        cmp     r8, [rsi+HDR_FILE_SIZE-HDR_STRINGS_SIZE]
         jne     err_header
 
-        mov     rsi, [rbp+V_PIECES]
-        mov     ecx, r9d
-        xor     edi, edi                ; the longest piece so far
-.piece:
-        lodsd                           ; blob_off
-        xchg    eax, edx
-        lodsd                           ; len
-        cmp     edi, eax
-        cmovb   edi, eax
-        add     rax, rdx
-        cmp     rax, [rbx+HDR_BLOB_SIZE]
-        ja      check_ids.bad
-        lodsq                           ; (score, type)
-        loop    .piece
-        cmp     edi, [rbx+HDR_MAX_PIECE_LEN]
-        jne     err_header
         mov     rsi, [rbp+V_INDEX]
         mov     edx, [rbx+HDR_N_INDEX]
         xor     r10d, r10d              ; index pieces may be empty
@@ -206,21 +191,36 @@ check_tables:
         loop    .merge
 .merged:
         mov     rsi, [rbp+V_STRINGS]    ; the strings: each at most STRING_MAX bytes and
-        push    N_STRINGS               ; inside the section (which ends where the pieces
-        pop     rcx                     ; start), then the records inside it too (read
-.string:                                ; first: still inside the mapping, which goes on
-        lodsd                           ; off       to a page past weights_off)
+        push    N_STRINGS               ; inside the section (off + len <= its size), then
+        pop     rcx                     ; the records inside it too (read first: still
+.string:                                ; inside the mapping, which goes on to a page past
+        lodsd                           ; off       weights_off)
         xchg    eax, edi
         lodsd                           ; len
         cmp     eax, STRING_MAX
         ja      check_ids.bad
-        add     rdi, rax
-        add     rdi, [rbp+V_STRINGS]
-        cmp     rdi, [rbp+V_PIECES]
+        add     rdi, rax                ; (no carry: two u32)
+        cmp     rdi, [rbx+HDR_STRINGS_SIZE]
         ja      check_ids.bad
         loop    .string
-        cmp     rsi, [rbp+V_PIECES]
+        cmp     rsi, [rbp+V_PIECES]     ; (the section ends where the pieces start)
         ja      check_ids.bad
+        mov     rsi, [rbp+V_PIECES]
+        mov     ecx, r9d
+        xor     edi, edi                ; the longest piece so far
+.piece:
+        lodsd                           ; blob_off
+        xchg    eax, edx
+        lodsd                           ; len
+        cmp     edi, eax
+        cmovb   edi, eax
+        add     rax, rdx
+        cmp     rax, [rbx+HDR_BLOB_SIZE]
+        ja      check_ids.bad
+        lodsq                           ; (score, type)
+        loop    .piece
+        cmp     edi, [rbx+HDR_MAX_PIECE_LEN]
+        jne     check_ids.bad
         mov     rsi, [rbp+V_USER]
         mov     edx, [rbx+HDR_N_USER]
         inc     r10d                    ; user pieces are matched: never empty

@@ -191,7 +191,7 @@ PROMPT_FILE_MAX = 1 shl 24
         jmp     tokenize.err_long_prompt
 .end:
         mov     rdi, [rbp+V_PROMPT]
-        call    check_nul               ; (al = 0 after it)
+        call    check_nul               ; al = 0
         cmp     byte [rsi-1], 10
         jne     .prompt_read
         mov     [rsi-1], al             ; 0
@@ -439,7 +439,21 @@ parse_value.float:
         fmulp
         fstp    dword [rsp]
         pop     rax
+.ret:
         ret
+
+; check_nul: refuse a text that holds a NUL byte (fatal_here: in a conversation, the turn).
+;   in: rdi text, rsi its end (a zero byte there; rsi - rdi < 2^32)   out: al = 0
+;   clobbers: rax rcx rdi
+check_nul:
+        xor     eax, eax
+        mov     ecx, esi
+        sub     ecx, edi
+        inc     ecx                     ; the bytes and the zero after them
+        repne   scasb                   ; the first zero byte: the last one (rcx = 0)?
+        jrcxz   parse_value.float.ret
+        call    fatal_here
+        db      'NUL byte in the prompt', 0
 
 ; The options: name (bytes >= ' '), kind (< ' ': it ends the name), slot (offset from
 ; front_base, vars.asm), and for K_INT and K_FLOAT the maximum of the value as a dword
@@ -474,15 +488,3 @@ opt_name_c:
 err_stray_argument:                     ; (the command line's, here out of the way of its
         call    fatal_usage_arg_here    ; short jumps)
         db      'unexpected argument ', 0
-
-; check_nul: refuse a text that holds a NUL byte (fatal_here: in a conversation, the turn).
-;   in: rdi text, rsi its end (a zero byte there)   out: -   clobbers: rax rcx rdi
-check_nul:
-        xor     eax, eax
-        or      rcx, -1
-        repne   scasb                   ; the first zero byte
-        dec     rdi
-        cmp     rdi, rsi
-        jae     sys_call.ret
-        call    fatal_here
-        db      'NUL byte in the prompt', 0

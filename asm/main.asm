@@ -313,15 +313,10 @@ generate:                               ; (r15 = 0: tokenize)
         jz      exit_ok                 ; -n 0: no text, not even its newline
         call    sample
         cmp     eax, [rbx+HDR_EOS]
-        je      .ended
+        je      .text_end               ; (r14d > 0)
         cmp     eax, [rbx+HDR_EOT]
-        jne     .sampled
-.ended:
-        or      eax, -1                 ; (chat.asm: no id for the next turn to feed)
-.sampled:
+        je      .text_end
         mov     [r12+r15*4], eax
-        test    eax, eax
-        js      .text_end
         call    put_piece
         dec     r14d
         jz      .text_end
@@ -334,8 +329,10 @@ generate:                               ; (r15 = 0: tokenize)
         call    put_byte
         cmp     byte [rbp+V_CNV], 0
         je      exit_ok
-        mov     eax, [r12+r15*4]        ; a conversation (chat.asm): the id that ended the
-        mov     [rbp+V_PENDING], eax    ; reply, or -1; the next turn, but at a full context
+        neg     r14d                    ; a conversation (chat.asm): -n ended the reply
+        sbb     eax, eax                ; (r14d = 0): its last id, fed by the next turn;
+        or      eax, [r12+r15*4]        ; else (EOS, <end_of_turn>) -1
+        mov     [rbp+V_PENDING], eax    ; the next turn, but at a full context
         cmp     r15d, [rbp+V_CTX_LEN]
         jb      chat.next
         call    flush

@@ -344,7 +344,7 @@ exit_ok:
         jmp     sys_exit
 
 ; parse_digits: more decimal digits appended to rax (rax = rax * 10 + digit for each).
-;   in: rsi string, rax   out: rax, ecx digits read, rsi -> after them
+;   in: rsi string, rax   out: rax, ecx digits read (ZF: none), rsi -> after them
 ;   (err_bad_value when rax overflows 64 bits)   clobbers: rdx r11
 parse_digits:
         push    rsi
@@ -416,7 +416,6 @@ parse_value.float:
         push    rax                     ; the sign
         xor     eax, eax
         call    parse_digits
-        test    ecx, ecx
         jz      err_bad_number
         pop     rcx
         cmp     rax, 1000               ; beyond float32 either way

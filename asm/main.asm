@@ -117,15 +117,15 @@ err_bad_value:
         call    fatal_arg_here
         db      'bad value for ', 0
 
-err_no_model:
-        call    fatal_usage_here
-        db      'no model (-m)', 0
-
 ; help: -h / --help: print the usage text on stdout and exit with status 0 (sys.asm's usage
 ; code; here in short-jump reach of setup).
 help:
         push    STDOUT
         jmp     usage.put
+
+err_no_model:
+        call    fatal_usage_here
+        db      'no model (-m)', 0
 
 ; setup: the usage checks, the prompt (-f), the model, the context, the prompt's ids; then
 ; the generation loop (next_arg goes on here once every argument is parsed).

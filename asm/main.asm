@@ -180,6 +180,7 @@ PROMPT_FILE_MAX = 1 shl 24
         lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
         lea     rsi, [rax+1]
         mov     [rbp+V_PROMPT], rsi
+        push    rsi                     ; (for check_nul)
 .read:
         xor     eax, eax                ; SYS_read (its only call: no wrapper)
         call    sys_call
@@ -190,7 +191,7 @@ PROMPT_FILE_MAX = 1 shl 24
         jnz     .read
         jmp     tokenize.err_long_prompt
 .end:
-        mov     rdi, [rbp+V_PROMPT]
+        pop     rdi
         call    check_nul               ; al = 0
         cmp     byte [rsi-1], 10
         jne     .prompt_read

@@ -2,6 +2,10 @@
 ; live next to the code that raises them (`call fatal_here` / `db 'text', 0`).
 ; Usage: defaults after '='; -n: until EOS, <end_of_turn> or a full context.
 
+msg_marker:
+        db      '> ', 0
+msg_full:
+        db      'gemma: context full (-c)', 10, 0
 msg_usage:
         db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-cnv [-sys TEXT]] [-n N=EOS] [--temp T=0] [--top-p P=1]', 10
         db      '  [-s SEED=0] [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
@@ -11,7 +15,3 @@ empty_text:                             ; (also the usage's terminating 0)
         db      0                       ; the prompt without -p or -f, an error without argument
 msg_prefix:
         db      'gemma: ', 0
-msg_marker:
-        db      '> ', 0
-msg_full:
-        db      'gemma: context full (-c)', 10, 0

@@ -117,18 +117,18 @@ err_bad_value:
         call    fatal_arg_here
         db      'bad value for ', 0
 
-err_no_model:
-        call    fatal_usage_here
-        db      'no model (-m)', 0
-
 ; help: -h / --help: print the usage text on stdout and exit with status 0 (sys.asm's usage
 ; code; here in short-jump reach of setup).
 help:
         push    STDOUT
         jmp     usage.put
 
-; setup: the model, the context, the prompt's ids; then the generation loop (next_arg
-; goes on here once every argument is parsed).
+err_no_model:
+        call    fatal_usage_here
+        db      'no model (-m)', 0
+
+; setup: the usage checks, the prompt (-f), the model, the context, the prompt's ids; then
+; the generation loop (next_arg goes on here once every argument is parsed).
 ;   in: rbp front_base with the options stored   out: never returns (exits)
 setup:
         and     rsp, -16                ; (argv popped)
@@ -139,11 +139,64 @@ setup:
         cmp     byte [rbp+V_CNV], 0
         je      .cnv_checked
         cmp     byte [rbp+V_TOKENS], 0
-        jne     err_cnv
+        jne     .err_cnv
         cmp     dword [rbp+V_N], 0
-        je      err_cnv
+        je      .err_cnv
 .cnv_checked:
-        call    read_prompt             ; -f
+
+; The prompt: with -f FILE the file's bytes ("-": standard input's), one trailing newline
+; dropped (as llama.cpp does), in fresh zeroed memory (so zero-terminated, with a zero byte
+; before it too: the newline check needs no bounds test), at opt_prompt (without -f, -p's
+; text stays there). Fatal "cannot read FILE", or "prompt too long" at PROMPT_FILE_MAX bytes
+; (the tokenizer's sizes then stay below 2^31); a usage error when -p was given too.
+PROMPT_FILE_MAX = 1 shl 24
+        mov     rbx, [rbp+V_FILE]
+        test    rbx, rbx
+        jz      .prompt_read
+        cmp     dword [rbp+V_PROMPT], empty_text ; -p given too?
+        jne     .err_prompt_and_file
+        xor     eax, eax                ; standard input
+        cmp     word [rbx], '-'         ; "-" and its zero byte
+        jne     .open
+        cmp     byte [rbp+V_CNV], 0     ; -cnv reads its turns there
+        je      .opened
+.err_cnv:
+        call    fatal_usage_here
+        db      '-cnv: no --tokens, -n 0 or -f -', 0
+.err_prompt_and_file:
+        call    fatal_usage_here
+        db      'use -p or -f, not both', 0
+.open:
+        push    rbx
+        pop     rdi
+        xor     esi, esi                ; O_RDONLY
+        call    sys_open
+        js      err_cannot_read
+.opened:
+        push    rax                     ; fd (rsp 16-aligned for alloc)
+        mov     edi, PROMPT_FILE_MAX + 2
+        call    alloc                   ; rsi = PROMPT_FILE_MAX + 2
+        pop     rdi                     ; fd
+        lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
+        lea     rsi, [rax+1]
+        mov     [rbp+V_PROMPT], rsi
+        push    rsi                     ; (for check_nul)
+.read:
+        xor     eax, eax                ; SYS_read (its only call: no wrapper)
+        call    sys_call
+        js      err_cannot_read         ; (a directory: EISDIR)
+        jz      .end
+        add     rsi, rax
+        sub     edx, eax
+        jnz     .read
+        jmp     tokenize.err_long_prompt
+.end:
+        pop     rdi
+        call    check_nul               ; al = 0
+        cmp     byte [rsi-1], 10
+        jne     .prompt_read
+        mov     [rsi-1], al             ; 0
+.prompt_read:
         mov     rbx, [rbp+V_MODEL]
         call    load_model              ; validates everything the file holds; rbx = header
         mov     ecx, [rbx+HDR_MAX_CTX]
@@ -261,15 +314,10 @@ generate:                               ; (r15 = 0: tokenize)
         jz      exit_ok                 ; -n 0: no text, not even its newline
         call    sample
         cmp     eax, [rbx+HDR_EOS]
-        je      .ended
+        je      .text_end               ; (r14d > 0)
         cmp     eax, [rbx+HDR_EOT]
-        jne     .sampled
-.ended:
-        or      eax, -1                 ; (chat.asm: no id for the next turn to feed)
-.sampled:
+        je      .text_end
         mov     [r12+r15*4], eax
-        test    eax, eax
-        js      .text_end
         call    put_piece
         dec     r14d
         jz      .text_end
@@ -282,8 +330,10 @@ generate:                               ; (r15 = 0: tokenize)
         call    put_byte
         cmp     byte [rbp+V_CNV], 0
         je      exit_ok
-        mov     eax, [r12+r15*4]        ; a conversation (chat.asm): the id that ended the
-        mov     [rbp+V_PENDING], eax    ; reply, or -1; the next turn, but at a full context
+        neg     r14d                    ; a conversation (chat.asm): -n ended the reply
+        sbb     eax, eax                ; (r14d = 0): its last id, fed by the next turn;
+        or      eax, [r12+r15*4]        ; else (EOS, <end_of_turn>) -1
+        mov     [rbp+V_PENDING], eax    ; the next turn, but at a full context
         cmp     r15d, [rbp+V_CTX_LEN]
         jb      chat.next
         call    flush
@@ -295,7 +345,7 @@ exit_ok:
         jmp     sys_exit
 
 ; parse_digits: more decimal digits appended to rax (rax = rax * 10 + digit for each).
-;   in: rsi string, rax   out: rax, ecx digits read, rsi -> after them
+;   in: rsi string, rax   out: rax, ecx digits read (ZF: none), rsi -> after them
 ;   (err_bad_value when rax overflows 64 bits)   clobbers: rdx r11
 parse_digits:
         push    rsi
@@ -367,7 +417,6 @@ parse_value.float:
         push    rax                     ; the sign
         xor     eax, eax
         call    parse_digits
-        test    ecx, ecx
         jz      err_bad_number
         pop     rcx
         cmp     rax, 1000               ; beyond float32 either way
@@ -387,7 +436,21 @@ parse_value.float:
         fmulp
         fstp    dword [rsp]
         pop     rax
+.ret:
         ret
+
+; check_nul: refuse a text that holds a NUL byte (fatal_here: in a conversation, the turn).
+;   in: rdi text, rsi its end (a zero byte there; rsi - rdi < 2^32)   out: al = 0
+;   clobbers: rax rcx rdi
+check_nul:
+        xor     eax, eax
+        mov     ecx, esi
+        sub     ecx, edi
+        inc     ecx                     ; the bytes and the zero after them
+        repne   scasb                   ; the first zero byte: the last one (rcx = 0)?
+        jrcxz   parse_value.float.ret
+        call    fatal_here
+        db      'NUL byte in the prompt', 0
 
 ; The options: name (bytes >= ' '), kind (< ' ': it ends the name), slot (offset from
 ; front_base, vars.asm), and for K_INT and K_FLOAT the maximum of the value as a dword
@@ -422,74 +485,3 @@ opt_name_c:
 err_stray_argument:                     ; (the command line's, here out of the way of its
         call    fatal_usage_arg_here    ; short jumps)
         db      'unexpected argument ', 0
-err_prompt_and_file:                    ; (read_prompt's, in its short-jump reach)
-        call    fatal_usage_here
-        db      'use -p or -f, not both', 0
-err_cnv:
-        call    fatal_usage_here
-        db      '-cnv: no --tokens, -n 0 or -f -', 0
-
-; check_nul: refuse a text that holds a NUL byte (fatal_here: in a conversation, the turn).
-;   in: rdi text, rsi its end (a zero byte there)   out: -   clobbers: rax rcx rdi
-check_nul:
-        xor     eax, eax
-        or      rcx, -1
-        repne   scasb                   ; the first zero byte
-        dec     rdi
-        cmp     rdi, rsi
-        jae     sys_call.ret
-        call    fatal_here
-        db      'NUL byte in the prompt', 0
-
-; read_prompt: (last in this file: model.asm's err_cannot_read follows, in short-jump reach)
-; with -f FILE the prompt is the file's bytes ("-": standard input's), one
-; trailing newline dropped (as llama.cpp does), in fresh zeroed memory (so zero-terminated,
-; with a zero byte before it too: the newline check needs no bounds test).
-;   in: rbp front_base   out: opt_prompt -> the text (unchanged without -f)
-;   clobbers: rax rbx rcx rdx rsi rdi r8-r11; fatal "cannot read FILE", or "prompt too
-;   long" at PROMPT_FILE_MAX bytes (the tokenizer's sizes then stay below 2^31); a usage
-;   error when -p was given too
-PROMPT_FILE_MAX = 1 shl 24
-read_prompt:
-        mov     rbx, [rbp+V_FILE]
-        test    rbx, rbx
-        jz      .done
-        cmp     dword [rbp+V_PROMPT], empty_text ; -p given too?
-        jne     err_prompt_and_file
-        xor     eax, eax                ; standard input
-        cmp     word [rbx], '-'         ; "-" and its zero byte
-        jne     .open
-        cmp     byte [rbp+V_CNV], 0     ; -cnv reads its turns there
-        je      .opened
-        jmp     err_cnv
-.open:
-        push    rbx
-        pop     rdi
-        xor     esi, esi                ; O_RDONLY
-        call    sys_open
-        js      err_cannot_read
-.opened:
-        push    rax                     ; fd (rsp 16-aligned for alloc)
-        mov     edi, PROMPT_FILE_MAX + 2
-        call    alloc                   ; rsi = PROMPT_FILE_MAX + 2
-        pop     rdi                     ; fd
-        lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
-        lea     rsi, [rax+1]
-        mov     [rbp+V_PROMPT], rsi
-.read:
-        xor     eax, eax                ; SYS_read (its only call: no wrapper)
-        call    sys_call
-        js      err_cannot_read         ; (a directory: EISDIR)
-        jz      .end
-        add     rsi, rax
-        sub     edx, eax
-        jnz     .read
-        jmp     tokenize.err_long_prompt
-.end:
-        mov     rdi, [rbp+V_PROMPT]
-        call    check_nul               ; (al = 0 after it)
-        cmp     byte [rsi-1], 10
-        jne     .done
-        mov     [rsi-1], al             ; 0
-.done:
-        ret

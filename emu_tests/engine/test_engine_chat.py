@@ -190,3 +190,214 @@ def test_conversation_equals_one_prompt(gemma, models, name, path):
         third = len(t.tok.encode(t.turn(2, LONG, None)))     # its ids (BOS: the -n id's place)
         assert c.starts[1] == BLOCK and c.starts[2] % BLOCK and third > BLOCK, (
             f"{name} {path}: turns start at {c.starts}, the third has {third} ids")
+
+
+# ---- input cases (tiny_mqa, greedy) ---------------------------------------------------------
+
+N = 4                                       # ids per reply in the input cases
+
+
+@pytest.fixture(scope="module")
+def mqa(models) -> tuple[Path, Template]:
+    model = models("tiny_mqa")
+    return model, Template(model)
+
+
+def same_run(got: Run, want: Run, label: str) -> None:
+    """Two conversations that must be one: the same status, stdout, stderr and rows."""
+    assert (got.status, got.stderr) == (want.status, want.stderr), (
+        f"{label}: exit {got.status}, {got.stderr!r}; expected {want.status}, {want.stderr!r}")
+    assert got.stdout == want.stdout, f"{label}: stdout {got.stdout!r}, expected {want.stdout!r}"
+    assert got.digests == want.digests, (
+        f"{label}: {len(got.digests)} logits rows, expected {len(want.digests)}, or they differ")
+
+
+@pytest.mark.parametrize("first,raw,clean_first,clean", [
+    # surrounding ASCII whitespace trimmed, whitespace-only and empty lines skipped
+    (None, b"  Hi there \t\n\n \t\v\f\r\n\x0bAnd you?\x0c\n", None, lines(b"Hi there", b"And you?")),
+    (None, b"Hi there\r\nAnd you?\r\n", None, lines(b"Hi there", b"And you?")),       # CRLF
+    (None, b"Hi there\nAnd you?", None, lines(b"Hi there", b"And you?")),   # no last newline
+    (None, b"Hi\\\nthere\nAnd you?\n", b"Hi\nthere", lines(b"And you?")),  # '\' continues
+    (None, b"Hi\\\r\n\\\r\nthere\r\nAnd you?\r\n", b"Hi\n\nthere", lines(b"And you?")),
+    (None, b"\n \nHi\\", b"Hi\\", b""),   # a '\' at the end of input is the turn's own
+    (b"  \n Hi there\t", lines(b"And you?"), b"Hi there", lines(b"And you?")),  # -p trimmed
+    (b" \t\n", lines(b"Hi there"), None, lines(b"Hi there")),  # -p empty: stdin's is first
+    (None, b"", None, None), (None, b"\n\n \t \r\n", None, None),  # no turn: no output
+])
+def test_turns_as_typed_equal_the_clean_turns(gemma, mqa, first, raw, clean_first, clean):
+    """Each input (-p FIRST, stdin RAW) gives the conversation of its clean turns: the same
+    replies and rows; without any turn, nothing at all (exit 0)."""
+    model, t = mqa
+    got = chat(gemma, model, ["-n", N, *(["-p", first] if first is not None else [])], raw, t)
+    if clean is None:
+        assert (got.status, got.stdout, got.stderr, got.digests) == (0, b"", b"", []), got
+        return
+    want = chat(gemma, model, ["-n", N, *(["-p", clean_first] if clean_first else [])], clean,
+                t)
+    assert (want.status, want.stderr) == (0, b"") and want.stdout
+    same_run(got, want, repr(raw))
+
+
+def test_user_typed_control_pieces_and_invalid_utf8_as_p_takes_them(gemma, mqa):
+    """Turns holding a piece of the template (<start_of_turn>, a user-defined piece of tok_a)
+    and invalid UTF-8: the conversation equals one -p run over the ids they tokenize to."""
+    model, t = mqa
+    turns = [b"\xff\xfe<start_of_turn>model Hi \xc3", b"<end_of_turn> \x80ok"]
+    r = chat(gemma, model, ["-n", N], lines(*turns), t)
+    c = t.converse(turns, None, N, lambda pos: r.tops[pos])
+    check_exact(gemma, model, t, r, c, (), "control pieces and invalid UTF-8")
+
+
+def test_system_prompt_is_placed_as_given(gemma, mqa):
+    """-sys TEXT goes between SYS_BEGIN and SYS_END untrimmed (only turns are trimmed), with
+    the first turn from stdin; the trimmed text would give other ids."""
+    model, t = mqa
+    sys = b" Be kind\n"
+    turns = [b"Hello there", b"Why?"]
+    r = chat(gemma, model, ["-n", N, "-sys", sys], lines(*turns), t)
+    c = t.converse(turns, sys, N, lambda pos: r.tops[pos])
+    check_exact(gemma, model, t, r, c, (), "-sys")
+    assert t.tok.encode(t.turn(0, turns[0], sys)) != t.tok.encode(t.turn(0, turns[0], sys.strip()))
+
+
+def test_first_turn_from_a_file(gemma, mqa, tmp_path):
+    """-f FILE is the first turn as -p is (its one final newline dropped, then trimmed)."""
+    model, t = mqa
+    (tmp_path / "turn.txt").write_bytes(b"Hi there\n")
+    got = chat(gemma, model, ["-n", N, "-f", tmp_path / "turn.txt"], lines(b"And you?"), t)
+    want = chat(gemma, model, ["-n", N, "-p", b"Hi there"], lines(b"And you?"), t)
+    same_run(got, want, "-f")
+
+
+@pytest.mark.parametrize("args", [["--tokens"], ["-n", 0], ["-f", "-"]])
+def test_usage_errors(gemma, args, tmp_path):
+    """--tokens, -n 0 and -f - with -cnv: one line, exit 2, before the model is read."""
+    for first in ([], args):
+        argv = [gemma.binary, *first, "-m", tmp_path / "none.bin", "-cnv",
+                *([] if first else args)]
+        r = subprocess.run([str(a) for a in argv], input=b"Hi\n", capture_output=True,
+                           timeout=30)
+        assert (r.returncode, r.stdout, r.stderr) == (2, b"", USAGE), args
+
+
+def test_nul_byte_refuses_the_turn_only(gemma, mqa):
+    """A NUL byte in a turn from stdin: that turn refused (one line), the conversation goes on
+    as if it had not been typed: first turn, later turn, and after a reply ended by -n."""
+    model, t = mqa
+    for raw, clean in [(b"A\0B\nHi\nBye\n", lines(b"Hi", b"Bye")),
+                       (b"Hi\n\0\nBye\n", lines(b"Hi", b"Bye")),
+                       (b"Hi\nA\0\nBye\n\0B\n", lines(b"Hi", b"Bye"))]:
+        got = chat(gemma, model, ["-n", N], raw, t)
+        want = chat(gemma, model, ["-n", N], clean, t)
+        assert got.stderr == NUL * raw.count(b"\0"), f"{raw!r}: {got.stderr!r}"
+        got.stderr = b""
+        same_run(got, want, repr(raw))
+
+
+@pytest.mark.parametrize("cnv", [["-cnv"], []])
+def test_nul_byte_in_the_prompt_file_is_an_error(gemma, mqa, tmp_path, cnv):
+    """-f FILE holding a NUL byte: exit 1, one line, with or without -cnv (the command line's
+    input, not a turn: nothing is read from stdin, nothing printed)."""
+    model, _ = mqa
+    (tmp_path / "nul.txt").write_bytes(b"Hi\0there\n")
+    r = run(gemma.binary, model, [*cnv, "-f", tmp_path / "nul.txt", "-n", N], b"Hi\n")
+    assert (r.status, r.stdout, r.stderr) == (1, b"", NUL)
+
+
+def test_first_turn_too_long_is_an_error(gemma, mqa):
+    """-p with -cnv that does not fit in -c: exit 1, one line (the command line's input)."""
+    model, _ = mqa
+    r = run(gemma.binary, model, ["-cnv", "-c", 10, "-p", "Hello there, how are you?"],
+            b"Hi\n")
+    assert (r.status, r.stdout, r.stderr) == (1, b"", TOO_LONG)
+
+
+def fit(t: Template, turns: list[bytes], n: int) -> tuple[int, int]:
+    """(where the last turn starts, its ids) in the greedy conversation of `turns` whose
+    replies all end by -n (so its ids are the -n id and the turn's own)."""
+    ids = [len(t.tok.encode(t.turn(k, x, None))) for k, x in enumerate(turns)]
+    return sum(ids[:-1]) + (n - 1) * (len(turns) - 1), ids[-1]
+
+
+def test_turn_that_does_not_fit_is_refused(gemma, mqa):
+    """A turn whose ids do not fit in what is left of the context (-c) is refused before any of
+    it is fed (one line); one that fits exactly is answered with one id, then the context is
+    full (a notice, exit 0); a refused turn leaves the conversation as it was: a shorter next
+    turn is answered as if the long one had not been typed."""
+    model, t = mqa
+    start, ids = fit(t, [b"Hi", b"Bye"], N)
+    full = chat(gemma, model, ["-n", N], lines(b"Hi", b"Bye"), t)
+    c = t.converse([b"Hi", b"Bye"], None, N, lambda pos: full.tops[pos])
+    assert c.ends == ["n", "n"] and c.starts[1] == start
+    exact = chat(gemma, model, ["-n", N, "-c", start + ids], lines(b"Hi", b"Bye", b"More"), t)
+    assert (exact.status, exact.stderr) == (0, FULL)
+    assert exact.digests == full.digests[:start + ids]
+    assert exact.stdout == t.decode(c.replies[0]) + b"\n" + t.decode(c.replies[1][:1]) + b"\n"
+    short = chat(gemma, model, ["-n", N, "-c", start + ids - 1], lines(b"Hi", b"Bye"), t)
+    assert (short.status, short.stderr) == (0, TOO_LONG)
+    assert short.digests == full.digests[:start] and short.stdout == full.stdout.split(b"\n")[0] + b"\n"
+    ctx = start + ids + 8
+    got = chat(gemma, model, ["-n", N, "-c", ctx], lines(b"Hi", LONG, b"Bye"), t)
+    want = chat(gemma, model, ["-n", N, "-c", ctx], lines(b"Hi", b"Bye"), t)
+    assert got.stderr == TOO_LONG, got.stderr
+    got.stderr = b""
+    same_run(got, want, "a long turn refused, a short one answered")
+
+
+def test_context_filling_during_a_reply(gemma, mqa):
+    """The context fills during a reply: the reply stops (its newline), a notice on stderr,
+    exit 0; the turns after it are not read. The rows and the reply are the unbounded
+    conversation's, up to -c."""
+    model, t = mqa
+    free = chat(gemma, model, ["-n", 40], lines(b"Hi"), t)
+    c = t.converse([b"Hi"], None, 40, lambda pos: free.tops[pos])
+    assert c.ends == ["n"]
+    ctx = len(t.tok.encode(t.turn(0, b"Hi", None))) + 6
+    got = chat(gemma, model, ["-n", 40, "-c", ctx], lines(b"Hi", b"Bye"), t)
+    assert (got.status, got.stderr) == (0, FULL)
+    assert got.digests == free.digests[:ctx]
+    assert got.stdout == t.decode(c.replies[0][:7]) + b"\n"
+
+
+def test_turn_of_16_mib_is_refused(gemma, mqa):
+    """A line of 2^24 bytes is refused (one line) and the next turn answered as if it had not
+    been typed. (The engine reads a byte per read: ~2^24 system calls.)"""
+    model, t = mqa
+    got = chat(gemma, model, ["-n", N], b"Hi\n" + b"a" * (1 << 24) + b"\nBye\n", t, timeout=600)
+    want = chat(gemma, model, ["-n", N], lines(b"Hi", b"Bye"), t)
+    assert got.stderr == TOO_LONG, got.stderr
+    got.stderr = b""
+    same_run(got, want, "a 16 MiB turn")
+
+
+def test_closed_stdout_ends_quietly(gemma, mqa):
+    """`gemma -cnv ... | head -c1`: the reader goes after one byte; the engine ends by exit
+    (status 0 or 1, not a signal), nothing on stderr."""
+    model, _ = mqa
+    r = subprocess.run(f"printf 'Hi\\nAnd you?\\nBye\\n' | '{gemma.binary}' -m '{model}' -cnv "
+                       f"-n 200 | head -c1 >/dev/null; echo ${{PIPESTATUS[1]}}", shell=True,
+                       executable="/bin/bash", capture_output=True, timeout=60)
+    assert int(r.stdout.split()[-1]) in (0, 1) and r.stderr == b"", r
+
+
+@pytest.mark.parametrize("first", [None, b"Hi"])
+def test_terminal_marker(gemma, mqa, first):
+    """Standard input a terminal (a pty): `> ` on stderr before each turn read from it (the
+    -p turn is not read: none before it), the last before the read that meets the end of
+    input (^D); the replies are those of the same turns piped."""
+    model, t = mqa
+    args = [str(gemma.binary), "-m", str(model), "-cnv", "-n", str(N)]
+    args += ["-p", first.decode()] if first else []
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(args, stdin=slave, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        os.close(slave)
+        os.write(master, b"And you?\n\x04")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+    piped = chat(gemma, model, ["-n", N, *(["-p", first] if first else [])], lines(b"And you?"),
+                 t)
+    assert (proc.returncode, out, err) == (0, piped.stdout, b"> " * 2)
+    assert piped.stderr == b""                               # a pipe: no marker

@@ -109,6 +109,16 @@ CASES = {
 }
 
 
+def edited(model: Path, out: Path, eot: int, eos: int) -> Path:
+    """A copy of `model` at `out` with its header's eot and eos ids changed."""
+    data = bytearray(model.read_bytes())
+    for name, value in (("eot", eot), ("eos", eos)):
+        off, code = OFFSET[name]
+        struct.pack_into("<" + code, data, off, value)
+    out.write_bytes(data)
+    return out
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Factory: the converted fixture `name`, its header's eot / eos edited when nonzero."""
@@ -118,14 +128,7 @@ def models(tmp_path_factory):
         path = convert_fixture(name, "hf", out)
         if not (eot or eos):
             return path
-        data = bytearray(path.read_bytes())
-        for field, value in (("eot", eot), ("eos", eos)):
-            if value:
-                off, code = OFFSET[field]
-                struct.pack_into("<" + code, data, off, value)
-        edited = out / f"{name}-eot{eot}-eos{eos}.bin"
-        edited.write_bytes(data)
-        return edited
+        return edited(path, out / f"{name}-eot{eot}-eos{eos}.bin", eot, eos)
     return model
 
 
@@ -161,11 +164,11 @@ def check_exact(gemma, model: Path, template: Template, r: Run, c: Conversation,
                      f"first at position {bad[0]} (turns start at {c.starts})")
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", CASES)
-def test_conversation_equals_one_prompt(gemma, models, name, path):
-    case = CASES[name]
-    model = models(case.model, *case.stops)
+def converse_exactly(gemma, model: Path, case: Case, path: str, label: str,
+                     again: bool = True) -> Conversation:
+    """`case`'s conversation on `model` by kernel path `path`: its ids derived (the argmax of
+    each row, or Sampler), held to one -p run (check_exact) and to case.ends; run twice when
+    seeded and `again` (the same bits)."""
     t = Template(model)
     turns = ([case.first] if case.first is not None else []) + list(case.lines)
     n = case.n or BLOCK + 1 - len(t.tok.encode(t.turn(0, turns[0], case.sys)))
@@ -182,11 +185,23 @@ def test_conversation_equals_one_prompt(gemma, models, name, path):
     else:
         sampler = Sampler(*case.sampling)
         c = t.converse(turns, case.sys, n, lambda pos: sampler(r.rows[pos]))
-        again = chat(gemma, model, args, stdin, t)
-        assert (again.stdout, again.digests) == (r.stdout, r.digests), f"{name}: not reproducible"
-    check_exact(gemma, model, t, r, c, PATHS[path], f"{name} {path}")
-    assert tuple(c.ends) == case.ends, f"{name} {path}: replies ended by {c.ends}"
+        if again:
+            second = chat(gemma, model, args, stdin, t)
+            assert (second.stdout, second.digests) == (r.stdout, r.digests), (
+                f"{label}: a second run differs")
+    check_exact(gemma, model, t, r, c, PATHS[path], label)
+    assert tuple(c.ends) == case.ends, f"{label}: replies ended by {c.ends}"
+    return c
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", CASES)
+def test_conversation_equals_one_prompt(gemma, models, name, path):
+    case = CASES[name]
+    model = models(case.model, *case.stops)
+    c = converse_exactly(gemma, model, case, path, f"{name} {path}")
     if case.n is None:              # the second turn at a block's start, the third inside one
+        t = Template(model)
         third = len(t.tok.encode(t.turn(2, LONG, None)))     # its ids (BOS: the -n id's place)
         assert c.starts[1] == BLOCK and c.starts[2] % BLOCK and third > BLOCK, (
             f"{name} {path}: turns start at {c.starts}, the third has {third} ids")
@@ -337,11 +352,12 @@ def test_turn_that_does_not_fit_is_refused(gemma, mqa):
     assert (short.status, short.stderr) == (0, TOO_LONG)
     assert short.digests == full.digests[:start] and short.stdout == full.stdout.split(b"\n")[0] + b"\n"
     ctx = start + ids + 8
-    got = chat(gemma, model, ["-n", N, "-c", ctx], lines(b"Hi", LONG, b"Bye"), t)
     want = chat(gemma, model, ["-n", N, "-c", ctx], lines(b"Hi", b"Bye"), t)
-    assert got.stderr == TOO_LONG, got.stderr
-    got.stderr = b""
-    same_run(got, want, "a long turn refused, a short one answered")
+    for long in (LONG, b"a" * 5000):        # found by its ids; by its bytes alone (> ctx x
+        got = chat(gemma, model, ["-n", N, "-c", ctx], lines(b"Hi", long, b"Bye"), t)
+        assert got.stderr == TOO_LONG, got.stderr        # the longest piece's)
+        got.stderr = b""
+        same_run(got, want, f"a turn of {len(long)} bytes refused, a short one answered")
 
 
 def test_context_filling_during_a_reply(gemma, mqa):

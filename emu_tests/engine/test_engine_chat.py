@@ -354,10 +354,11 @@ def test_turn_that_does_not_fit_is_refused(gemma, mqa):
     ctx = start + ids + 8
     want = chat(gemma, model, ["-n", N, "-c", ctx], lines(b"Hi", b"Bye"), t)
     for long in (LONG, b"a" * 5000):        # found by its ids; by its bytes alone (> ctx x
-        got = chat(gemma, model, ["-n", N, "-c", ctx], lines(b"Hi", long, b"Bye"), t)
-        assert got.stderr == TOO_LONG, got.stderr        # the longest piece's)
-        got.stderr = b""
-        same_run(got, want, f"a turn of {len(long)} bytes refused, a short one answered")
+        for raw in (lines(b"Hi", long, b"Bye"), lines(long, b"Hi", b"Bye")):  # the longest
+            got = chat(gemma, model, ["-n", N, "-c", ctx], raw, t)                # piece's)
+            assert got.stderr == TOO_LONG, got.stderr
+            got.stderr = b""
+            same_run(got, want, f"{raw[:20]!r}...: a turn of {len(long)} bytes refused")
 
 
 def test_context_filling_during_a_reply(gemma, mqa):

@@ -58,8 +58,8 @@ FULL = b"gemma: context full (-c)\n"
 class Case:
     """A conversation: the fixture, -sys, the first turn by -p (None: from stdin), the lines
     on stdin, -n (None: BLOCK + 1 - the first turn's ids, so the second turn starts at 64),
-    the sampler's --temp, --top-p and -s (None: greedy), the header's eot and eos edits (0: none), and what
-    ends each reply."""
+    the sampler's --temp, --top-p and -s (None: greedy), the header's eot and eos edits (0:
+    none), and what ends each reply."""
     model: str
     sys: bytes | None
     first: bytes | None
@@ -229,7 +229,8 @@ def same_run(got: Run, want: Run, label: str) -> None:
 
 @pytest.mark.parametrize("first,raw,clean_first,clean", [
     # surrounding ASCII whitespace trimmed, whitespace-only and empty lines skipped
-    (None, b"  Hi there \t\n\n \t\v\f\r\n\x0bAnd you?\x0c\n", None, lines(b"Hi there", b"And you?")),
+    (None, b"  Hi there \t\n\n \t\v\f\r\n\x0bAnd you?\x0c\n", None,
+     lines(b"Hi there", b"And you?")),
     (None, b"Hi there\r\nAnd you?\r\n", None, lines(b"Hi there", b"And you?")),       # CRLF
     (None, b"Hi there\nAnd you?", None, lines(b"Hi there", b"And you?")),   # no last newline
     (None, b"Hi\\\nthere\nAnd you?\n", b"Hi\nthere", lines(b"And you?")),  # '\' continues
@@ -350,7 +351,8 @@ def test_turn_that_does_not_fit_is_refused(gemma, mqa):
     assert exact.stdout == t.decode(c.replies[0]) + b"\n" + t.decode(c.replies[1][:1]) + b"\n"
     short = chat(gemma, model, ["-n", N, "-c", start + ids - 1], lines(b"Hi", b"Bye"), t)
     assert (short.status, short.stderr) == (0, TOO_LONG)
-    assert short.digests == full.digests[:start] and short.stdout == full.stdout.split(b"\n")[0] + b"\n"
+    assert short.digests == full.digests[:start]
+    assert short.stdout == t.decode(c.replies[0]) + b"\n"
     ctx = start + ids + 8
     want = chat(gemma, model, ["-n", N, "-c", ctx], lines(b"Hi", b"Bye"), t)
     for long in (LONG, b"a" * 5000):        # found by its ids; by its bytes alone (> ctx x

@@ -2,16 +2,14 @@
 engine run that shows it: the helpers of the conversation tests (test_engine_chat, and the
 real model's test_real_chat).
 
-`Template(model)`: the model file's chat strings (builder.models.modelfile4.STRINGS) and the
-twin tokenizer (builder.twins.tokenizer); `template.converse(turns, sys, n, choose)` walks a
-conversation as chat.asm does it: the first turn BOS + tokenize(SYS_BEGIN sys SYS_END text
-USER_END) with a system prompt, else BOS + tokenize(USER_BEGIN text USER_END); each later turn
-tokenize(REPLY_END USER_BEGIN text USER_END) without BOS, after the last reply's final id when
--n ended it. `choose(position)` is the id sampled from the `--logits` row of that position
-(greedy: the row's argmax; seeded: `Sampler`). A reply ends on the EOT or EOS id (neither
-printed nor fed) or after n ids (the n-th printed, then fed first in the next turn). The
-result's `text` is the whole transcript as one `-p` text: the strings, the turns and the reply
-ids' pieces.
+`Template(model)`: the model file's chat strings, the twin tokenizer (builder.twins.tokenizer)
+and its eot and eos ids; `template.converse(turns, sys, n, choose)` walks a conversation as the
+engine holds it, turn by turn, with the conversation twin (builder.twins.chat: `feed` gives the
+ids the engine forwards, `render` the transcript's text): `choose(position)` is the id sampled
+from the `--logits` row of that position (greedy: the row's argmax; seeded: `Sampler`); a reply
+ends on the EOT or EOS id (neither printed nor fed) or after n ids (the n-th printed, then fed
+first in the next turn). The result's `text` is what was fed after BOS as one `-p` text: the
+strings, the turns and the reply ids' pieces.
 
 `Sampler(temp, top_p, seed)`: the twin of asm/sample.asm (the nucleus found by bisection on
 the float bits of tau, float32 sums in id order, Knuth's MMIX LCG). The weights e^((l - max)/T)
@@ -36,10 +34,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from builder.models.modelfile4 import STRINGS, ModelFile4
+from builder.models.modelfile4 import ModelFile4
+from builder.twins.chat import feed, render, trim, turn_strings
 from builder.twins.tokenizer import Tokenizer
 
-SYS_BEGIN, SYS_END, USER_BEGIN, USER_END, REPLY_END = range(len(STRINGS))
 F32 = np.float32
 LCG_A = 6364136223846793005                # Knuth's MMIX, c = 1 (asm/sample.asm)
 MASK64 = (1 << 64) - 1
@@ -131,62 +129,56 @@ class Sampler:
 
 @dataclass
 class Conversation:
-    """What a conversation fed: `ids` (every id, in position order), `starts` (each turn's first
-    position), `replies` (each reply's printed ids), `ends` (what ended each: "eot", "eos" or
-    "n"), `text` (the transcript as one -p text; its tokenization should be `ids`)."""
+    """What a conversation fed: `ids` (every id, in position order), `starts` (each kept turn's
+    first position) and `turn_ids` (its ids: the last reply's final id after -n, then the turn's
+    own), `replies` (each reply's printed ids), `ends` (what ended each: "eot", "eos" or "n"),
+    `text` (the transcript as one -p text; its tokenization should be `ids`)."""
     ids: list[int] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
     replies: list[list[int]] = field(default_factory=list)
     ends: list[str] = field(default_factory=list)
     text: bytes = b""
 
 
 class Template:
-    """A model file's chat strings, tokenizer and stop ids."""
+    """A model file's chat strings, tokenizer and stop ids, and the conversation twin
+    (builder.twins.chat) over them."""
 
     def __init__(self, model: Path):
         mf = ModelFile4(model)
         self.strings, self.tok = mf.strings, Tokenizer(mf)
-        self.bos, self.eos, self.eot = mf.header.bos, mf.header.eos, mf.header.eot
-        self.vocab = mf.header.vocab
+        self.eos, self.eot, self.vocab = mf.header.eos, mf.header.eot, mf.header.vocab
 
-    def turn(self, k: int, text: bytes, sys: bytes | None) -> bytes:
-        """The text of turn k (text already trimmed) with its strings around it."""
-        s = self.strings
-        if k:
-            return s[REPLY_END] + s[USER_BEGIN] + text + s[USER_END]
-        if sys is None:
-            return s[USER_BEGIN] + text + s[USER_END]
-        return s[SYS_BEGIN] + sys + s[SYS_END] + text + s[USER_END]
+    def first_ids(self, turn: bytes, sys: bytes | None) -> int:
+        """How many ids the first turn feeds (BOS first)."""
+        return len(self.tok.encode(turn_strings(self.strings, sys, [turn])[0]))
 
     def decode(self, ids: list[int]) -> bytes:
         return self.tok.decode(ids)
 
     def converse(self, turns: Sequence[bytes], sys: bytes | None, n: int,
                  choose: Callable[[int], int]) -> Conversation:
-        """The conversation of `turns` (trimmed, none empty) with replies of at most n ids,
-        `choose(position)` giving the id sampled after that position."""
-        c = Conversation()
-        pending: list[int] = []
-        for k, text in enumerate(turns):
-            wrapped = self.turn(k, text, sys)
-            ids = self.tok.encode(wrapped)
-            c.starts.append(len(c.ids))
-            c.ids += pending + (ids if k == 0 else ids[1:])
-            c.text += self.decode(pending) + wrapped
-            reply: list[int] = []
-            while True:
-                t = choose(len(c.ids) - 1)
-                if t in (self.eot, self.eos):
-                    c.ends.append("eot" if t == self.eot else "eos")
-                    pending = []
-                    break
-                reply.append(t)
-                if len(reply) == n:
-                    c.ends.append("n")
-                    pending = [t]
-                    break
-                c.ids.append(t)
-            c.replies.append(reply)
-            c.text += self.decode(reply[:len(reply) - len(pending)])
+        """The conversation of `turns` (as typed: trimmed, empty ones skipped) with replies of
+        at most n ids, `choose(position)` giving the id sampled after that position."""
+        kept = [t for t in map(trim, turns) if t]
+        c, replies = Conversation(), []
+        for k in range(len(kept)):
+            before = len(feed(self.tok, self.strings, sys, kept[:k], replies, self.eot,
+                              self.eos)) if k else 0
+            pos = len(feed(self.tok, self.strings, sys, kept[:k + 1], replies, self.eot,
+                           self.eos)) - 1
+            c.starts.append(before)
+            c.turn_ids.append(pos + 1 - before)
+            sampled = [choose(pos)]
+            while sampled[-1] not in (self.eot, self.eos) and len(sampled) < n:
+                pos += 1
+                sampled.append(choose(pos))
+            end = {self.eot: "eot", self.eos: "eos"}.get(sampled[-1], "n")
+            replies.append((sampled, end))
+            c.replies.append(sampled if end == "n" else sampled[:-1])
+            c.ends.append(end)
+        c.ids = feed(self.tok, self.strings, sys, kept, replies, self.eot, self.eos)
+        fed = c.replies[:-1] + [c.replies[-1][:-1] if c.ends[-1] == "n" else c.replies[-1]]
+        c.text = render(self.strings, sys, kept, [self.decode(r) for r in fed])
         return c

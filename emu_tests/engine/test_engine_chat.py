@@ -171,7 +171,7 @@ def converse_exactly(gemma, model: Path, case: Case, path: str, label: str,
     seeded and `again` (the same bits)."""
     t = Template(model)
     turns = ([case.first] if case.first is not None else []) + list(case.lines)
-    n = case.n or BLOCK + 1 - len(t.tok.encode(t.turn(0, turns[0], case.sys)))
+    n = case.n or BLOCK + 1 - t.first_ids(turns[0], case.sys)
     args = ["-n", n, *PATHS[path]]
     args += ["-sys", case.sys] if case.sys is not None else []
     args += ["-p", case.first] if case.first is not None else []
@@ -201,10 +201,8 @@ def test_conversation_equals_one_prompt(gemma, models, name, path):
     model = models(case.model, *case.stops)
     c = converse_exactly(gemma, model, case, path, f"{name} {path}")
     if case.n is None:              # the second turn at a block's start, the third inside one
-        t = Template(model)
-        third = len(t.tok.encode(t.turn(2, LONG, None)))     # its ids (BOS: the -n id's place)
-        assert c.starts[1] == BLOCK and c.starts[2] % BLOCK and third > BLOCK, (
-            f"{name} {path}: turns start at {c.starts}, the third has {third} ids")
+        assert c.starts[1] == BLOCK and c.starts[2] % BLOCK and c.turn_ids[2] > BLOCK, (
+            f"{name} {path}: turns start at {c.starts} with {c.turn_ids} ids")
 
 
 # ---- input cases (tiny_mqa, greedy) ---------------------------------------------------------
@@ -273,7 +271,7 @@ def test_system_prompt_is_placed_as_given(gemma, mqa):
     r = chat(gemma, model, ["-n", N, "-sys", sys], lines(*turns), t)
     c = t.converse(turns, sys, N, lambda pos: r.tops[pos])
     check_exact(gemma, model, t, r, c, (), "-sys")
-    assert t.tok.encode(t.turn(0, turns[0], sys)) != t.tok.encode(t.turn(0, turns[0], sys.strip()))
+    assert t.first_ids(turns[0], sys) != t.first_ids(turns[0], sys.strip())
 
 
 def test_first_turn_from_a_file(gemma, mqa, tmp_path):
@@ -328,23 +326,16 @@ def test_first_turn_too_long_is_an_error(gemma, mqa):
     assert (r.status, r.stdout, r.stderr) == (1, b"", TOO_LONG)
 
 
-def fit(t: Template, turns: list[bytes], n: int) -> tuple[int, int]:
-    """(where the last turn starts, its ids) in the greedy conversation of `turns` whose
-    replies all end by -n (so its ids are the -n id and the turn's own)."""
-    ids = [len(t.tok.encode(t.turn(k, x, None))) for k, x in enumerate(turns)]
-    return sum(ids[:-1]) + (n - 1) * (len(turns) - 1), ids[-1]
-
-
 def test_turn_that_does_not_fit_is_refused(gemma, mqa):
     """A turn whose ids do not fit in what is left of the context (-c) is refused before any of
     it is fed (one line); one that fits exactly is answered with one id, then the context is
     full (a notice, exit 0); a refused turn leaves the conversation as it was: a shorter next
     turn is answered as if the long one had not been typed."""
     model, t = mqa
-    start, ids = fit(t, [b"Hi", b"Bye"], N)
     full = chat(gemma, model, ["-n", N], lines(b"Hi", b"Bye"), t)
     c = t.converse([b"Hi", b"Bye"], None, N, lambda pos: full.tops[pos])
-    assert c.ends == ["n", "n"] and c.starts[1] == start
+    assert c.ends == ["n", "n"]
+    start, ids = c.starts[1], c.turn_ids[1]          # turn 2: the -n id and its own ids
     exact = chat(gemma, model, ["-n", N, "-c", start + ids], lines(b"Hi", b"Bye", b"More"), t)
     assert (exact.status, exact.stderr) == (0, FULL)
     assert exact.digests == full.digests[:start + ids]
@@ -371,7 +362,7 @@ def test_context_filling_during_a_reply(gemma, mqa):
     free = chat(gemma, model, ["-n", 40], lines(b"Hi"), t)
     c = t.converse([b"Hi"], None, 40, lambda pos: free.tops[pos])
     assert c.ends == ["n"]
-    ctx = len(t.tok.encode(t.turn(0, b"Hi", None))) + 6
+    ctx = t.first_ids(b"Hi", None) + 6
     got = chat(gemma, model, ["-n", 40, "-c", ctx], lines(b"Hi", b"Bye"), t)
     assert (got.status, got.stderr) == (0, FULL)
     assert got.digests == free.digests[:ctx]

@@ -21,7 +21,9 @@ with newline byte pieces, which `\\n\\n` swallows), so each case asserts what it
 - SEEDED: `--temp 1 -s N`: reproducible (two runs, the same bits), and exact.
 Fixtures: tiny_mqa (Gemma 1, MQA), tiny_wide (Gemma 1, heads x head_dim != d), tiny_g2
 (window 5), tiny_g3 (window 6), tiny_g4 (window 6, its template's strings as plain text in
-tok_a), tiny_g4k (window 7): every conversation here runs past every window.
+tok_a), tiny_g4k (window 7): every conversation here runs past every window. And synth's
+Gemma 4 model (tiny-g4-dense), whose vocabulary has the template's <|turn> and <turn|> as
+control pieces: it converses in its own template.
 
 Input cases (issue 45's table) on tiny_mqa, against the conversation the same turns give
 clean: trimming, empty lines, CRLF, `\\` continuation, end of input mid-line, NUL bytes, a turn
@@ -40,6 +42,8 @@ from pathlib import Path
 import pytest
 
 from builder.models.modelfile4 import BLOCK, HEADER_FIELDS
+from builder.models.synth import synth
+from builder.models.synth4 import PRESETS4
 from emu_tests.engine.chat_twin import Conversation, Run, Sampler, Template, run
 from modelfiles import convert_fixture
 
@@ -121,11 +125,17 @@ def edited(model: Path, out: Path, eot: int, eos: int) -> Path:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """Factory: the converted fixture `name`, its header's eot / eos edited when nonzero."""
+    """Factory: the converted fixture `name` (or the synth preset), its header's eot / eos
+    edited when nonzero."""
     out = tmp_path_factory.getbasetemp()
 
     def model(name: str, eot: int = 0, eos: int = 0) -> Path:
-        path = convert_fixture(name, "hf", out)
+        if name in PRESETS4:
+            path = out / f"{name}.bin"
+            if not path.exists():
+                synth(name, path, progress=False)
+        else:
+            path = convert_fixture(name, "hf", out)
         if not (eot or eos):
             return path
         return edited(path, out / f"{name}-eot{eot}-eos{eos}.bin", eot, eos)
@@ -203,6 +213,19 @@ def test_conversation_equals_one_prompt(gemma, models, name, path):
     if case.n is None:              # the second turn at a block's start, the third inside one
         assert c.starts[1] == BLOCK and c.starts[2] % BLOCK and c.turn_ids[2] > BLOCK, (
             f"{name} {path}: turns start at {c.starts} with {c.turn_ids} ids")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_gemma4_synth_converses_in_its_template(gemma, models, path):
+    """synth's Gemma 4 model (tiny-g4-dense: <|turn> 105 and <turn|> 106 are control pieces,
+    <turn|> the header's eot) with a system prompt, four turns from stdin, replies of 2 ids;
+    its transcript holds both control pieces."""
+    model = models("tiny-g4-dense")
+    case = Case("tiny-g4-dense", b"You are a helpful assistant.", None,
+                (b"Hello there, how are you?", b"And of Italy?", b"Thanks!", b"Bye."), 2, None,
+                (0, 0), ("n",) * 4)
+    c = converse_exactly(gemma, model, case, path, f"synth tiny-g4-dense {path}")
+    assert {105, 106} <= set(c.ids) and Template(model).eot == 106
 
 
 # ---- input cases (tiny_mqa, greedy) ---------------------------------------------------------

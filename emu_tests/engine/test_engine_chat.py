@@ -2,9 +2,9 @@
 
 Exactness: a conversation's `--logits` rows equal, bit for bit, those of one `-p` run over the
 same ids, on each kernel path this host runs natively (AVX-512: the default here, `--avx2`,
-`--baseline`). The conversation's ids are derived by chat_twin.Template.converse from the
+`--baseline`). The conversation's ids are derived by conversation.Template.converse from the
 model file's strings, the twin tokenizer and the replies: greedy, the argmax of each row;
-seeded (`--temp 1 -s N`), chat_twin.Sampler on each row, its state running on across turns.
+seeded (`--temp 1 -s N`), conversation.Sampler on each row, its state running on across turns.
 Its stdout must be the replies' pieces, each reply followed by one newline; the transcript
 (strings, turns, reply pieces) must tokenize (`--tokens`) to exactly those ids, and its `-p
 ... -n 0` run must give the same row count and identical rows. The cases were chosen where the
@@ -44,7 +44,7 @@ import pytest
 from builder.models.modelfile4 import BLOCK, HEADER_FIELDS
 from builder.models.synth import synth
 from builder.models.synth4 import PRESETS4
-from emu_tests.engine.chat_twin import Conversation, Run, Sampler, Template, run
+from emu_tests.engine.conversation import Conversation, Run, Sampler, Template, run
 from modelfiles import convert_fixture
 
 PATHS = {"default": (), "avx2": ("--avx2",), "baseline": ("--baseline",)}

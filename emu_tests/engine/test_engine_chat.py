@@ -198,11 +198,10 @@ def converse_exactly(gemma, model: Path, case: Case, path: str, label: str,
                                       f"{r.stderr!r})")
         return r.tops[pos] if sampler is None else sampler(r.rows[pos])
     c = t.converse(turns, case.sys, n, choose)
-    if sampler is not None:
-        if again:
-            second = chat(gemma, model, args, stdin, t)
-            assert (second.stdout, second.digests) == (r.stdout, r.digests), (
-                f"{label}: a second run differs")
+    if sampler is not None and again:
+        second = chat(gemma, model, args, stdin, t)
+        assert (second.stdout, second.digests) == (r.stdout, r.digests), (
+            f"{label}: a second run differs")
     check_exact(gemma, model, t, r, c, PATHS[path], label)
     assert tuple(c.ends) == case.ends, f"{label}: replies ended by {c.ends}"
     return c

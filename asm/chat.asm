@@ -101,10 +101,13 @@ chat:
 .open:
         call    put_string
         mov     rsi, r14
-.lead:                                  ; the text trimmed
-        lodsb
-        call    is_space
-        jc      .lead
+.lead:                                  ; the text trimmed of ASCII whitespace (\t \n \v
+        lodsb                           ; \f \r, space) at both ends
+        cmp     al, ' '
+        je      .lead
+        sub     al, 9
+        cmp     al, 5
+        jb      .lead
         dec     rsi
         mov     rdx, rdi
         call    put_text
@@ -112,8 +115,12 @@ chat:
         cmp     rdi, rdx
         je      .next                   ; empty: skipped
         mov     al, [rdi-1]
-        call    is_space
-        jnc     .close
+        cmp     al, ' '
+        je      .space
+        sub     al, 9
+        cmp     al, 5
+        jae     .close
+.space:
         dec     rdi
         jmp     .trail
 .close:
@@ -144,15 +151,4 @@ put_text:
         test    al, al
         jnz     put_text
         dec     rdi
-        ret
-
-; is_space: whether al is ASCII whitespace (\t \n \v \f \r, space).
-;   in: al   out: CF set when it is   clobbers: al
-is_space:
-        cmp     al, ' '
-        stc
-        je      .ret
-        sub     al, 9
-        cmp     al, 5
-.ret:
         ret

@@ -190,15 +190,18 @@ def converse_exactly(gemma, model: Path, case: Case, path: str, label: str,
         args += ["--temp", temp, "--top-p", top_p, "-s", seed]
     stdin = lines(*case.lines)
     r = chat(gemma, model, args, stdin, t, keep=case.sampling is not None)
-    if case.sampling is None:
-        c = t.converse(turns, case.sys, n, lambda pos: r.tops[pos])
-    else:
-        sampler = Sampler(*case.sampling)
-        c = t.converse(turns, case.sys, n, lambda pos: sampler(r.rows[pos]))
-        if again:
-            second = chat(gemma, model, args, stdin, t)
-            assert (second.stdout, second.digests) == (r.stdout, r.digests), (
-                f"{label}: a second run differs")
+    sampler = Sampler(*case.sampling) if case.sampling is not None else None
+
+    def choose(pos: int) -> int:
+        assert pos < len(r.digests), (f"{label}: {len(r.digests)} logits rows, the conversation "
+                                      f"samples after position {pos} (exit {r.status}, "
+                                      f"{r.stderr!r})")
+        return r.tops[pos] if sampler is None else sampler(r.rows[pos])
+    c = t.converse(turns, case.sys, n, choose)
+    if sampler is not None and again:
+        second = chat(gemma, model, args, stdin, t)
+        assert (second.stdout, second.digests) == (r.stdout, r.digests), (
+            f"{label}: a second run differs")
     check_exact(gemma, model, t, r, c, PATHS[path], label)
     assert tuple(c.ends) == case.ends, f"{label}: replies ended by {c.ends}"
     return c

@@ -285,7 +285,7 @@ generate:                               ; (r15 = 0: tokenize)
         mov     eax, [r12+r15*4]        ; a conversation (chat.asm): the id that ended the
         mov     [rbp+V_PENDING], eax    ; reply, or -1; the next turn, but at a full context
         cmp     r15d, [rbp+V_CTX_LEN]
-        jb      chat.next
+        jb      chat_next
         call    flush
         mov     esi, msg_full
         call    put_err

@@ -17,16 +17,10 @@ TURN_MAX        = 1 shl 25      ; a turn's text: the strings (N_STRINGS * STRING
 ; from position r15 and samples the reply, and comes back to .replied. A turn refused
 ; (too long, a NUL byte: fatal_here comes back to .next) leaves the conversation as it was.
 ;   in: rbx header, rbp front_base   out: never returns (exit 0 at the end of the input)
-chat:
-        mov     edi, TURN_MAX + LINE_MAX + 2
-        call    alloc                   ; the turn's text, then the line (a zero byte before it)
-        mov     rsi, [rbp+V_PROMPT]     ; the first turn: -p or -f (empty: none)
-        mov     [rbp+V_PROMPT], rax     ; from now on each turn's text (tokenize)
-        jmp     .turn
-.refused:                               ; (fatal_status: a turn refused, its message out; rsp
+chat_refused:                               ; (fatal_status: a turn refused, its message out; rsp
         mov     r15d, [rbp+V_POS]       ; as at .next; rbx and, in tokenize, r15 were
         mov     rbx, [rbp+V_BASE]       ; overwritten)
-.next:                                  ; (main.asm's generate, after a reply and its newline)
+chat_next:                                  ; (main.asm's generate, after a reply and its newline)
         mov     [rbp+V_POS], r15d
         mov     [rbp+V_CHAT_RSP], rsp   ; (fatal_here: a refusal comes back to .refused)
         call    flush
@@ -78,6 +72,12 @@ chat:
         push    rdi
         call    check_nul
         pop     rsi
+        jmp     chat.turn
+chat:
+        mov     edi, TURN_MAX + LINE_MAX + 2
+        call    alloc                   ; the turn's text, then the line (a zero byte before it)
+        mov     rsi, [rbp+V_PROMPT]     ; the first turn: -p or -f (empty: none)
+        mov     [rbp+V_PROMPT], rax     ; from now on each turn's text (tokenize)
 .turn:                                  ; rsi -> the turn's text (zero-terminated)
         mov     r14, rsi
         mov     rdi, [rbp+V_PROMPT]
@@ -113,7 +113,7 @@ chat:
         call    put_text
 .trail:
         cmp     rdi, rdx
-        je      .next                   ; empty: skipped
+        je      chat_next               ; empty: skipped
         mov     al, [rdi-1]
         cmp     al, ' '
         je      .space

@@ -335,7 +335,7 @@ generate:                               ; (r15 = 0: tokenize)
         or      eax, [r12+r15*4]        ; else (EOS, <end_of_turn>) -1
         mov     [rbp+V_PENDING], eax    ; the next turn, but at a full context
         cmp     r15d, [rbp+V_CTX_LEN]
-        jb      chat.next
+        jb      chat_next
         call    flush
         mov     esi, msg_full
         call    put_err

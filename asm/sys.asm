@@ -59,7 +59,7 @@ fatal_status:                           ; [rsp] the status, [rsp+8] -> the messa
         mov     rcx, [rbp+V_CHAT_RSP]   ; a conversation's turn being read or tokenized:
         jrcxz   .exit                   ; that turn is refused, the next one read
         mov     rsp, rcx
-        jmp     chat.refused
+        jmp     chat_refused
 .exit:
         mov     edi, r8d
         jmp     sys_exit

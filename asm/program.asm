@@ -141,7 +141,7 @@ check_program:
         ja      .bad
         test    al, OPW_EMPTY
         jnz     .kv
-        test    rdx, rdx
+        test    edx, edx                ; (rdx <= the width, below 2^32: just checked)
         jz      .bad
         test    al, OPW_ALIGN4
         jz      .kv

@@ -130,7 +130,9 @@ err_header:
 ;   in: rbx header, r9d vocab
 check_tables:
         mov     r8d, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
-        push    qword [rbx+HDR_BLOB_SIZE]       ; the sections' sizes, the last first
+        lea     rsi, [rbx+HDR_SLOTS_OFF]
+        push    qword [rsi+HDR_WEIGHTS_SIZE-HDR_SLOTS_OFF]      ; the sections' sizes, the
+        push    qword [rsi+HDR_BLOB_SIZE-HDR_SLOTS_OFF]         ; last first
         mov     eax, [rbx+HDR_N_MERGES]
         shl     rax, MERGE_SHIFT        ; MERGE_REC bytes each
         push    rax
@@ -142,29 +144,31 @@ check_tables:
         push    rax
         imul    eax, r9d, PIECE_REC     ; vocab records (vocab <= 2^24: no overflow)
         push    rax
-        push    qword [rbx+HDR_STRINGS_SIZE]
+        push    qword [rsi+HDR_STRINGS_SIZE-HDR_SLOTS_OFF]
         imul    eax, [rbx+HDR_N_OPS], OP_REC
         push    rax
         imul    eax, [rbx+HDR_N_SLOTS], SLOT_REC
         push    rax
-        lea     rsi, [rbx+HDR_SLOTS_OFF]
         lea     rdi, [rbp+V_SLOTS]
-        push    8
+        push    9
         pop     rcx
-.section:                               ; slots .. blob: offsets and pointers in the same
-        lodsq                           ; order in the header and in vars.asm
-        pop     rdx
-        call    check_section
-        stosq
-        loop    .section
+.section:                               ; slots .. weights: offsets and pointers in the same
+        cmp     cl, 1                   ; order in the header and in vars.asm; each section
+        jne     .after                  ; starts where the one before ends, the weights at
         dec     r8                      ; the blob's end rounded up to WEIGHTS_ALIGN
         or      r8w, WEIGHTS_ALIGN - 1
         inc     r8
         jz      err_header              ; (past 2^64)
-        lodsq                           ; weights_off (rsi -> strings_size: the sizes follow)
-        mov     rdx, [rsi+HDR_WEIGHTS_SIZE-HDR_STRINGS_SIZE]
-        call    check_section
-        stosq                           ; weights_ptr
+.after:
+        lodsq
+        pop     rdx
+        cmp     rax, r8
+        jne     err_header
+        add     r8, rdx
+        jc      err_header
+        add     rax, rbx
+        stosq
+        loop    .section                ; (rsi -> strings_size: the sizes follow)
         cmp     r8, [rsi+HDR_FILE_SIZE-HDR_STRINGS_SIZE]
         jne     err_header
 
@@ -228,7 +232,7 @@ check_tables:
 ;   in: rsi, edx, r9d, r10d   out: -   clobbers: rax rcx rdx rsi rdi r11
 check_ids:
         sub     edx, 1
-        jb      check_section.ret
+        jb      .ret
         lodsd
         cmp     eax, r9d
         jae     .bad
@@ -237,16 +241,6 @@ check_ids:
         jae     check_ids
 .bad:
         jmp     err_header
-
-; check_section: check that one section starts where the previous one ends.
-;   in: rax offset, rdx size, r8 previous end, rbx header   out: r8 = this end,
-;   rax = rbx + offset   clobbers: -
-check_section:
-        cmp     rax, r8
-        jne     check_ids.bad
-        add     r8, rdx
-        jc      check_ids.bad
-        add     rax, rbx
 .ret:
         ret
 

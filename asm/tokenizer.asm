@@ -43,11 +43,12 @@ FIRST_INDEX     = (FIRST_BYTES + 2) * 4         ; bytes before the list
 ; does: a heap of the adjacent pairs that merge (pair), the highest score first, the leftmost
 ; on equal scores, an entry whose symbols have changed since it was pushed skipped; then each
 ; symbol -> its id, or one byte piece per byte.
-;   in: rbx header, rbp front_base, opt_prompt   out: r12 -> ids (BOS first, room for
-;   ctx_len), r13d = their count, r15 = 0 (main.asm's position)
-;   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0 xmm1
-;   (fatal "prompt too long" for more ids than ctx_len: at once when the text alone proves
-;   it, more bytes than ctx_len * max_piece_len, else once the segments so far give more)
+;   in: rbx header, rbp front_base, opt_prompt (the text), pending (an id that goes first,
+;   or < 0: none; main.asm: BOS), r15d = the position of the first id
+;   out: r12 -> ids, the first at [r12 + 4 r15] (room up to ctx_len), r13d = r15 + their
+;   count, r15 kept   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0 xmm1
+;   (fatal "prompt too long" for r13d > ctx_len: at once when the text alone proves it, more
+;   bytes than ctx_len * max_piece_len, else once the segments so far give more)
 tokenize:
         push    r15                     ; (the position, for the end)
         mov     rsi, [rbp+V_PROMPT]     ; (never 0: main.asm's start sets an empty default)

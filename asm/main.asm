@@ -313,11 +313,13 @@ generate:                               ; (r15 = 0: tokenize)
         test    r14d, r14d
         jz      exit_ok                 ; -n 0: no text, not even its newline
         call    sample
-        cmp     eax, [rbx+HDR_EOS]
-        je      .text_end               ; (r14d > 0)
+        or      dword [rbp+V_PENDING], -1 ; (chat.asm: a reply that EOS or <end_of_turn>
+        cmp     eax, [rbx+HDR_EOS]      ; ends leaves no id for the next turn to feed; one
+        je      .text_end               ; that -n ends, its last id)
         cmp     eax, [rbx+HDR_EOT]
         je      .text_end
         mov     [r12+r15*4], eax
+        mov     [rbp+V_PENDING], eax
         call    put_piece
         dec     r14d
         jz      .text_end
@@ -330,11 +332,8 @@ generate:                               ; (r15 = 0: tokenize)
         call    put_byte
         cmp     byte [rbp+V_CNV], 0
         je      exit_ok
-        neg     r14d                    ; a conversation (chat.asm): -n ended the reply
-        sbb     eax, eax                ; (r14d = 0): its last id, fed by the next turn;
-        or      eax, [r12+r15*4]        ; else (EOS, <end_of_turn>) -1
-        mov     [rbp+V_PENDING], eax    ; the next turn, but at a full context
-        cmp     r15d, [rbp+V_CTX_LEN]
+        cmp     r15d, [rbp+V_CTX_LEN]   ; a conversation (chat.asm): the next turn, but at
+                                        ; a full context
         jb      chat.next
         call    flush
         mov     esi, msg_full

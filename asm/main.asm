@@ -380,8 +380,7 @@ parse_value:
         call    parse_digits
         test    byte [rdi-1], K_FLOAT - K_INT
         jnz     .float
-        test    ecx, ecx
-        jz      err_bad_number
+        jrcxz   err_bad_number          ; (rcx: ecx zero-extended)
         ret
 err_bad_number:                         ; within short-jump reach of the parsers
         jmp     err_bad_value
@@ -396,8 +395,7 @@ parse_value.float:
         pop     rdx
         or      ecx, edx                ; digits in all?
 .mantissa_done:
-        test    ecx, ecx
-        jz      err_bad_number
+        jrcxz   err_bad_number
         test    rax, rax
         js      err_bad_number          ; fild reads it signed
         push    rax

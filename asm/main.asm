@@ -116,6 +116,9 @@ err_bad_c:
 err_bad_value:
         call    fatal_arg_here
         db      'bad value for ', 0
+err_stray_argument:
+        call    fatal_usage_arg_here
+        db      'unexpected argument ', 0
 
 ; help: -h / --help: print the usage text on stdout and exit with status 0 (sys.asm's usage
 ; code; here in short-jump reach of setup).
@@ -478,7 +481,3 @@ opt_name_c:
         db      '-h', K_FLAG, V_HELP and 0xFF
         db      '--help', K_FLAG, V_HELP and 0xFF
         db      0
-
-err_stray_argument:                     ; (the command line's, here out of the way of its
-        call    fatal_usage_arg_here    ; short jumps)
-        db      'unexpected argument ', 0

@@ -126,10 +126,6 @@ help:
         push    STDOUT
         jmp     usage.put
 
-err_no_model:
-        call    fatal_usage_here
-        db      'no model (-m)', 0
-
 ; setup: the usage checks, the prompt (-f), the model, the context, the prompt's ids; then
 ; the generation loop (next_arg goes on here once every argument is parsed).
 ;   in: rbp front_base with the options stored   out: never returns (exits)
@@ -138,7 +134,7 @@ setup:
         cmp     byte [rbp+V_HELP], 0
         jne     help
         cmp     qword [rbp+V_MODEL], 0
-        je      err_no_model
+        je      .err_no_model
         cmp     byte [rbp+V_CNV], 0
         je      .cnv_checked
         cmp     byte [rbp+V_TOKENS], 0
@@ -169,6 +165,9 @@ PROMPT_FILE_MAX = 1 shl 24
 .err_prompt_and_file:
         call    fatal_usage_here
         db      'use -p or -f, not both', 0
+.err_no_model:
+        call    fatal_usage_here
+        db      'no model (-m)', 0
 .open:
         push    rbx
         pop     rdi

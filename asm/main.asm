@@ -140,7 +140,16 @@ setup:
         cmp     byte [rbp+V_TOKENS], 0
         jne     .err_cnv
         cmp     dword [rbp+V_N], 0
-        je      .err_cnv
+        jne     .cnv_checked
+.err_cnv:                               ; (setup's usage errors: out of the way of the prompt's
+        call    fatal_usage_here        ; jumps, in the short reach of the checks)
+        db      '-cnv: no --tokens, -n 0 or -f -', 0
+.err_prompt_and_file:
+        call    fatal_usage_here
+        db      'use -p or -f, not both', 0
+.err_no_model:
+        call    fatal_usage_here
+        db      'no model (-m)', 0
 .cnv_checked:
 
 ; The prompt: with -f FILE the file's bytes ("-": standard input's), one trailing newline
@@ -159,15 +168,7 @@ PROMPT_FILE_MAX = 1 shl 24
         jne     .open
         cmp     byte [rbp+V_CNV], 0     ; -cnv reads its turns there
         je      .opened
-.err_cnv:
-        call    fatal_usage_here
-        db      '-cnv: no --tokens, -n 0 or -f -', 0
-.err_prompt_and_file:
-        call    fatal_usage_here
-        db      'use -p or -f, not both', 0
-.err_no_model:
-        call    fatal_usage_here
-        db      'no model (-m)', 0
+        jmp     .err_cnv
 .open:
         push    rbx
         pop     rdi

@@ -174,7 +174,7 @@ PROMPT_FILE_MAX = 1 shl 24
         pop     rdi
         xor     esi, esi                ; O_RDONLY
         call    sys_open
-        js      err_cannot_read
+        js      .cannot_read
 .opened:
         push    rax                     ; fd (rsp 16-aligned for alloc)
         mov     edi, PROMPT_FILE_MAX + 2
@@ -187,6 +187,7 @@ PROMPT_FILE_MAX = 1 shl 24
 .read:
         xor     eax, eax                ; SYS_read (its only call: no wrapper)
         call    sys_call
+.cannot_read:                           ; (SF set: the open's failure too)
         js      err_cannot_read         ; (a directory: EISDIR)
         jz      .end
         add     rsi, rax

@@ -21,7 +21,7 @@ start:
         ; rather than kill the process: block SIGPIPE. (No register but rsp is read before
         ; it is written: the packed program's stub leaves its decoder's values in them.)
         lea     esi, [rbp+V_SIGSET]     ; (rbp < 2^32)
-        bts     dword [rsi], SIGPIPE - 1 ; (signal n: bit n - 1)
+        mov     byte [rsi+1], 1 shl (SIGPIPE - 9) ; (signal n: bit n - 1, in byte 1 here)
         xor     edi, edi                ; SIG_BLOCK
         xor     edx, edx                ; no old set
         lea     ecx, [rdi+8]            ; sizeof(sigset_t) as the kernel counts it

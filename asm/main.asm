@@ -297,8 +297,8 @@ generate:                               ; (r15 = 0: tokenize)
         pop     rdx
         mov     eax, r13d
         sub     eax, r15d               ; prompt ids not fed yet (> 0)
-        cmp     eax, edx
-        cmovl   edx, eax
+        cmp     edx, eax
+        cmova   edx, eax
 .block:
         lea     rsi, [r12+r15*4]
         mov     ecx, r15d

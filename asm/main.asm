@@ -21,7 +21,7 @@ start:
         ; rather than kill the process: block SIGPIPE. (No register but rsp is read before
         ; it is written: the packed program's stub leaves its decoder's values in them.)
         lea     esi, [rbp+V_SIGSET]     ; (rbp < 2^32)
-        bts     dword [rsi], SIGPIPE - 1 ; (signal n: bit n - 1)
+        mov     byte [rsi+1], 1 shl (SIGPIPE - 9) ; (signal n: bit n - 1, in byte 1 here)
         xor     edi, edi                ; SIG_BLOCK
         xor     edx, edx                ; no old set
         lea     ecx, [rdi+8]            ; sizeof(sigset_t) as the kernel counts it
@@ -116,16 +116,15 @@ err_bad_c:
 err_bad_value:
         call    fatal_arg_here
         db      'bad value for ', 0
+err_stray_argument:
+        call    fatal_usage_arg_here
+        db      'unexpected argument ', 0
 
 ; help: -h / --help: print the usage text on stdout and exit with status 0 (sys.asm's usage
 ; code; here in short-jump reach of setup).
 help:
         push    STDOUT
         jmp     usage.put
-
-err_no_model:
-        call    fatal_usage_here
-        db      'no model (-m)', 0
 
 ; setup: the usage checks, the prompt (-f), the model, the context, the prompt's ids; then
 ; the generation loop (next_arg goes on here once every argument is parsed).
@@ -135,13 +134,22 @@ setup:
         cmp     byte [rbp+V_HELP], 0
         jne     help
         cmp     qword [rbp+V_MODEL], 0
-        je      err_no_model
+        je      .err_no_model
         cmp     byte [rbp+V_CNV], 0
         je      .cnv_checked
         cmp     byte [rbp+V_TOKENS], 0
         jne     .err_cnv
         cmp     dword [rbp+V_N], 0
-        je      .err_cnv
+        jne     .cnv_checked
+.err_cnv:                               ; (setup's usage errors: out of the way of the prompt's
+        call    fatal_usage_here        ; jumps, in the short reach of the checks)
+        db      '-cnv: no --tokens, -n 0 or -f -', 0
+.err_prompt_and_file:
+        call    fatal_usage_here
+        db      'use -p or -f, not both', 0
+.err_no_model:
+        call    fatal_usage_here
+        db      'no model (-m)', 0
 .cnv_checked:
 
 ; The prompt: with -f FILE the file's bytes ("-": standard input's), one trailing newline
@@ -160,18 +168,13 @@ PROMPT_FILE_MAX = 1 shl 24
         jne     .open
         cmp     byte [rbp+V_CNV], 0     ; -cnv reads its turns there
         je      .opened
-.err_cnv:
-        call    fatal_usage_here
-        db      '-cnv: no --tokens, -n 0 or -f -', 0
-.err_prompt_and_file:
-        call    fatal_usage_here
-        db      'use -p or -f, not both', 0
+        jmp     .err_cnv
 .open:
         push    rbx
         pop     rdi
         xor     esi, esi                ; O_RDONLY
         call    sys_open
-        js      err_cannot_read
+        js      .cannot_read
 .opened:
         push    rax                     ; fd (rsp 16-aligned for alloc)
         mov     edi, PROMPT_FILE_MAX + 2
@@ -184,6 +187,7 @@ PROMPT_FILE_MAX = 1 shl 24
 .read:
         xor     eax, eax                ; SYS_read (its only call: no wrapper)
         call    sys_call
+.cannot_read:                           ; (SF set: the open's failure too)
         js      err_cannot_read         ; (a directory: EISDIR)
         jz      .end
         add     rsi, rax
@@ -293,8 +297,8 @@ generate:                               ; (r15 = 0: tokenize)
         pop     rdx
         mov     eax, r13d
         sub     eax, r15d               ; prompt ids not fed yet (> 0)
-        cmp     eax, edx
-        cmovl   edx, eax
+        cmp     edx, eax
+        cmova   edx, eax
 .block:
         lea     rsi, [r12+r15*4]
         mov     ecx, r15d
@@ -313,11 +317,13 @@ generate:                               ; (r15 = 0: tokenize)
         test    r14d, r14d
         jz      exit_ok                 ; -n 0: no text, not even its newline
         call    sample
-        cmp     eax, [rbx+HDR_EOS]
-        je      .text_end               ; (r14d > 0)
+        or      dword [rbp+V_PENDING], -1 ; (chat.asm: a reply that EOS or <end_of_turn>
+        cmp     eax, [rbx+HDR_EOS]      ; ends leaves no id for the next turn to feed; one
+        je      .text_end               ; that -n ends, its last id)
         cmp     eax, [rbx+HDR_EOT]
         je      .text_end
         mov     [r12+r15*4], eax
+        mov     [rbp+V_PENDING], eax
         call    put_piece
         dec     r14d
         jz      .text_end
@@ -330,11 +336,8 @@ generate:                               ; (r15 = 0: tokenize)
         call    put_byte
         cmp     byte [rbp+V_CNV], 0
         je      exit_ok
-        neg     r14d                    ; a conversation (chat.asm): -n ended the reply
-        sbb     eax, eax                ; (r14d = 0): its last id, fed by the next turn;
-        or      eax, [r12+r15*4]        ; else (EOS, <end_of_turn>) -1
-        mov     [rbp+V_PENDING], eax    ; the next turn, but at a full context
-        cmp     r15d, [rbp+V_CTX_LEN]
+        cmp     r15d, [rbp+V_CTX_LEN]   ; a conversation (chat.asm): the next turn, but at
+                                        ; a full context
         jb      chat_next
         call    flush
         mov     esi, msg_full
@@ -381,8 +384,7 @@ parse_value:
         call    parse_digits
         test    byte [rdi-1], K_FLOAT - K_INT
         jnz     .float
-        test    ecx, ecx
-        jz      err_bad_number
+        jrcxz   err_bad_number          ; (rcx: ecx zero-extended)
         ret
 err_bad_number:                         ; within short-jump reach of the parsers
         jmp     err_bad_value
@@ -397,8 +399,7 @@ parse_value.float:
         pop     rdx
         or      ecx, edx                ; digits in all?
 .mantissa_done:
-        test    ecx, ecx
-        jz      err_bad_number
+        jrcxz   err_bad_number
         test    rax, rax
         js      err_bad_number          ; fild reads it signed
         push    rax
@@ -481,7 +482,3 @@ opt_name_c:
         db      '-h', K_FLAG, V_HELP and 0xFF
         db      '--help', K_FLAG, V_HELP and 0xFF
         db      0
-
-err_stray_argument:                     ; (the command line's, here out of the way of its
-        call    fatal_usage_arg_here    ; short jumps)
-        db      'unexpected argument ', 0

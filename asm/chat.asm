@@ -9,20 +9,25 @@ LINE_MAX        = PROMPT_FILE_MAX       ; a line of this many bytes or more is r
 TURN_MAX        = 1 shl 25      ; a turn's text: the strings (N_STRINGS * STRING_MAX bytes at
                                 ; most), -sys (an argument: < 2^17 bytes), the line's text
 
-; chat: the conversation (setup's tail with -cnv). Each turn: the text trimmed of ASCII
-; whitespace (skipped when empty), then with the strings around it: the first turn
-; SYS_BEGIN sys SYS_END text USER_END with -sys, else USER_BEGIN text USER_END; every later
-; turn REPLY_END USER_BEGIN text USER_END. Its ids (BOS only on the first) follow the id that
-; ended the last reply when -n ended it (pending), else none; generate feeds them
-; from position r15 and samples the reply, and comes back to .replied. A turn refused
-; (too long, a NUL byte: fatal_here comes back to .next) leaves the conversation as it was.
-;   in: rbx header, rbp front_base   out: never returns (exit 0 at the end of the input)
-chat_refused:                               ; (fatal_status: a turn refused, its message out; rsp
-        mov     r15d, [rbp+V_POS]       ; as at .next; rbx and, in tokenize, r15 were
-        mov     rbx, [rbp+V_BASE]       ; overwritten)
-chat_next:                                  ; (main.asm's generate, after a reply and its newline)
+; chat_next, chat_refused, chat: the conversation (setup's tail with -cnv), one routine with
+; three entries. chat (from main.asm's generate, once): the turns' memory, the first turn from
+; -p or -f. chat_next (from generate, after each reply and its newline): the next line of
+; standard input. chat_refused (from fatal_status: a turn refused, its message out, rsp as at
+; chat_next): the position back (tokenize overwrote r15) and the header (fatal_here rbx),
+; then chat_next. Each turn: the text trimmed of ASCII whitespace (skipped when empty), then
+; with the strings around it: the first turn SYS_BEGIN sys SYS_END text USER_END with -sys,
+; else USER_BEGIN text USER_END; every later turn REPLY_END USER_BEGIN text USER_END. Its ids
+; (BOS only on the first) follow the id that ended the last reply when -n ended it (pending),
+; else none; generate.run feeds them from position r15 and samples the reply. A turn refused
+; (too long, a NUL byte) leaves the conversation as it was.
+;   in: rbx header, rbp front_base, r15d the position (0 at chat)   out: never returns
+;   (exit 0 at the end of the input; a full context: main.asm's notice, exit 0)
+chat_refused:
+        mov     r15d, [rbp+V_POS]
+        mov     rbx, [rbp+V_BASE]
+chat_next:
         mov     [rbp+V_POS], r15d
-        mov     [rbp+V_CHAT_RSP], rsp   ; (fatal_here: a refusal comes back to .refused)
+        mov     [rbp+V_CHAT_RSP], rsp   ; (fatal_here: a refusal comes back to chat_refused)
         call    flush
         xor     edi, edi                ; standard input a terminal: a marker on stderr
         mov     esi, TCGETS

@@ -244,10 +244,10 @@ PROMPT_FILE_MAX = 1 shl 24
 .put:
         pop     rax                     ; a digit, then the separator
         add     al, '0'
-        cmp     al, ' '
-        pushfq
+        push    rax
         call    put_byte
-        popfq
+        pop     rax
+        cmp     al, ' '
         ja      .put                    ; a digit
         je      .id                     ; a space: the next id
         jmp     exit_ok                 ; the newline

@@ -176,7 +176,7 @@ PROMPT_FILE_MAX = 1 shl 24
         call    sys_open
         js      .cannot_read
 .opened:
-        push    rax                     ; fd (rsp 16-aligned for alloc)
+        push    rax                     ; fd
         mov     edi, PROMPT_FILE_MAX + 2
         call    alloc                   ; rsi = PROMPT_FILE_MAX + 2
         pop     rdi                     ; fd
@@ -244,10 +244,10 @@ PROMPT_FILE_MAX = 1 shl 24
 .put:
         pop     rax                     ; a digit, then the separator
         add     al, '0'
-        cmp     al, ' '
-        pushfq
+        push    rax
         call    put_byte
-        popfq
+        pop     rax
+        cmp     al, ' '
         ja      .put                    ; a digit
         je      .id                     ; a space: the next id
         jmp     exit_ok                 ; the newline
@@ -348,7 +348,7 @@ exit_ok:
         jmp     sys_exit
 
 ; parse_digits: more decimal digits appended to rax (rax = rax * 10 + digit for each).
-;   in: rsi string, rax   out: rax, ecx digits read (ZF: none), rsi -> after them
+;   in: rsi string, rax   out: rax, rcx digits read (ZF: none), rsi -> after them
 ;   (err_bad_value when rax overflows 64 bits)   clobbers: rdx r11
 parse_digits:
         push    rsi
@@ -384,7 +384,7 @@ parse_value:
         call    parse_digits
         test    byte [rdi-1], K_FLOAT - K_INT
         jnz     .float
-        jrcxz   err_bad_number          ; (rcx: ecx zero-extended)
+        jrcxz   err_bad_number          ; no digits
         ret
 err_bad_number:                         ; within short-jump reach of the parsers
         jmp     err_bad_value

@@ -43,15 +43,22 @@
 ; Intel host). FP16's two-row prompt tiles do not: their weights come from the cache after a
 ; chunk's first call, and prefetching them into L1 evicted the tokens' x (without: 2b FP16
 ; prompt 1.11-1.20x on 2 threads, 1.05x on 1; Q8_0 and the real 270M unchanged; AVX2 host).
+; matmul_f16_avx512: the same kernel on the AVX-512F level, where k = 8 goes to fast512.asm's
+; tile8 (3 x 8 tiles, the same bits; other k run here). It enters a nop early: an address of
+; its own, which cpu.asm's choice and its tests tell apart from the AVX2 level's.
+; matmul_q8_avx512: matmul_q8_avx2's entry likewise.
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
-;   r9d accumulate; stack: k (1..4, low dword), ostride (a qword)
-;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared)
+;   r9d accumulate; stack: k (1..4, or 8 with AVX-512F; low dword), ostride (a qword)
+;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared;
+;   k = 8: the zmm registers)
 FAST_TOKENS = 4                         ; tokens per call at most (cpu.asm; AVX-512: TILE8_TOKENS)
 TILE8_TOKENS = 2 * FAST_TOKENS          ; the AVX-512 kernels' (fast512.asm; cpu.asm)
 TILE_TOKENS = FAST_TOKENS - 1           ; FP16's on AVX2: its two-row tiles (.tile; cpu.asm)
 TOKEN_CODE = 13         ; bytes of each of .t3, .t2, .t1 (one token; k = 2..4 tests catch a change)
 PREFETCH_AHEAD = 2048
 
+matmul_q8_avx512:
+        nop                             ; (AVX-512F: tile8 at k = 8)
 matmul_q8_avx2:
         lea     rax, [matmul_f16_avx2.q8]
         imul    r11d, ecx, Q8_0_BLOCK / 2
@@ -68,6 +75,8 @@ matmul_q8_avx2:
         push    2                       ; k: .sum stores the pair's two sums
         lea     rax, [matmul_f16_avx2.pair]
         jmp     matmul_f16_avx2.rows_apart
+matmul_f16_avx512:
+        nop                             ; (AVX-512F: tile8 at k = 8)
 matmul_f16_avx2:
         lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
         lea     r11d, [rcx+rcx]         ; bytes of a row
@@ -92,6 +101,8 @@ matmul_f16_avx2:
         add     rsp, 24
         ret
 .go:
+        cmp     dword [rsp+8], TILE8_TOKENS ; k
+        je      tile8                   ; (AVX-512F: fast512.asm)
         push    r9                      ; [rsp]: accumulate; k at [rsp+16], ostride [rsp+24]
         imul    r10d, ecx, 4            ; s: bytes of an x_t
         xchg    rax, rcx                ; rcx: the loader (kept to the end)

@@ -6,40 +6,27 @@
 ; tree. Addresses carry no displacement (keystone mis-encodes EVEX displacements; the builder
 ; refuses them).
 
-; matmul_f16_avx512: matmul_f16_avx2's product (fast.asm). Prompt blocks (k = 8): three rows
-; at a time by eight tokens (tile8): each load of 16 x columns serves three rows and each
-; converted weight eight tokens, 24 accumulators (against four rows by four tokens: 2b FP16
-; prompt 1.06x, Q8_0 1.17x, AVX-512 Intel host, 2026-12-05). Other k (1..4): matmul_f16_avx2
-; (decode, k = 1, streams no faster in zmm registers: measured on an AVX-512 host,
-; 2026-12-03).
-; matmul_q8_avx512: matmul_q8_avx2's product: the same with the weights from Q8_0 blocks
-; (d q, exact); decode by matmul_q8_avx2 (its pairs of rows). A zmm pass over rows i and
-; i + d/2 decoded 1.08-1.11x faster on the AVX-512 host (2026-12-05) but took 97 packed
-; bytes: tile8's price.
-;   in: rdi xout, rsi x, rdx W, ecx n (16, 32, ...; Q8_0: 32, 64, ...), r8d d, r9d accumulate;
-;   stack: k (1..4 or 8, low dword), ostride (a qword)   out: xout_t
-;   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (the zmm registers; upper halves cleared)
-matmul_f16_avx512:
-        cmp     dword [rsp+8], TILE8_TOKENS
-        jne     matmul_f16_avx2
-        lea     rax, [f16_rows3]
-        lea     r11d, [rcx+rcx]         ; bytes of a row
-        jmp     tile8
-matmul_q8_avx512:
-        cmp     dword [rsp+8], TILE8_TOKENS
-        jne     matmul_q8_avx2
-        lea     rax, [q8_rows3]
-        imul    r11d, ecx, Q8_0_BLOCK / 2
-        shr     r11d, 4                 ; bytes of a row: n/32 blocks (on into tile8)
+; matmul_f16_avx512 and matmul_q8_avx512 (fast.asm: a nop before matmul_f16_avx2 and
+; matmul_q8_avx2, which take k = 8 to tile8): the AVX2 kernels' products, prompt
+; blocks (k = 8) three rows at a time by eight tokens (tile8): each load of 16 x columns serves
+; three rows and each converted weight eight tokens, 24 accumulators (against four rows by
+; four tokens: 2b FP16 prompt 1.06x, Q8_0 1.17x, AVX-512 Intel host, 2026-12-05). Other k
+; (1..4) in the AVX2 kernels' own code (decode, k = 1, streams no faster in zmm registers:
+; measured on an AVX-512 host, 2026-12-03; Q8_0 decode by matmul_q8_avx2's pairs of rows: a
+; zmm pass over rows i and i + d/2 decoded 1.08-1.11x faster on the AVX-512 host (2026-12-05)
+; but took 97 packed bytes: tile8's price). The shared entries: 33 image bytes, 6-7 packed
+; less than entries of their own (6 layouts, 2026-12-06).
 ; tile8: matmul_f16_avx512's and matmul_q8_avx512's prompt blocks (k = 8): three rows a-c at
 ; a time; the loader (r12) puts each row's next 16 weights in zmm20-22 (rows b, c rbx, rbp
 ; bytes on; past the last row, row a or b again, their sums not stored); 24 accumulators:
 ; tokens 0-3 of rows a, b, c in zmm0-3, zmm8-11, zmm12-15, tokens 4-7 in zmm16-19, zmm24-27,
 ; zmm28-31. Then each row's sums, four tokens at a time (.half): the upper halves (chain 1)
 ; into ymm4-7 and matmul_f16_avx2.sum_row (fast.asm: its order, its stores). (k != 8: the
-; entries go to the AVX2 kernels themselves.)
-;   in: as matmul_f16_avx512 (k = 8), and rax the loader, r11 bytes of a row of W
-;   out, clobbers: as matmul_f16_avx512
+; entries go to the AVX2 kernels themselves.) The loader: f16_rows3 or q8_rows3, at the
+; distance from the AVX2 one the entry chose (matmul_f16_avx2.f16 or .q8) that the other
+; pair has too (both 25 bytes apart; Q8_0's k = 8 tests fail if not).
+;   in: as matmul_f16_avx2 (k = 8), and rax the AVX2 loader, r11 bytes of a row of W
+;   out, clobbers: as matmul_f16_avx2 (and zmm16-31)
 TILE8_ROWS = 3                          ; rows a tile8 pass takes
 tile8:
         push    rbx
@@ -47,7 +34,7 @@ tile8:
         push    r12
         push    r13
         push    rax                     ; (rsp 0 mod 16 at the calls)
-        mov     r12, rax
+        lea     r12, [rax+f16_rows3-matmul_f16_avx2.f16]
         push    qword [rsp+56]          ; ostride, k = 4, a slot and accumulate: the frame
         push    FAST_TOKENS             ; matmul_f16_avx2.sum_row reads (its .go's: k at
         push    rax                     ; [rsp+16], ostride at [rsp+24])

@@ -101,11 +101,11 @@ matmul_f16_avx2:
         add     rsp, 24
         ret
 .go:
+        imul    r10d, ecx, 4            ; s: bytes of an x_t
+        xchg    rax, rcx                ; rcx: the loader (kept to the end)
         cmp     dword [rsp+8], TILE8_TOKENS ; k
         je      tile8                   ; (AVX-512F: fast512.asm)
         push    r9                      ; [rsp]: accumulate; k at [rsp+16], ostride [rsp+24]
-        imul    r10d, ecx, 4            ; s: bytes of an x_t
-        xchg    rax, rcx                ; rcx: the loader (kept to the end)
         lea     r11, [r10+r10*2]        ; 3s
         imul    eax, [rsp+16], TOKEN_CODE
         lea     r9, [.t0+TOKEN_CODE]

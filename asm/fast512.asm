@@ -17,15 +17,16 @@
 ; but took 97 packed bytes: tile8's price). The shared entries: 33 image bytes, 6-7 packed
 ; less than entries of their own (6 layouts, 2026-12-06).
 ; tile8: matmul_f16_avx512's and matmul_q8_avx512's prompt blocks (k = 8): three rows a-c at
-; a time; the loader (r12) puts each row's next 16 weights in zmm20-22 (rows b, c rbx, rbp
+; a time; the loader (rcx) puts each row's next 16 weights in zmm20-22 (rows b, c rbx, rbp
 ; bytes on; past the last row, row a or b again, their sums not stored); 24 accumulators:
 ; tokens 0-3 of rows a, b, c in zmm0-3, zmm8-11, zmm12-15, tokens 4-7 in zmm16-19, zmm24-27,
 ; zmm28-31. Then each row's sums, four tokens at a time (.half): the upper halves (chain 1)
 ; into ymm4-7 and matmul_f16_avx2.sum_row (fast.asm: its order, its stores). (k != 8: the
-; entries go to the AVX2 kernels themselves.) The loader: f16_rows3 or q8_rows3, at the
+; AVX2 kernels' own code.) The loader: f16_rows3 or q8_rows3, at the
 ; distance from the AVX2 one the entry chose (matmul_f16_avx2.f16 or .q8) that the other
 ; pair has too (both 25 bytes apart; Q8_0's k = 8 tests fail if not).
-;   in: as matmul_f16_avx2 (k = 8), and rax the AVX2 loader, r11 bytes of a row of W
+;   in: as matmul_f16_avx2 (k = 8), and rcx the AVX2 loader, r10 s (bytes of an x_t), r11
+;   bytes of a row of W (from its .go)
 ;   out, clobbers: as matmul_f16_avx2 (and zmm16-31)
 TILE8_ROWS = 3                          ; rows a tile8 pass takes
 tile8:
@@ -34,21 +35,19 @@ tile8:
         push    r12
         push    r13
         push    rax                     ; (rsp 0 mod 16 at the calls)
-        lea     r12, [rax+f16_rows3-matmul_f16_avx2.f16]
+        add     rcx, f16_rows3 - matmul_f16_avx2.f16 ; the loader
         push    qword [rsp+56]          ; ostride, k = 4, a slot and accumulate: the frame
         push    FAST_TOKENS             ; matmul_f16_avx2.sum_row reads (its .go's: k at
         push    rax                     ; [rsp+16], ostride at [rsp+24])
         push    r9
-        imul    r10d, ecx, 4            ; r10: s, bytes of an x_t
-        mov     rcx, r11                ; rcx: bytes of a row
-        lea     r11, [r10+r10*2]        ; 3s
+        lea     r12, [r10+r10*2]        ; 3s
 .tri:
         xor     ebx, ebx                ; rows b, c: rbx, rbp bytes on (one row left:
         cmp     r8d, 2                  ; b = c = a; two: c = b)
-        cmovae  rbx, rcx
+        cmovae  rbx, r11
         mov     rbp, rbx
         jbe     .strided
-        add     rbp, rcx
+        add     rbp, r11
 .strided:
         vzeroall                        ; the accumulators
         vmovaps zmm16, zmm0
@@ -65,7 +64,7 @@ tile8:
         vmovaps zmm31, zmm0
         mov     eax, r10d               ; bytes of x_t to go
 .col:
-        call    r12                     ; zmm20-22: rows a-c's next 16 weights
+        call    rcx                     ; zmm20-22: rows a-c's next 16 weights
         lea     r9, [rsi+r10*4]         ; token 4's x
         vmovups zmm23, [rsi]
         vfmadd231ps zmm0, zmm20, zmm23
@@ -79,7 +78,7 @@ tile8:
         vfmadd231ps zmm2, zmm20, zmm23
         vfmadd231ps zmm10, zmm21, zmm23
         vfmadd231ps zmm14, zmm22, zmm23
-        vmovups zmm23, [rsi+r11]
+        vmovups zmm23, [rsi+r12]
         vfmadd231ps zmm3, zmm20, zmm23
         vfmadd231ps zmm11, zmm21, zmm23
         vfmadd231ps zmm15, zmm22, zmm23
@@ -95,7 +94,7 @@ tile8:
         vfmadd231ps zmm18, zmm20, zmm23
         vfmadd231ps zmm26, zmm21, zmm23
         vfmadd231ps zmm30, zmm22, zmm23
-        vmovups zmm23, [r9+r11]
+        vmovups zmm23, [r9+r12]
         vfmadd231ps zmm19, zmm20, zmm23
         vfmadd231ps zmm27, zmm21, zmm23
         vfmadd231ps zmm31, zmm22, zmm23

@@ -83,7 +83,9 @@ matmul_f16_avx2:
         cmp     dword [rsp+8], TILE_TOKENS ; k
         jne     .k
         test    r8b, 1
-        jz      .tile                   ; k = 3, d even: rows in pairs
+        jnz     .go                     ; k = 3, d odd: one row at a time
+        lea     rax, [.tile]            ; k = 3, d even: rows in pairs
+        jmp     .go
 .k:
         cmp     dword [rsp+8], 1
         jne     .go
@@ -221,6 +223,7 @@ matmul_f16_avx2:
 .sum:                                   ; the row's results for its k tokens from its chains
         sub     rsi, r10                ; x again
         call    .sum_row
+.next:
         dec     r8d
         jnz     .row
         vzeroupper
@@ -229,7 +232,7 @@ matmul_f16_avx2:
 ; .sum_row: a row's results for its k tokens, from its chains (token t's chain 0 in ymm t,
 ; chain 1 in ymm 4+t), stored (or added) at rdi + t ostride; rdi then 4 bytes on. .sum_l:
 ; the same from l (both chains added) in ymm0-3. Called with the frame .go pushes (the
-; accumulate flag, then the kernel's return address, k and ostride; fast512.asm's tile4 builds
+; accumulate flag, then the kernel's return address, k and ostride; fast512.asm's tile8 builds
 ; the same four qwords).
 ;   clobbers: rax xmm0-xmm3 (ymm)
 .sum_row:
@@ -259,12 +262,10 @@ matmul_f16_avx2:
         add     rdi, 4                  ; the next row's
         ret
 .tile:                                  ; FP16, k = 3, d even: rows a and b = a + 1 at once
-        push    r9                      ; (as .go) row a's chains in ymm0-2 / ymm4-6 (as the
-        imul    r10d, ecx, 4            ; one-row pass's), row b's in ymm8-10 / ymm11-13; each
-.pair3:                                 ; x load (ymm3) serves both rows
-        vzeroall
-        mov     eax, r10d               ; bytes of x_t to go
-.col3:
+        mov     r11d, r10d              ; (.go's loader, entered once a pair, to its end) row
+        shr     r11d, 1                 ; a's chains in ymm0-2 / ymm4-6 (as the one-row
+.col3:                                  ; pass's), row b's in ymm8-10 / ymm11-13 (r11 = s/2:
+                                        ; bytes of a row); each x load (ymm3) serves both rows
         vcvtph2ps ymm14, [rdx]
         vcvtph2ps ymm15, [rdx+r11]
         vmovups ymm3, [rsi]
@@ -290,16 +291,13 @@ matmul_f16_avx2:
         add     rdx, 32
         add     rsi, 64
         sub     eax, 64
-        jnz     .col3
+        jnb     .col3
         sub     rsi, r10                ; x again
         add     rdx, r11                ; past row b
         call    .sum_row                ; row a (ymm3, 7: no token 3)
+        dec     r8d                     ; (then .next counts row b)
         vaddps  ymm0, ymm8, ymm11       ; row b's l
         vaddps  ymm1, ymm9, ymm12
         vaddps  ymm2, ymm10, ymm13
         call    .sum_l                  ; row b
-        sub     r8d, 2
-        jnz     .pair3
-        vzeroupper
-        pop     r9
-        ret
+        jmp     .next

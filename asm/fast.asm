@@ -190,32 +190,32 @@ matmul_f16_avx2:
 .pair:                                  ; decode pairs (matmul_q8_avx2), to the rows' end:
         mov     r9, [rsp+32]            ; row i + d/2 is r9 bytes on; 16 weights of each a
 .pairs:                                 ; pass (row i: chains ymm0, ymm4; row i + d/2: ymm1,
-        test    al, 64                  ; ymm5; ymm2, 3, 6, 7 are free: the pair is k = 2)
-        jz      .pairhalf               ; a block's second 16
-        vpbroadcastw xmm6, [rdx]
-        vcvtph2ps ymm6, xmm6            ; row i's d
-        vpbroadcastw xmm7, [rdx+r9]
-        vcvtph2ps ymm7, xmm7            ; row i + d/2's d
+        test    al, 64                  ; ymm5: the pair is k = 2) in .q8's registers (they
+        jz      .pairhalf               ; pack smaller); .pairhalf: a block's second 16
         prefetcht0 [rdx+PREFETCH_AHEAD]
+        vpbroadcastw xmm10, [rdx]
+        vcvtph2ps ymm10, xmm10          ; row i's d (as .q8)
         prefetcht0 [rdx+r9+PREFETCH_AHEAD]
+        vpbroadcastw xmm11, [rdx+r9]
+        vcvtph2ps ymm11, xmm11          ; row i + d/2's d
         add     rdx, 2
 .pairhalf:
-        vpmovsxbd ymm2, [rdx]
-        vpmovsxbd ymm3, [rdx+8]
-        vcvtdq2ps ymm2, ymm2
-        vcvtdq2ps ymm3, ymm3
-        vmulps  ymm2, ymm2, ymm6
-        vmulps  ymm3, ymm3, ymm6
-        vfmadd231ps ymm0, ymm2, [rsi]
-        vfmadd231ps ymm4, ymm3, [rsi+32]
-        vpmovsxbd ymm2, [rdx+r9]
-        vpmovsxbd ymm3, [rdx+r9+8]
-        vcvtdq2ps ymm2, ymm2
-        vcvtdq2ps ymm3, ymm3
-        vmulps  ymm2, ymm2, ymm7
-        vmulps  ymm3, ymm3, ymm7
-        vfmadd231ps ymm1, ymm2, [rsi]
-        vfmadd231ps ymm5, ymm3, [rsi+32]
+        vpmovsxbd ymm8, [rdx]
+        vpmovsxbd ymm9, [rdx+8]
+        vcvtdq2ps ymm8, ymm8
+        vcvtdq2ps ymm9, ymm9
+        vmulps  ymm8, ymm8, ymm10
+        vmulps  ymm9, ymm9, ymm10
+        vfmadd231ps ymm0, ymm8, [rsi]
+        vfmadd231ps ymm4, ymm9, [rsi+32]
+        vpmovsxbd ymm8, [rdx+r9]
+        vpmovsxbd ymm9, [rdx+r9+8]
+        vcvtdq2ps ymm8, ymm8
+        vcvtdq2ps ymm9, ymm9
+        vmulps  ymm8, ymm8, ymm11
+        vmulps  ymm9, ymm9, ymm11
+        vfmadd231ps ymm1, ymm8, [rsi]
+        vfmadd231ps ymm5, ymm9, [rsi+32]
         add     rdx, 16
         add     rsi, 64
         sub     eax, 64

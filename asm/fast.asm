@@ -264,30 +264,32 @@ matmul_f16_avx2:
 .tile:                                  ; FP16, k = 3, d even: rows a and b = a + 1 at once
         mov     r11d, r10d              ; (.go's loader, entered once a pair, to its end) row
         shr     r11d, 1                 ; a's chains in ymm0-2 / ymm4-6 (as the one-row
-.col3:                                  ; pass's), row b's in ymm8-10 / ymm11-13 (r11 = s/2:
-                                        ; bytes of a row); each x load (ymm3) serves both rows
-        vcvtph2ps ymm14, [rdx]
-        vcvtph2ps ymm15, [rdx+r11]
+.col3:                                  ; pass's), row b's in ymm10-12 / ymm13-15 (r11 = s/2:
+                                        ; bytes of a row); their weights in ymm8 and ymm9 (as
+                                        ; the loaders': it packs smaller); each x load (ymm3)
+                                        ; serves both rows
+        vcvtph2ps ymm8, [rdx]
+        vcvtph2ps ymm9, [rdx+r11]
         vmovups ymm3, [rsi]
-        vfmadd231ps ymm0, ymm14, ymm3
-        vfmadd231ps ymm8, ymm15, ymm3
+        vfmadd231ps ymm0, ymm8, ymm3
+        vfmadd231ps ymm10, ymm9, ymm3
         vmovups ymm3, [rsi+r10]
-        vfmadd231ps ymm1, ymm14, ymm3
-        vfmadd231ps ymm9, ymm15, ymm3
+        vfmadd231ps ymm1, ymm8, ymm3
+        vfmadd231ps ymm11, ymm9, ymm3
         vmovups ymm3, [rsi+r10*2]
-        vfmadd231ps ymm2, ymm14, ymm3
-        vfmadd231ps ymm10, ymm15, ymm3
-        vcvtph2ps ymm14, [rdx+16]
-        vcvtph2ps ymm15, [rdx+r11+16]
+        vfmadd231ps ymm2, ymm8, ymm3
+        vfmadd231ps ymm12, ymm9, ymm3
+        vcvtph2ps ymm8, [rdx+16]
+        vcvtph2ps ymm9, [rdx+r11+16]
         vmovups ymm3, [rsi+32]
-        vfmadd231ps ymm4, ymm14, ymm3
-        vfmadd231ps ymm11, ymm15, ymm3
+        vfmadd231ps ymm4, ymm8, ymm3
+        vfmadd231ps ymm13, ymm9, ymm3
         vmovups ymm3, [rsi+r10+32]
-        vfmadd231ps ymm5, ymm14, ymm3
-        vfmadd231ps ymm12, ymm15, ymm3
+        vfmadd231ps ymm5, ymm8, ymm3
+        vfmadd231ps ymm14, ymm9, ymm3
         vmovups ymm3, [rsi+r10*2+32]
-        vfmadd231ps ymm6, ymm14, ymm3
-        vfmadd231ps ymm13, ymm15, ymm3
+        vfmadd231ps ymm6, ymm8, ymm3
+        vfmadd231ps ymm15, ymm9, ymm3
         add     rdx, 32
         add     rsi, 64
         sub     eax, 64
@@ -296,8 +298,8 @@ matmul_f16_avx2:
         add     rdx, r11                ; past row b
         call    .sum_row                ; row a (ymm3, 7: no token 3)
         dec     r8d                     ; (then .next counts row b)
-        vaddps  ymm0, ymm8, ymm11       ; row b's l
-        vaddps  ymm1, ymm9, ymm12
-        vaddps  ymm2, ymm10, ymm13
+        vaddps  ymm0, ymm10, ymm13      ; row b's l
+        vaddps  ymm1, ymm11, ymm14
+        vaddps  ymm2, ymm12, ymm15
         call    .sum_l                  ; row b
         jmp     .next

@@ -266,30 +266,30 @@ matmul_f16_avx2:
         shr     r11d, 1                 ; a's chains in ymm0-2 / ymm4-6 (as the one-row
 .col3:                                  ; pass's), row b's in ymm10-12 / ymm13-15 (r11 = s/2:
                                         ; bytes of a row); their weights in ymm8 and ymm9 (as
-                                        ; the loaders': it packs smaller); each x load (ymm3)
+                                        ; the loaders': it packs smaller); each x load (ymm7)
                                         ; serves both rows
         vcvtph2ps ymm8, [rdx]
         vcvtph2ps ymm9, [rdx+r11]
-        vmovups ymm3, [rsi]
-        vfmadd231ps ymm0, ymm8, ymm3
-        vfmadd231ps ymm10, ymm9, ymm3
-        vmovups ymm3, [rsi+r10]
-        vfmadd231ps ymm1, ymm8, ymm3
-        vfmadd231ps ymm11, ymm9, ymm3
-        vmovups ymm3, [rsi+r10*2]
-        vfmadd231ps ymm2, ymm8, ymm3
-        vfmadd231ps ymm12, ymm9, ymm3
+        vmovups ymm7, [rsi]
+        vfmadd231ps ymm0, ymm8, ymm7
+        vfmadd231ps ymm10, ymm9, ymm7
+        vmovups ymm7, [rsi+r10]
+        vfmadd231ps ymm1, ymm8, ymm7
+        vfmadd231ps ymm11, ymm9, ymm7
+        vmovups ymm7, [rsi+r10*2]
+        vfmadd231ps ymm2, ymm8, ymm7
+        vfmadd231ps ymm12, ymm9, ymm7
         vcvtph2ps ymm8, [rdx+16]
         vcvtph2ps ymm9, [rdx+r11+16]
-        vmovups ymm3, [rsi+32]
-        vfmadd231ps ymm4, ymm8, ymm3
-        vfmadd231ps ymm13, ymm9, ymm3
-        vmovups ymm3, [rsi+r10+32]
-        vfmadd231ps ymm5, ymm8, ymm3
-        vfmadd231ps ymm14, ymm9, ymm3
-        vmovups ymm3, [rsi+r10*2+32]
-        vfmadd231ps ymm6, ymm8, ymm3
-        vfmadd231ps ymm15, ymm9, ymm3
+        vmovups ymm7, [rsi+32]
+        vfmadd231ps ymm4, ymm8, ymm7
+        vfmadd231ps ymm13, ymm9, ymm7
+        vmovups ymm7, [rsi+r10+32]
+        vfmadd231ps ymm5, ymm8, ymm7
+        vfmadd231ps ymm14, ymm9, ymm7
+        vmovups ymm7, [rsi+r10*2+32]
+        vfmadd231ps ymm6, ymm8, ymm7
+        vfmadd231ps ymm15, ymm9, ymm7
         add     rdx, 32
         add     rsi, 64
         sub     eax, 64

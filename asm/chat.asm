@@ -73,9 +73,6 @@ chat_next:
         mov     byte [rsi], 0
         cmp     rsi, r13
         jae     tokenize.err_long_prompt        ; (refused: fatal_here)
-        pop     rdi
-        push    rdi
-        call    check_nul
         pop     rsi
         jmp     chat.turn
 chat:

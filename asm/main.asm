@@ -135,22 +135,15 @@ setup:
         jne     help
         cmp     qword [rbp+V_MODEL], 0
         je      .err_no_model
-        cmp     byte [rbp+V_CNV], 0
-        je      .cnv_checked
-        cmp     byte [rbp+V_TOKENS], 0
-        jne     .err_cnv
-        cmp     dword [rbp+V_N], 0
-        jne     .cnv_checked
-.err_cnv:                               ; (setup's usage errors: out of the way of the prompt's
-        call    fatal_usage_here        ; jumps, in the short reach of the checks)
-        db      '-cnv: no --tokens, -n 0 or -f -', 0
-.err_prompt_and_file:
+        jmp     .checked
+.err_prompt_and_file:                   ; (setup's usage errors: out of the way of the prompt's
+                                        ; jumps, in the short reach of the checks)
         call    fatal_usage_here
         db      'use -p or -f, not both', 0
 .err_no_model:
         call    fatal_usage_here
         db      'no model (-m)', 0
-.cnv_checked:
+.checked:
 
 ; The prompt: with -f FILE the file's bytes ("-": standard input's), one trailing newline
 ; dropped (as llama.cpp does), in fresh zeroed memory (so zero-terminated, with a zero byte
@@ -165,11 +158,7 @@ PROMPT_FILE_MAX = 1 shl 24
         jne     .err_prompt_and_file
         xor     eax, eax                ; standard input
         cmp     word [rbx], '-'         ; "-" and its zero byte
-        jne     .open
-        cmp     byte [rbp+V_CNV], 0     ; -cnv reads its turns there
         je      .opened
-        jmp     .err_cnv
-.open:
         push    rbx
         pop     rdi
         xor     esi, esi                ; O_RDONLY
@@ -183,7 +172,6 @@ PROMPT_FILE_MAX = 1 shl 24
         lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
         lea     rsi, [rax+1]
         mov     [rbp+V_PROMPT], rsi
-        push    rsi                     ; (for check_nul)
 .read:
         xor     eax, eax                ; SYS_read (its only call: no wrapper)
         call    sys_call
@@ -195,8 +183,6 @@ PROMPT_FILE_MAX = 1 shl 24
         jnz     .read
         jmp     tokenize.err_long_prompt
 .end:
-        pop     rdi
-        call    check_nul               ; al = 0
         cmp     byte [rsi-1], 10
         jne     .prompt_read
         mov     [rsi-1], al             ; 0
@@ -440,18 +426,6 @@ parse_value.float:
 .ret:
         ret
 
-; check_nul: refuse a text that holds a NUL byte (fatal_here: in a conversation, the turn).
-;   in: rdi text, rsi its end (a zero byte there; rsi - rdi < 2^32)   out: al = 0
-;   clobbers: rax rcx rdi
-check_nul:
-        xor     eax, eax
-        mov     ecx, esi
-        sub     ecx, edi
-        inc     ecx                     ; the bytes and the zero after them
-        repne   scasb                   ; the first zero byte: the last one (rcx = 0)?
-        jrcxz   parse_value.float.ret
-        call    fatal_here
-        db      'NUL byte in the prompt', 0
 
 ; The options: name (bytes >= ' '), kind (< ' ': it ends the name), slot (offset from
 ; front_base, vars.asm), and for K_INT and K_FLOAT the maximum of the value as a dword

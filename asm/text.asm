@@ -7,8 +7,8 @@ msg_marker:
 msg_full:
         db      'gemma: context full (-c)', 10, 0
 msg_usage:
-        db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-cnv [-sys TEXT]] [-n N=EOS] [--temp T=0] [--top-p P=1]', 10
-        db      '  [-s SEED=0] [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
+        db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-cnv [-sys TEXT]] [-n N] [--temp T] [--top-p P]', 10
+        db      '  [-s SEED] [-t THREADS] [-c CTX] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
 msg_newline:
         db      10
 empty_text:                             ; (also the usage's terminating 0)

@@ -27,8 +27,9 @@ control pieces: it converses in its own template.
 
 Input cases (issue 45's table) on tiny_mqa, against the conversation the same turns give
 clean: trimming, empty lines, CRLF, `\\` continuation, end of input mid-line, NUL bytes, a turn
-of 2^24 bytes, turns that do not fit the context, the context filling during a reply, usage
-errors, -sys as given, a closed stdout, and the `> ` marker when stdin is a terminal.
+of 2^24 bytes, turns that do not fit the context, the context filling during a reply, -cnv
+with --tokens, -n 0 and -f -, -sys as given, a closed stdout, and the `> ` marker when stdin
+is a terminal.
 """
 from __future__ import annotations
 
@@ -52,9 +53,7 @@ OFFSET = {name: (off, code) for name, off, code in HEADER_FIELDS}
 LONG = (b"Tell me a story about a small robot who learns to paint the sea at night, with waves "
         b"of silver light and boats that sleep in the harbour, and say why it matters to the "
         b"robot.")                                # more than 64 ids in every fixture
-USAGE = b"gemma: -cnv: no --tokens, -n 0 or -f -\n"
 TOO_LONG = b"gemma: prompt too long\n"
-NUL = b"gemma: NUL byte in the prompt\n"
 FULL = b"gemma: context full (-c)\n"
 
 
@@ -309,39 +308,43 @@ def test_first_turn_from_a_file(gemma, mqa, tmp_path):
     same_run(got, want, "-f")
 
 
-@pytest.mark.parametrize("args", [["--tokens"], ["-n", 0], ["-f", "-"]])
-def test_usage_errors(gemma, args, tmp_path):
-    """--tokens, -n 0 and -f - with -cnv: one line, exit 2, before the model is read."""
-    for first in ([], args):
-        argv = [gemma.binary, *first, "-m", tmp_path / "none.bin", "-cnv",
-                *([] if first else args)]
-        r = subprocess.run([str(a) for a in argv], input=b"Hi\n", capture_output=True,
-                           timeout=30)
-        assert (r.returncode, r.stdout, r.stderr) == (2, b"", USAGE), args
-
-
-def test_nul_byte_refuses_the_turn_only(gemma, mqa):
-    """A NUL byte in a turn from stdin: that turn refused (one line), the conversation goes on
-    as if it had not been typed: first turn, later turn, and after a reply ended by -n."""
+def test_with_tokens_n0_and_stdin_file(gemma, mqa, tmp_path):
+    """What -cnv does with --tokens, -n 0 and -f - (docs/chat.md: not refused, to save engine
+    bytes): --tokens lists -p's ids as without -cnv and exits; -n 0 evaluates the first turn
+    (its --logits rows, no text) and exits 0; -f - makes all of standard input the first turn,
+    so the conversation ends after its reply."""
     model, t = mqa
-    for raw, clean in [(b"A\0B\nHi\nBye\n", lines(b"Hi", b"Bye")),
+    plain = run(gemma.binary, model, ["-p", "Hi there", "--tokens"])
+    got = run(gemma.binary, model, ["-cnv", "-p", "Hi there", "--tokens"], b"And you?\n")
+    assert (got.status, got.stdout, got.stderr) == (0, plain.stdout, b"")
+    first = chat(gemma, model, ["-n", N, "-p", "Hi there"], b"", t)
+    only = chat(gemma, model, ["-n", 0, "-p", "Hi there"], lines(b"And you?"), t)
+    assert (only.status, only.stdout, only.stderr) == (0, b"", b"")
+    assert only.digests == first.digests[:len(only.digests)] and 0 < len(only.digests) < len(first.digests)
+    got = chat(gemma, model, ["-n", N, "-f", "-"], b"Hi there\nAnd you?\n", t)
+    want = chat(gemma, model, ["-n", N, "-p", b"Hi there\nAnd you?"], b"", t)
+    same_run(got, want, "-f -")
+
+
+def test_nul_byte_ends_the_turn(gemma, mqa):
+    """A NUL byte in a line ends its turn's text there (the rest of the line is dropped; an
+    empty rest skips the turn), as a NUL ends a -f prompt (docs/chat.md)."""
+    model, t = mqa
+    for raw, clean in [(b"A\0B\nHi\nBye\n", lines(b"A", b"Hi", b"Bye")),
                        (b"Hi\n\0\nBye\n", lines(b"Hi", b"Bye")),
-                       (b"Hi\nA\0\nBye\n\0B\n", lines(b"Hi", b"Bye"))]:
-        got = chat(gemma, model, ["-n", N], raw, t)
-        want = chat(gemma, model, ["-n", N], clean, t)
-        assert got.stderr == NUL * raw.count(b"\0"), f"{raw!r}: {got.stderr!r}"
-        got.stderr = b""
-        same_run(got, want, repr(raw))
+                       (b"Hi\nA\0\nBye\n\0B\n", lines(b"Hi", b"A", b"Bye"))]:
+        same_run(chat(gemma, model, ["-n", N], raw, t), chat(gemma, model, ["-n", N], clean, t),
+                 repr(raw))
 
 
 @pytest.mark.parametrize("cnv", [["-cnv"], []])
-def test_nul_byte_in_the_prompt_file_is_an_error(gemma, mqa, tmp_path, cnv):
-    """-f FILE holding a NUL byte: exit 1, one line, with or without -cnv (the command line's
-    input, not a turn: nothing is read from stdin, nothing printed)."""
-    model, _ = mqa
+def test_nul_byte_ends_the_prompt_file(gemma, mqa, tmp_path, cnv):
+    """-f FILE holding a NUL byte: the prompt ends there, with or without -cnv."""
+    model, t = mqa
     (tmp_path / "nul.txt").write_bytes(b"Hi\0there\n")
-    r = run(gemma.binary, model, [*cnv, "-f", tmp_path / "nul.txt", "-n", N], b"Hi\n")
-    assert (r.status, r.stdout, r.stderr) == (1, b"", NUL)
+    got = run(gemma.binary, model, [*cnv, "-f", tmp_path / "nul.txt", "-n", N], b"", t.vocab)
+    want = run(gemma.binary, model, [*cnv, "-p", "Hi", "-n", N], b"", t.vocab)
+    same_run(got, want, "-f with a NUL byte")
 
 
 def test_first_turn_too_long_is_an_error(gemma, mqa):

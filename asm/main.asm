@@ -359,9 +359,9 @@ parse_digits:
 
 ; parse_value: the value of a K_INT or K_FLOAT option (the kind before the entry's slot byte).
 ; K_INT: a decimal u64. K_FLOAT: a decimal number: digits, optionally '.' and digits (at
-; least one digit in all, at most 2^63 - 1 as an integer), optionally e or E, a sign and
-; digits (<= 1000); value = integer * 10^exponent in x87 extended precision, rounded to
-; float32 (0x7F800000 when it overflows).
+; least one digit in all, at most 2^63 - 1 as an integer; no exponent: its 34 packed bytes
+; went to conversation mode); value = integer * 10^-(digits after the point) in x87 extended
+; precision, rounded to float32.
 ;   in: rsi string, rdi -> the entry's slot byte   out: rax value (float32 bits zero-extended),
 ;   rsi -> the first byte after it   (err_bad_value when malformed or beyond a u64)
 ;   clobbers: rcx rdx r8 r11 (x87 left empty)
@@ -389,30 +389,6 @@ parse_value.float:
         test    rax, rax
         js      err_bad_number          ; fild reads it signed
         push    rax
-        mov     al, [rsi]
-        or      al, 0x20
-        cmp     al, 'e'
-        jne     .scale
-        inc     rsi
-        lodsb
-        sub     al, '-'                 ; 0: negative
-        je      .exp_digits
-        cmp     al, '+' - '-'
-        je      .exp_digits
-        dec     rsi                     ; no sign
-.exp_digits:
-        push    rax                     ; the sign
-        xor     eax, eax
-        call    parse_digits
-        jz      err_bad_number
-        pop     rcx
-        cmp     rax, 1000               ; beyond float32 either way
-        ja      err_bad_number
-        test    cl, cl
-        jnz     .exp_add
-        neg     eax
-.exp_add:
-        add     r8d, eax
 .scale:
         fild    qword [rsp]             ; the integer
         mov     [rsp], r8               ; (zero-extended: the upper half of the result)

@@ -66,7 +66,6 @@ opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
 opt_flags:      rq 1            ; the flags, a byte each: --tokens, -h / --help, --baseline,
                                 ; --avx2 (cpu.asm), -cnv
-model_size:     rq 1            ; its length in bytes
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
 opt_sys:        rq 1            ; -sys text (0: none)
@@ -100,7 +99,6 @@ V_PENDING       = pending - front_base
 V_POS           = chat_pos - front_base
 V_STRINGS       = strings_ptr - front_base
 V_BASE          = model_base - front_base
-V_SIZE          = model_size - front_base
 V_SLOTS         = slots_ptr - front_base
 V_PIECES        = pieces_ptr - front_base
 V_INDEX         = index_ptr - front_base

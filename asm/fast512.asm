@@ -34,13 +34,11 @@ tile8:
         push    rbx
         push    rbp
         push    r12
-        push    r13
-        push    rax                     ; (rsp 0 mod 16 at the calls)
         add     rcx, f16_rows3 - matmul_f16_avx2.f16 ; the loader
-        push    qword [rsp+56]          ; ostride, k = 4, a slot and accumulate: the frame
+        push    qword [rsp+40]          ; ostride, k = 4, a slot and accumulate: the frame
         push    FAST_TOKENS             ; matmul_f16_avx2.sum_row reads (its .go's: k at
-        push    rax                     ; [rsp+16], ostride at [rsp+24])
-        push    r9
+        push    rax                     ; [rsp+16], ostride at [rsp+24]; rsp 0 mod 16 at the
+        push    r9                      ; calls)
         lea     r12, [r10+r10*2]        ; 3s
 .tri:
         xor     ebx, ebx                ; rows b, c: rbx, rbp bytes on (one row left:
@@ -105,7 +103,7 @@ tile8:
         sub     rsi, r10                ; x again
         add     rdx, rbp                ; past rows b, c
         push    TILE8_ROWS
-        pop     r13                     ; rows to sum
+        pop     rbx                     ; rows to sum (rbx, rbp: free until .tri)
 .row:                                   ; a row's eight results, in the fast kernels' order
         call    .half                   ; tokens 0-3 at rdi + t ostride; rdi 4 bytes on
         imul    r9, [rsp+24], FAST_TOKENS ; tokens 4-7: FAST_TOKENS ostride on
@@ -134,12 +132,11 @@ tile8:
         vmovaps zmm27, zmm31
         dec     r8d
         jz      .done
-        dec     r13d
+        dec     ebx
         jnz     .row
         jmp     .tri
 .done:
-        add     rsp, 40                 ; the frame and the alignment slot
-        pop     r13
+        add     rsp, 32                 ; the frame
         pop     r12
         pop     rbp
         pop     rbx

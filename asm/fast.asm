@@ -149,11 +149,11 @@ matmul_f16_avx2:
 .half:
         vpmovsxbd ymm8, [rdx]
         vpmovsxbd ymm9, [rdx+8]
-        add     rdx, 16
         vcvtdq2ps ymm8, ymm8
         vcvtdq2ps ymm9, ymm9
         vmulps  ymm8, ymm8, ymm10       ; d q: exact (11 by 8 significant bits)
         vmulps  ymm9, ymm9, ymm10
+        add     rdx, 16
         jmp     r9
 .quad:                                  ; FP16 decode, to the rows' end: 16 halves of rows
         mov     r9, [rsp+32]            ; i, i + q, i + 2q, i + 3q (q = d/4, r9 bytes a row

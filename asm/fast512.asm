@@ -18,14 +18,14 @@
 ; less than entries of their own (6 layouts, 2026-12-06).
 ; tile8: matmul_f16_avx512's and matmul_q8_avx512's prompt blocks (k = 8): three rows a-c at
 ; a time; the loader (rcx) puts each row's next 16 weights in zmm4-6 (rows b, c rbx, rbp
-; bytes on; past the last row, row a or b again, their sums not stored), x in zmm7 (the
-; registers of fast.asm's loops, which packs smaller than zmm20-23 did); 24 accumulators:
-; tokens 0-3 of rows a, b, c in zmm0-3, zmm8-11, zmm12-15, tokens 4-7 in zmm16-19, zmm24-27,
-; zmm28-31. Then each row's sums, four tokens at a time (.half): the upper halves (chain 1)
-; into ymm4-7 and matmul_f16_avx2.sum_row (fast.asm: its order, its stores). (k != 8: the
-; AVX2 kernels' own code.) The loader: f16_rows3 or q8_rows3, at the
-; distance from the AVX2 one the entry chose (matmul_f16_avx2.f16 or .q8) that the other
-; pair has too (both 25 bytes apart; Q8_0's k = 8 tests fail if not).
+; bytes on; past the last row, row a or b again, their sums not stored), x in zmm7 (they
+; pack smaller than zmm20-23 did); 24 accumulators: tokens 0-3 of rows a, b, c in zmm0-3,
+; zmm8-11, zmm12-15, tokens 4-7 in zmm16-19, zmm24-27, zmm28-31. Then each row's sums, four
+; tokens at a time (.half): the upper halves (chain 1) into ymm4-7 and
+; matmul_f16_avx2.sum_row (fast.asm: its order, its stores). (k != 8: the AVX2 kernels' own
+; code.) The loader: the AVX2 one the entry chose (matmul_f16_avx2.f16 or .q8) moved by
+; f16_rows3 - .f16, which is q8_rows3 - .q8 too (.f16 and f16_rows3 take 25 bytes each;
+; Q8_0's k = 8 tests fail if not).
 ;   in: as matmul_f16_avx2 (k = 8), and rcx the AVX2 loader, r10 s (bytes of an x_t), r11
 ;   bytes of a row of W (from its .go)
 ;   out, clobbers: as matmul_f16_avx2 (and zmm16-31)
@@ -34,13 +34,11 @@ tile8:
         push    rbx
         push    rbp
         push    r12
-        push    r13
-        push    rax                     ; (rsp 0 mod 16 at the calls)
         add     rcx, f16_rows3 - matmul_f16_avx2.f16 ; the loader
-        push    qword [rsp+56]          ; ostride, k = 4, a slot and accumulate: the frame
+        push    qword [rsp+40]          ; ostride, k = 4, a slot and accumulate: the frame
         push    FAST_TOKENS             ; matmul_f16_avx2.sum_row reads (its .go's: k at
-        push    rax                     ; [rsp+16], ostride at [rsp+24])
-        push    r9
+        push    rax                     ; [rsp+16], ostride at [rsp+24]; rsp 0 mod 16 at the
+        push    r9                      ; calls)
         lea     r12, [r10+r10*2]        ; 3s
 .tri:
         xor     ebx, ebx                ; rows b, c: rbx, rbp bytes on (one row left:
@@ -105,7 +103,7 @@ tile8:
         sub     rsi, r10                ; x again
         add     rdx, rbp                ; past rows b, c
         push    TILE8_ROWS
-        pop     r13                     ; rows to sum
+        pop     rbx                     ; rows to sum (rbx, rbp: free until .tri)
 .row:                                   ; a row's eight results, in the fast kernels' order
         call    .half                   ; tokens 0-3 at rdi + t ostride; rdi 4 bytes on
         imul    r9, [rsp+24], FAST_TOKENS ; tokens 4-7: FAST_TOKENS ostride on
@@ -134,12 +132,11 @@ tile8:
         vmovaps zmm27, zmm31
         dec     r8d
         jz      .done
-        dec     r13d
+        dec     ebx
         jnz     .row
         jmp     .tri
 .done:
-        add     rsp, 40                 ; the frame and the alignment slot
-        pop     r13
+        add     rsp, 32                 ; the frame
         pop     r12
         pop     rbp
         pop     rbx

@@ -41,6 +41,9 @@ load_model:
         mov     esi, O_NONBLOCK
         call    sys_open
         js      err_cannot_read
+        jnz     .fd
+        inc     byte [rbp+V_NO_STDIN]   ; descriptor 0: standard input was closed
+.fd:
         mov     r8d, eax                ; fd
         xchg    edi, eax
         lea     rsi, [rbp+V_OUT_BUF]    ; kept there for the --logits check (main.asm)

@@ -65,7 +65,8 @@ opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
 opt_flags:      rq 1            ; the flags, a byte each: --tokens, -h / --help, --baseline,
-                                ; --avx2 (cpu.asm), -cnv
+                                ; --avx2 (cpu.asm), -cnv; then no_stdin (model.asm: the model
+                                ; took descriptor 0)
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
 opt_sys:        rq 1            ; -sys text (0: none)
@@ -93,6 +94,7 @@ V_HELP          = opt_flags + 1 - front_base
 V_BASELINE      = opt_flags + 2 - front_base
 V_AVX2          = opt_flags + 3 - front_base
 V_CNV           = opt_flags + 4 - front_base
+V_NO_STDIN      = opt_flags + 5 - front_base
 V_SYS           = opt_sys - front_base
 V_CHAT_RSP      = chat_rsp - front_base
 V_PENDING       = pending - front_base

@@ -409,6 +409,18 @@ def test_turn_of_16_mib_is_refused(gemma, mqa):
     same_run(got, want, "a 16 MiB turn")
 
 
+def test_closed_stdin_ends_after_the_first_turn(gemma, mqa):
+    """Standard input closed (`<&-`): the model file takes descriptor 0, and the conversation
+    reads no turns from it: -p's turn is answered, then exit 0, as with an empty input."""
+    model, _ = mqa
+    argv = [str(gemma.binary), "-m", str(model), "-cnv", "-p", "Hi there", "-n", str(N)]
+    closed = subprocess.run(argv, stdin=None, capture_output=True, timeout=30,
+                            preexec_fn=lambda: os.close(0))
+    empty = subprocess.run(argv, input=b"", capture_output=True, timeout=30)
+    assert (closed.returncode, closed.stdout, closed.stderr) == (0, empty.stdout, b"")
+    assert empty.stdout.count(b"\n") >= 1
+
+
 def test_closed_stdout_ends_quietly(gemma, mqa):
     """`gemma -cnv ... | head -c1`: the reader goes after one byte; the engine ends by exit
     (status 0 or 1, not a signal), nothing on stderr."""

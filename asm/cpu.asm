@@ -24,7 +24,7 @@ cpu_setup:
         pop     rdi
         cmp     byte [rbp+V_BASELINE], 0
         jne     .chosen
-        test    byte [fv_cols], 15
+        test    byte [rbp+V_COLS], 15
         jnz     .chosen                 ; a product's n (dim, ffn, heads x head_dim) is not
                                         ; a multiple of 16
         mov     eax, edi                ; leaf 1

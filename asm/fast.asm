@@ -43,15 +43,22 @@
 ; Intel host). FP16's two-row prompt tiles do not: their weights come from the cache after a
 ; chunk's first call, and prefetching them into L1 evicted the tokens' x (without: 2b FP16
 ; prompt 1.11-1.20x on 2 threads, 1.05x on 1; Q8_0 and the real 270M unchanged; AVX2 host).
+; matmul_f16_avx512: the same kernel on the AVX-512F level, where k = 8 goes to fast512.asm's
+; tile8 (3 x 8 tiles, the same bits; other k run here). It enters a nop early: an address of
+; its own, which cpu.asm's choice and its tests tell apart from the AVX2 level's.
+; matmul_q8_avx512: matmul_q8_avx2's entry likewise.
 ;   in: rdi xout, rsi x, rdx W (rows of n halves, contiguous), ecx n (16, 32, ...), r8d d,
-;   r9d accumulate; stack: k (1..4, low dword), ostride (a qword)
-;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared)
+;   r9d accumulate; stack: k (1..4, or 8 with AVX-512F; low dword), ostride (a qword)
+;   out: xout_t   clobbers: rax rcx rdx rdi rsi r8-r11 xmm0-xmm15 (upper halves cleared;
+;   k = 8: the zmm registers)
 FAST_TOKENS = 4                         ; tokens per call at most (cpu.asm; AVX-512: TILE8_TOKENS)
 TILE8_TOKENS = 2 * FAST_TOKENS          ; the AVX-512 kernels' (fast512.asm; cpu.asm)
 TILE_TOKENS = FAST_TOKENS - 1           ; FP16's on AVX2: its two-row tiles (.tile; cpu.asm)
 TOKEN_CODE = 13         ; bytes of each of .t3, .t2, .t1 (one token; k = 2..4 tests catch a change)
 PREFETCH_AHEAD = 2048
 
+matmul_q8_avx512:
+        nop                             ; (AVX-512F: tile8 at k = 8)
 matmul_q8_avx2:
         lea     rax, [matmul_f16_avx2.q8]
         imul    r11d, ecx, Q8_0_BLOCK / 2
@@ -68,13 +75,17 @@ matmul_q8_avx2:
         push    2                       ; k: .sum stores the pair's two sums
         lea     rax, [matmul_f16_avx2.pair]
         jmp     matmul_f16_avx2.rows_apart
+matmul_f16_avx512:
+        nop                             ; (AVX-512F: tile8 at k = 8)
 matmul_f16_avx2:
         lea     rax, [.f16]             ; where 16 weights are loaded (matmul_q8_avx2: .q8)
         lea     r11d, [rcx+rcx]         ; bytes of a row
         cmp     dword [rsp+8], TILE_TOKENS ; k
         jne     .k
         test    r8b, 1
-        jz      .tile                   ; k = 3, d even: rows in pairs
+        jnz     .go                     ; k = 3, d odd: one row at a time
+        lea     rax, [.tile]            ; k = 3, d even: rows in pairs
+        jmp     .go
 .k:
         cmp     dword [rsp+8], 1
         jne     .go
@@ -92,9 +103,11 @@ matmul_f16_avx2:
         add     rsp, 24
         ret
 .go:
-        push    r9                      ; [rsp]: accumulate; k at [rsp+16], ostride [rsp+24]
         imul    r10d, ecx, 4            ; s: bytes of an x_t
         xchg    rax, rcx                ; rcx: the loader (kept to the end)
+        cmp     dword [rsp+8], TILE8_TOKENS ; k
+        je      tile8                   ; (AVX-512F: fast512.asm)
+        push    r9                      ; [rsp]: accumulate; k at [rsp+16], ostride [rsp+24]
         lea     r11, [r10+r10*2]        ; 3s
         imul    eax, [rsp+16], TOKEN_CODE
         lea     r9, [.t0+TOKEN_CODE]
@@ -136,11 +149,11 @@ matmul_f16_avx2:
 .half:
         vpmovsxbd ymm8, [rdx]
         vpmovsxbd ymm9, [rdx+8]
-        add     rdx, 16
         vcvtdq2ps ymm8, ymm8
         vcvtdq2ps ymm9, ymm9
         vmulps  ymm8, ymm8, ymm10       ; d q: exact (11 by 8 significant bits)
         vmulps  ymm9, ymm9, ymm10
+        add     rdx, 16
         jmp     r9
 .quad:                                  ; FP16 decode, to the rows' end: 16 halves of rows
         mov     r9, [rsp+32]            ; i, i + q, i + 2q, i + 3q (q = d/4, r9 bytes a row
@@ -177,32 +190,32 @@ matmul_f16_avx2:
 .pair:                                  ; decode pairs (matmul_q8_avx2), to the rows' end:
         mov     r9, [rsp+32]            ; row i + d/2 is r9 bytes on; 16 weights of each a
 .pairs:                                 ; pass (row i: chains ymm0, ymm4; row i + d/2: ymm1,
-        test    al, 64                  ; ymm5; ymm2, 3, 6, 7 are free: the pair is k = 2)
-        jz      .pairhalf               ; a block's second 16
-        vpbroadcastw xmm6, [rdx]
-        vcvtph2ps ymm6, xmm6            ; row i's d
-        vpbroadcastw xmm7, [rdx+r9]
-        vcvtph2ps ymm7, xmm7            ; row i + d/2's d
+        test    al, 64                  ; ymm5: the pair is k = 2) in .q8's registers (they
+        jz      .pairhalf               ; pack smaller); .pairhalf: a block's second 16
         prefetcht0 [rdx+PREFETCH_AHEAD]
+        vpbroadcastw xmm10, [rdx]
+        vcvtph2ps ymm10, xmm10          ; row i's d (as .q8)
         prefetcht0 [rdx+r9+PREFETCH_AHEAD]
+        vpbroadcastw xmm11, [rdx+r9]
+        vcvtph2ps ymm11, xmm11          ; row i + d/2's d
         add     rdx, 2
 .pairhalf:
-        vpmovsxbd ymm2, [rdx]
-        vpmovsxbd ymm3, [rdx+8]
-        vcvtdq2ps ymm2, ymm2
-        vcvtdq2ps ymm3, ymm3
-        vmulps  ymm2, ymm2, ymm6
-        vmulps  ymm3, ymm3, ymm6
-        vfmadd231ps ymm0, ymm2, [rsi]
-        vfmadd231ps ymm4, ymm3, [rsi+32]
-        vpmovsxbd ymm2, [rdx+r9]
-        vpmovsxbd ymm3, [rdx+r9+8]
-        vcvtdq2ps ymm2, ymm2
-        vcvtdq2ps ymm3, ymm3
-        vmulps  ymm2, ymm2, ymm7
-        vmulps  ymm3, ymm3, ymm7
-        vfmadd231ps ymm1, ymm2, [rsi]
-        vfmadd231ps ymm5, ymm3, [rsi+32]
+        vpmovsxbd ymm8, [rdx]
+        vpmovsxbd ymm9, [rdx+8]
+        vcvtdq2ps ymm8, ymm8
+        vcvtdq2ps ymm9, ymm9
+        vmulps  ymm8, ymm8, ymm10
+        vmulps  ymm9, ymm9, ymm10
+        vfmadd231ps ymm0, ymm8, [rsi]
+        vfmadd231ps ymm4, ymm9, [rsi+32]
+        vpmovsxbd ymm8, [rdx+r9]
+        vpmovsxbd ymm9, [rdx+r9+8]
+        vcvtdq2ps ymm8, ymm8
+        vcvtdq2ps ymm9, ymm9
+        vmulps  ymm8, ymm8, ymm11
+        vmulps  ymm9, ymm9, ymm11
+        vfmadd231ps ymm1, ymm8, [rsi]
+        vfmadd231ps ymm5, ymm9, [rsi+32]
         add     rdx, 16
         add     rsi, 64
         sub     eax, 64
@@ -210,6 +223,7 @@ matmul_f16_avx2:
 .sum:                                   ; the row's results for its k tokens from its chains
         sub     rsi, r10                ; x again
         call    .sum_row
+.next:
         dec     r8d
         jnz     .row
         vzeroupper
@@ -218,7 +232,7 @@ matmul_f16_avx2:
 ; .sum_row: a row's results for its k tokens, from its chains (token t's chain 0 in ymm t,
 ; chain 1 in ymm 4+t), stored (or added) at rdi + t ostride; rdi then 4 bytes on. .sum_l:
 ; the same from l (both chains added) in ymm0-3. Called with the frame .go pushes (the
-; accumulate flag, then the kernel's return address, k and ostride; fast512.asm's tile4 builds
+; accumulate flag, then the kernel's return address, k and ostride; fast512.asm's tile8 builds
 ; the same four qwords).
 ;   clobbers: rax xmm0-xmm3 (ymm)
 .sum_row:
@@ -248,47 +262,44 @@ matmul_f16_avx2:
         add     rdi, 4                  ; the next row's
         ret
 .tile:                                  ; FP16, k = 3, d even: rows a and b = a + 1 at once
-        push    r9                      ; (as .go) row a's chains in ymm0-2 / ymm4-6 (as the
-        imul    r10d, ecx, 4            ; one-row pass's), row b's in ymm8-10 / ymm11-13; each
-.pair3:                                 ; x load (ymm3) serves both rows
-        vzeroall
-        mov     eax, r10d               ; bytes of x_t to go
-.col3:
-        vcvtph2ps ymm14, [rdx]
-        vcvtph2ps ymm15, [rdx+r11]
-        vmovups ymm3, [rsi]
-        vfmadd231ps ymm0, ymm14, ymm3
-        vfmadd231ps ymm8, ymm15, ymm3
-        vmovups ymm3, [rsi+r10]
-        vfmadd231ps ymm1, ymm14, ymm3
-        vfmadd231ps ymm9, ymm15, ymm3
-        vmovups ymm3, [rsi+r10*2]
-        vfmadd231ps ymm2, ymm14, ymm3
-        vfmadd231ps ymm10, ymm15, ymm3
-        vcvtph2ps ymm14, [rdx+16]
-        vcvtph2ps ymm15, [rdx+r11+16]
-        vmovups ymm3, [rsi+32]
-        vfmadd231ps ymm4, ymm14, ymm3
-        vfmadd231ps ymm11, ymm15, ymm3
-        vmovups ymm3, [rsi+r10+32]
-        vfmadd231ps ymm5, ymm14, ymm3
-        vfmadd231ps ymm12, ymm15, ymm3
-        vmovups ymm3, [rsi+r10*2+32]
-        vfmadd231ps ymm6, ymm14, ymm3
-        vfmadd231ps ymm13, ymm15, ymm3
+        mov     r11d, r10d              ; (.go's loader, entered once a pair, to its end) row
+        shr     r11d, 1                 ; a's chains in ymm0-2 / ymm4-6 (as the one-row
+.col3:                                  ; pass's), row b's in ymm10-12 / ymm13-15 (r11 = s/2:
+                                        ; bytes of a row); their weights in ymm8 and ymm9 (as
+                                        ; the loaders': it packs smaller); each x load (ymm7)
+                                        ; serves both rows
+        vcvtph2ps ymm8, [rdx]
+        vcvtph2ps ymm9, [rdx+r11]
+        vmovups ymm7, [rsi]
+        vfmadd231ps ymm0, ymm8, ymm7
+        vfmadd231ps ymm10, ymm9, ymm7
+        vmovups ymm7, [rsi+r10]
+        vfmadd231ps ymm1, ymm8, ymm7
+        vfmadd231ps ymm11, ymm9, ymm7
+        vmovups ymm7, [rsi+r10*2]
+        vfmadd231ps ymm2, ymm8, ymm7
+        vfmadd231ps ymm12, ymm9, ymm7
+        vcvtph2ps ymm8, [rdx+16]
+        vcvtph2ps ymm9, [rdx+r11+16]
+        vmovups ymm7, [rsi+32]
+        vfmadd231ps ymm4, ymm8, ymm7
+        vfmadd231ps ymm13, ymm9, ymm7
+        vmovups ymm7, [rsi+r10+32]
+        vfmadd231ps ymm5, ymm8, ymm7
+        vfmadd231ps ymm14, ymm9, ymm7
+        vmovups ymm7, [rsi+r10*2+32]
+        vfmadd231ps ymm6, ymm8, ymm7
+        vfmadd231ps ymm15, ymm9, ymm7
         add     rdx, 32
         add     rsi, 64
         sub     eax, 64
-        jnz     .col3
+        jnb     .col3
         sub     rsi, r10                ; x again
         add     rdx, r11                ; past row b
         call    .sum_row                ; row a (ymm3, 7: no token 3)
-        vaddps  ymm0, ymm8, ymm11       ; row b's l
-        vaddps  ymm1, ymm9, ymm12
-        vaddps  ymm2, ymm10, ymm13
+        dec     r8d                     ; (then .next counts row b)
+        vaddps  ymm0, ymm10, ymm13      ; row b's l
+        vaddps  ymm1, ymm11, ymm14
+        vaddps  ymm2, ymm12, ymm15
         call    .sum_l                  ; row b
-        sub     r8d, 2
-        jnz     .pair3
-        vzeroupper
-        pop     r9
-        ret
+        jmp     .next

@@ -104,3 +104,14 @@ PIECE_CONTROL   = 3
 PIECE_USER      = 4
 PIECE_UNUSED    = 5
 PIECE_BYTE      = 6
+
+; the strings section (the chat turn template): N_STRINGS records (u32 offset from the
+; section's start, u32 length), in this order; each string at most STRING_MAX bytes
+STRING_REC      = 8
+N_STRINGS       = 5
+STRING_MAX      = 256
+S_SYS_BEGIN     = 0 * STRING_REC        ; opens the first turn when there is a system prompt
+S_SYS_END       = 1 * STRING_REC        ; between the system text and the first user text
+S_USER_BEGIN    = 2 * STRING_REC        ; opens a user turn otherwise
+S_USER_END      = 3 * STRING_REC        ; closes a user turn and opens the reply
+S_REPLY_END     = 4 * STRING_REC        ; after a reply

@@ -5,7 +5,8 @@
 ; computes is its program. program.asm validates it and lays out the buffers.
 ; Registers inside forward and its handlers: rbx = model header, rbp = fwd_vars (variables as
 ; [rbp+FV_*]), r13 = the op's record; a handler finds its slot operands' rows in FV_P and
-; FV_ST (token 0's row of s0 .. s3, 0 for none; their rows' bytes) and its weight at FV_W
+; FV_ST (token 0's row of s0 .. s3, 0 for none: a CACHE slot's row of position pos, but
+; position 0 for ATTN's K and V (OPW_KV); their rows' bytes) and its weight at FV_W
 ; (and in rdx when it runs once per block).
 
 BLOCK_SHIFT = 6                 ; 64 tokens: a matrix chunk's first call reads its weights from
@@ -43,10 +44,12 @@ forward:
         pop     r15
 .operand:                       ; s0 .. s3 (r15 = -4 .. -1): token 0's row, the rows' bytes
         call    op_width
-        shl     rdx, 2
+        shl     edx, 2                  ; (<= MAX_WIDTH floats: check_program)
         mov     [rbp+FV_ST+32+r15*8], rdx
         movzx   ecx, byte [r13+OP_S0+4+r15]
+        test    al, OPW_KV              ; (eax: the operand's code)
         mov     rax, [slot_ptr+rcx*8]
+        jnz     .row                    ; ATTN's K and V: from position 0
         test    byte [slot_cache+rcx], SLOT_CACHE
         jz      .row
         mov     esi, [rbp+FV_POS]       ; a cache's rows go by position
@@ -166,10 +169,6 @@ h_rope:
 ; h_attn: ATTN, every (token, head) of the block over the threads (att_share), K's and V's
 ; rows by position from 0.
 h_attn:
-        mov     eax, [rbp+FV_POS]
-        imul    rax, [rbp+FV_ST+16]     ; (K's and V's rows: the same bytes)
-        sub     [rbp+FV_P+16], rax      ; K's row of position 0
-        sub     [rbp+FV_P+24], rax      ; V's
         mov     eax, att_share          ; (addresses are below 2^32)
         jmp     par_run
 

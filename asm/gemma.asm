@@ -24,6 +24,7 @@ include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
 include 'sys.asm'               ; the only file that holds `syscall`
 include 'format.asm'            ; the model file's layout (constants only)
 include 'main.asm'              ; start-up, command line, generation loop
+include 'chat.asm'              ; -cnv: turns from stdin in the model's template
 include 'model.asm'             ; open, map and validate the model file
 include 'text.asm'              ; read-only strings
 include 'tokenizer.asm'         ; text -> ids

@@ -64,7 +64,6 @@ matmul_f16:
         stosd
         dec     r8d
         jnz     .row
-.ret:
         ret
 .one:                                   ; (out of the loop: its jumps stay short)
         xorps   xmm1, xmm1
@@ -135,7 +134,7 @@ matvec_f32:
 matvec_strided:
 .row:
         dec     r8d
-        js      matmul_f16.ret
+        js      .done
         xorps   xmm0, xmm0
         xorps   xmm3, xmm3
         xor     r11d, r11d
@@ -176,6 +175,8 @@ matvec_strided:
         stosd
         add     rdx, r9
         jmp     .row
+.done:
+        ret
 
 ; rmsnorm: x (n,), w (n,) -> xout (n,) = x * r * w, r = float32(1 / sqrt(mean(x^2) + eps));
 ; r8d != 0 adds it to xout instead (Gemma 2/3's post-norm residuals). Sum of squares, mean,

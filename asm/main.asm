@@ -21,7 +21,7 @@ start:
         ; rather than kill the process: block SIGPIPE. (No register but rsp is read before
         ; it is written: the packed program's stub leaves its decoder's values in them.)
         lea     esi, [rbp+V_SIGSET]     ; (rbp < 2^32)
-        bts     dword [rsi], SIGPIPE - 1 ; (signal n: bit n - 1)
+        mov     byte [rsi+1], 1 shl (SIGPIPE - 9) ; (signal n: bit n - 1, in byte 1 here)
         xor     edi, edi                ; SIG_BLOCK
         xor     edx, edx                ; no old set
         lea     ecx, [rdi+8]            ; sizeof(sigset_t) as the kernel counts it
@@ -116,10 +116,9 @@ err_bad_c:
 err_bad_value:
         call    fatal_arg_here
         db      'bad value for ', 0
-
-err_no_model:
-        call    fatal_usage_here
-        db      'no model (-m)', 0
+err_stray_argument:
+        call    fatal_usage_arg_here
+        db      'unexpected argument ', 0
 
 ; help: -h / --help: print the usage text on stdout and exit with status 0 (sys.asm's usage
 ; code; here in short-jump reach of setup).
@@ -127,16 +126,67 @@ help:
         push    STDOUT
         jmp     usage.put
 
-; setup: the model, the context, the prompt's ids; then the generation loop (next_arg
-; goes on here once every argument is parsed).
+; setup: the usage checks, the prompt (-f), the model, the context, the prompt's ids; then
+; the generation loop (next_arg goes on here once every argument is parsed).
 ;   in: rbp front_base with the options stored   out: never returns (exits)
 setup:
         and     rsp, -16                ; (argv popped)
         cmp     byte [rbp+V_HELP], 0
         jne     help
         cmp     qword [rbp+V_MODEL], 0
-        je      err_no_model
-        call    read_prompt             ; -f
+        je      .err_no_model
+        jmp     .checked
+.err_prompt_and_file:                   ; (setup's usage errors: out of the way of the prompt's
+                                        ; jumps, in the short reach of the checks)
+        call    fatal_usage_here
+        db      'use -p or -f, not both', 0
+.err_no_model:
+        call    fatal_usage_here
+        db      'no model (-m)', 0
+.checked:
+
+; The prompt: with -f FILE the file's bytes ("-": standard input's), one trailing newline
+; dropped (as llama.cpp does), in fresh zeroed memory (so zero-terminated, with a zero byte
+; before it too: the newline check needs no bounds test), at opt_prompt (without -f, -p's
+; text stays there). Fatal "cannot read FILE", or "prompt too long" at PROMPT_FILE_MAX bytes
+; (the tokenizer's sizes then stay below 2^31); a usage error when -p was given too.
+PROMPT_FILE_MAX = 1 shl 24
+        mov     rbx, [rbp+V_FILE]
+        test    rbx, rbx
+        jz      .prompt_read
+        cmp     dword [rbp+V_PROMPT], empty_text ; -p given too?
+        jne     .err_prompt_and_file
+        xor     eax, eax                ; standard input
+        cmp     word [rbx], '-'         ; "-" and its zero byte
+        je      .opened
+        push    rbx
+        pop     rdi
+        xor     esi, esi                ; O_RDONLY
+        call    sys_open
+        js      .cannot_read
+.opened:
+        push    rax                     ; fd
+        mov     edi, PROMPT_FILE_MAX + 2
+        call    alloc                   ; rsi = PROMPT_FILE_MAX + 2
+        pop     rdi                     ; fd
+        lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
+        lea     rsi, [rax+1]
+        mov     [rbp+V_PROMPT], rsi
+.read:
+        xor     eax, eax                ; SYS_read (its only call: no wrapper)
+        call    sys_call
+.cannot_read:                           ; (SF set: the open's failure too)
+        js      err_cannot_read         ; (a directory: EISDIR)
+        jz      .end
+        add     rsi, rax
+        sub     edx, eax
+        jnz     .read
+        jmp     tokenize.err_long_prompt
+.end:
+        cmp     byte [rsi-1], 10
+        jne     .prompt_read
+        mov     [rsi-1], al             ; 0
+.prompt_read:
         mov     rbx, [rbp+V_MODEL]
         call    load_model              ; validates everything the file holds; rbx = header
         mov     ecx, [rbx+HDR_MAX_CTX]
@@ -151,6 +201,9 @@ setup:
         ja      err_bad_c
         mov     [rbp+V_CTX_LEN], eax    ; (-n may exceed it: generation stops at a full context)
         call    model_setup             ; (clobbers r12-r15)
+        mov     eax, [rbx+HDR_BOS]      ; the first id (tokenize)
+        mov     [rbp+V_PENDING], eax
+        xor     r15d, r15d              ; from position 0
         call    tokenize                ; r12 -> ids, r13d = count (<= ctx_len)
         cmp     byte [rbp+V_TOKENS], 0
         je      .no_tokens
@@ -177,10 +230,10 @@ setup:
 .put:
         pop     rax                     ; a digit, then the separator
         add     al, '0'
-        cmp     al, ' '
-        pushfq
+        push    rax
         call    put_byte
-        popfq
+        pop     rax
+        cmp     al, ' '
         ja      .put                    ; a digit
         je      .id                     ; a space: the next id
         jmp     exit_ok                 ; the newline
@@ -221,14 +274,17 @@ logits_open:                            ; (setup, continued)
 ; position, r12 -> ids, r13d = prompt length (>= 1), r14d = ids still to generate (-n),
 ; rbx = header.
 generate:                               ; (r15 = 0: tokenize)
+        cmp     byte [rbp+V_CNV], 0
+        jne     chat
+.run:                                   ; (chat.asm: each turn)
         mov     r14d, [rbp+V_N]
 .prompt:
         push    BLOCK
         pop     rdx
         mov     eax, r13d
         sub     eax, r15d               ; prompt ids not fed yet (> 0)
-        cmp     eax, edx
-        cmovl   edx, eax
+        cmp     edx, eax
+        cmova   edx, eax
 .block:
         lea     rsi, [r12+r15*4]
         mov     ecx, r15d
@@ -247,11 +303,13 @@ generate:                               ; (r15 = 0: tokenize)
         test    r14d, r14d
         jz      exit_ok                 ; -n 0: no text, not even its newline
         call    sample
-        cmp     eax, [rbx+HDR_EOS]
-        je      .text_end
+        or      dword [rbp+V_PENDING], -1 ; (chat.asm: a reply that EOS or <end_of_turn>
+        cmp     eax, [rbx+HDR_EOS]      ; ends leaves no id for the next turn to feed; one
+        je      .text_end               ; that -n ends, its last id)
         cmp     eax, [rbx+HDR_EOT]
         je      .text_end
         mov     [r12+r15*4], eax
+        mov     [rbp+V_PENDING], eax
         call    put_piece
         dec     r14d
         jz      .text_end
@@ -262,13 +320,21 @@ generate:                               ; (r15 = 0: tokenize)
 .text_end:                              ; the generated text, even none, ends with one newline
         mov     al, 10
         call    put_byte
+        cmp     byte [rbp+V_CNV], 0
+        je      exit_ok
+        cmp     r15d, [rbp+V_CTX_LEN]   ; a conversation (chat.asm): the next turn, but at
+                                        ; a full context
+        jb      chat_next
+        call    flush
+        mov     esi, msg_full
+        call    put_err
 exit_ok:
         call    flush
         xor     edi, edi
         jmp     sys_exit
 
 ; parse_digits: more decimal digits appended to rax (rax = rax * 10 + digit for each).
-;   in: rsi string, rax   out: rax, ecx digits read, rsi -> after them
+;   in: rsi string, rax   out: rax, rcx digits read (ZF: none), rsi -> after them
 ;   (err_bad_value when rax overflows 64 bits)   clobbers: rdx r11
 parse_digits:
         push    rsi
@@ -293,9 +359,9 @@ parse_digits:
 
 ; parse_value: the value of a K_INT or K_FLOAT option (the kind before the entry's slot byte).
 ; K_INT: a decimal u64. K_FLOAT: a decimal number: digits, optionally '.' and digits (at
-; least one digit in all, at most 2^63 - 1 as an integer), optionally e or E, a sign and
-; digits (<= 1000); value = integer * 10^exponent in x87 extended precision, rounded to
-; float32 (0x7F800000 when it overflows).
+; least one digit in all, at most 2^63 - 1 as an integer; no exponent: its 34 packed bytes
+; went to conversation mode); value = integer * 10^-(digits after the point) in x87 extended
+; precision, rounded to float32.
 ;   in: rsi string, rdi -> the entry's slot byte   out: rax value (float32 bits zero-extended),
 ;   rsi -> the first byte after it   (err_bad_value when malformed or beyond a u64)
 ;   clobbers: rcx rdx r8 r11 (x87 left empty)
@@ -304,8 +370,7 @@ parse_value:
         call    parse_digits
         test    byte [rdi-1], K_FLOAT - K_INT
         jnz     .float
-        test    ecx, ecx
-        jz      err_bad_number
+        jrcxz   err_bad_number          ; no digits
         ret
 err_bad_number:                         ; within short-jump reach of the parsers
         jmp     err_bad_value
@@ -320,36 +385,10 @@ parse_value.float:
         pop     rdx
         or      ecx, edx                ; digits in all?
 .mantissa_done:
-        test    ecx, ecx
-        jz      err_bad_number
+        jrcxz   err_bad_number
         test    rax, rax
         js      err_bad_number          ; fild reads it signed
         push    rax
-        mov     al, [rsi]
-        or      al, 0x20
-        cmp     al, 'e'
-        jne     .scale
-        inc     rsi
-        lodsb
-        sub     al, '-'                 ; 0: negative
-        je      .exp_digits
-        cmp     al, '+' - '-'
-        je      .exp_digits
-        dec     rsi                     ; no sign
-.exp_digits:
-        push    rax                     ; the sign
-        xor     eax, eax
-        call    parse_digits
-        test    ecx, ecx
-        jz      err_bad_number
-        pop     rcx
-        cmp     rax, 1000               ; beyond float32 either way
-        ja      err_bad_number
-        test    cl, cl
-        jnz     .exp_add
-        neg     eax
-.exp_add:
-        add     r8d, eax
 .scale:
         fild    qword [rsp]             ; the integer
         mov     [rsp], r8               ; (zero-extended: the upper half of the result)
@@ -360,7 +399,9 @@ parse_value.float:
         fmulp
         fstp    dword [rsp]
         pop     rax
+.ret:
         ret
+
 
 ; The options: name (bytes >= ' '), kind (< ' ': it ends the name), slot (offset from
 ; front_base, vars.asm), and for K_INT and K_FLOAT the maximum of the value as a dword
@@ -382,6 +423,8 @@ opt_name_c:
         db      '-c', K_INT + K_MIN1, V_CTX and 0xFF
         dd      0x7FFFFFFF              ; further checked against the model's max_ctx
         db      '--tokens', K_FLAG, V_TOKENS and 0xFF
+        db      '-cnv', K_FLAG, V_CNV and 0xFF
+        db      '-sys', K_STR, V_SYS and 0xFF
         db      '--logits', K_STR, V_LOGITS and 0xFF
         db      '--baseline', K_FLAG, V_BASELINE and 0xFF
         db      '--avx2', K_FLAG, V_AVX2 and 0xFF
@@ -389,57 +432,3 @@ opt_name_c:
         db      '-h', K_FLAG, V_HELP and 0xFF
         db      '--help', K_FLAG, V_HELP and 0xFF
         db      0
-
-err_stray_argument:                     ; (the command line's, here out of the way of its
-        call    fatal_usage_arg_here    ; short jumps)
-        db      'unexpected argument ', 0
-err_prompt_and_file:                    ; (read_prompt's, in its short-jump reach)
-        call    fatal_usage_here
-        db      'use -p or -f, not both', 0
-
-; read_prompt: (last in this file: model.asm's err_cannot_read follows, in short-jump reach)
-; with -f FILE the prompt is the file's bytes ("-": standard input's), one
-; trailing newline dropped (as llama.cpp does), in fresh zeroed memory (so zero-terminated,
-; with a zero byte before it too: the newline check needs no bounds test).
-;   in: rbp front_base   out: opt_prompt -> the text (unchanged without -f)
-;   clobbers: rax rbx rcx rdx rsi rdi r8-r11; fatal "cannot read FILE", or "prompt too
-;   long" at PROMPT_FILE_MAX bytes (the tokenizer's sizes then stay below 2^31); a usage
-;   error when -p was given too
-PROMPT_FILE_MAX = 1 shl 24
-read_prompt:
-        mov     rbx, [rbp+V_FILE]
-        test    rbx, rbx
-        jz      .done
-        cmp     dword [rbp+V_PROMPT], empty_text ; -p given too?
-        jne     err_prompt_and_file
-        xor     eax, eax                ; standard input
-        cmp     word [rbx], '-'         ; "-" and its zero byte
-        je      .opened
-        push    rbx
-        pop     rdi
-        xor     esi, esi                ; O_RDONLY
-        call    sys_open
-        js      err_cannot_read
-.opened:
-        push    rax                     ; fd (rsp 16-aligned for alloc)
-        mov     edi, PROMPT_FILE_MAX + 2
-        call    alloc                   ; rsi = PROMPT_FILE_MAX + 2
-        pop     rdi                     ; fd
-        lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
-        lea     rsi, [rax+1]
-        mov     [rbp+V_PROMPT], rsi
-.read:
-        xor     eax, eax                ; SYS_read (its only call: no wrapper)
-        call    sys_call
-        js      err_cannot_read         ; (a directory: EISDIR)
-        jz      .end
-        add     rsi, rax
-        sub     edx, eax
-        jnz     .read
-        jmp     tokenize.err_long_prompt
-.end:
-        cmp     byte [rsi-1], 10
-        jne     .done
-        mov     [rsi-1], al             ; 0 (the read that returned it)
-.done:
-        ret

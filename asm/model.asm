@@ -18,17 +18,20 @@ err_cannot_read:                        ; (before load_model: its jumps here are
         db      'cannot read ', 0
 
 ; load_model: map the file named by -m (asking for huge pages) and validate it (docs/format.md,
-; "Version 4"): sets model_base, model_size and the sections' pointers (slots_ptr ..
+; "Version 4"): sets model_base and the sections' pointers (slots_ptr ..
 ; weights_ptr). Checks, in order: size >= the header (else truncated), magic, version,
 ; header_size, file_size == the real size (larger: truncated), vocab 1 .. 2^24, max_ctx
 ; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag but MERGES, n_merges 0 without it
 ; and <= 2^24 with it, bos/eos/eot < vocab, byte_base + 256 <= vocab, each section where the
 ; one before ends (slots, program, strings, pieces, index, user, merges, blob; weights at the
-; next multiple of 4096), the last ending at file_size, every piece's bytes inside the blob,
-; max_piece_len == the longest piece's length (the prompt-length guard relies on it), every
-; index id < vocab, every merge's left, right and result < vocab and the merges strictly
-; sorted by (left, right) (the tokenizer's binary search), every user id < vocab and its piece
-; not empty; then the program (check_program).
+; next multiple of 4096), the last ending at file_size, every index id < vocab, every merge's
+; left, right and result < vocab and the merges strictly sorted by (left, right) (the
+; tokenizer's binary search), the strings section's N_STRINGS records inside it and each string
+; (at most STRING_MAX bytes) too, every piece's bytes inside the blob, max_piece_len == the
+; longest piece's length (the prompt-length guard relies on it), every user id < vocab and its
+; piece not empty; then the program (check_program). (From header_size on a failure is "bad
+; header", file_size above the real size "truncated model": the order shows only in what each
+; check may read.)
 ;   in: rbx path, rbp front_base   out: rbx = model_base (the header); out_buf holds the
 ;   file's struct stat (main.asm compares st_dev, st_ino with the --logits file's)
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
@@ -38,6 +41,9 @@ load_model:
         mov     esi, O_NONBLOCK
         call    sys_open
         js      err_cannot_read
+        jnz     .fd
+        inc     byte [rbp+V_NO_STDIN]   ; descriptor 0: standard input was closed
+.fd:
         mov     r8d, eax                ; fd
         xchg    edi, eax
         lea     rsi, [rbp+V_OUT_BUF]    ; kept there for the --logits check (main.asm)
@@ -49,7 +55,6 @@ load_model:
         mov     rax, [rsi+ST_SIZE]
         cmp     rax, HEADER_SIZE
         jb      err_truncated
-        mov     [rbp+V_SIZE], rax
         xchg    rsi, rax
         push    1                       ; PROT_READ
         pop     rdx
@@ -128,7 +133,9 @@ err_header:
 ;   in: rbx header, r9d vocab
 check_tables:
         mov     r8d, [rbx+HDR_HEADER_SIZE]      ; = HEADER_SIZE: the end of the previous section
-        push    qword [rbx+HDR_BLOB_SIZE]       ; the sections' sizes, the last first
+        lea     rsi, [rbx+HDR_SLOTS_OFF]
+        push    qword [rsi+HDR_WEIGHTS_SIZE-HDR_SLOTS_OFF]      ; the sections' sizes, the
+        push    qword [rsi+HDR_BLOB_SIZE-HDR_SLOTS_OFF]         ; last first
         mov     eax, [rbx+HDR_N_MERGES]
         shl     rax, MERGE_SHIFT        ; MERGE_REC bytes each
         push    rax
@@ -140,48 +147,34 @@ check_tables:
         push    rax
         imul    eax, r9d, PIECE_REC     ; vocab records (vocab <= 2^24: no overflow)
         push    rax
-        push    qword [rbx+HDR_STRINGS_SIZE]
+        push    qword [rsi+HDR_STRINGS_SIZE-HDR_SLOTS_OFF]
         imul    eax, [rbx+HDR_N_OPS], OP_REC
         push    rax
         imul    eax, [rbx+HDR_N_SLOTS], SLOT_REC
         push    rax
-        lea     rsi, [rbx+HDR_SLOTS_OFF]
         lea     rdi, [rbp+V_SLOTS]
-        push    8
+        push    9
         pop     rcx
-.section:                               ; slots .. blob: offsets and pointers in the same
-        lodsq                           ; order in the header and in vars.asm
-        pop     rdx
-        call    check_section
-        stosq
-        loop    .section
+.section:                               ; slots .. weights: offsets and pointers in the same
+        cmp     cl, 1                   ; order in the header and in vars.asm; each section
+        jne     .after                  ; starts where the one before ends, the weights at
         dec     r8                      ; the blob's end rounded up to WEIGHTS_ALIGN
         or      r8w, WEIGHTS_ALIGN - 1
         inc     r8
         jz      err_header              ; (past 2^64)
-        lodsq                           ; weights_off
-        mov     rdx, [rbx+HDR_WEIGHTS_SIZE]
-        call    check_section
-        stosq                           ; weights_ptr
-        cmp     r8, [rbx+HDR_FILE_SIZE]
+.after:
+        lodsq
+        pop     rdx
+        cmp     rax, r8
+        jne     err_header
+        add     r8, rdx
+        jc      err_header
+        add     rax, rbx
+        stosq
+        loop    .section                ; (rsi -> strings_size: the sizes follow)
+        cmp     r8, [rsi+HDR_FILE_SIZE-HDR_STRINGS_SIZE]
         jne     err_header
 
-        mov     rsi, [rbp+V_PIECES]
-        mov     ecx, r9d
-        xor     edi, edi                ; the longest piece so far
-.piece:
-        lodsd                           ; blob_off
-        xchg    eax, edx
-        lodsd                           ; len
-        cmp     edi, eax
-        cmovb   edi, eax
-        add     rax, rdx
-        cmp     rax, [rbx+HDR_BLOB_SIZE]
-        ja      check_ids.bad
-        lodsq                           ; (score, type)
-        loop    .piece
-        cmp     edi, [rbx+HDR_MAX_PIECE_LEN]
-        jne     err_header
         mov     rsi, [rbp+V_INDEX]
         mov     edx, [rbx+HDR_N_INDEX]
         xor     r10d, r10d              ; index pieces may be empty
@@ -204,6 +197,37 @@ check_tables:
         pop     rcx
         loop    .merge
 .merged:
+        mov     rsi, [rbp+V_STRINGS]    ; the strings: each at most STRING_MAX bytes and
+        push    N_STRINGS               ; inside the section (off + len <= its size), then
+        pop     rcx                     ; the records inside it too (read first: still
+.string:                                ; inside the mapping, which goes on to a page past
+        lodsd                           ; off       weights_off)
+        xchg    eax, edi
+        lodsd                           ; len
+        cmp     eax, STRING_MAX
+        ja      check_ids.bad
+        add     rdi, rax                ; (no carry: two u32)
+        cmp     rdi, [rbx+HDR_STRINGS_SIZE]
+        ja      check_ids.bad
+        loop    .string
+        cmp     rsi, [rbp+V_PIECES]     ; (the section ends where the pieces start)
+        ja      check_ids.bad
+        mov     rsi, [rbp+V_PIECES]
+        mov     ecx, r9d
+        xor     edi, edi                ; the longest piece so far
+.piece:
+        lodsd                           ; blob_off
+        xchg    eax, edx
+        lodsd                           ; len
+        cmp     edi, eax
+        cmovb   edi, eax
+        add     rax, rdx
+        cmp     rax, [rbx+HDR_BLOB_SIZE]
+        ja      check_ids.bad
+        lodsq                           ; (score, type)
+        loop    .piece
+        cmp     edi, [rbx+HDR_MAX_PIECE_LEN]
+        jne     check_ids.bad
         mov     rsi, [rbp+V_USER]
         mov     edx, [rbx+HDR_N_USER]
         inc     r10d                    ; user pieces are matched: never empty
@@ -211,7 +235,7 @@ check_tables:
 ;   in: rsi, edx, r9d, r10d   out: -   clobbers: rax rcx rdx rsi rdi r11
 check_ids:
         sub     edx, 1
-        jb      check_section.ret
+        jb      .ret
         lodsd
         cmp     eax, r9d
         jae     .bad
@@ -220,16 +244,6 @@ check_ids:
         jae     check_ids
 .bad:
         jmp     err_header
-
-; check_section: check that one section starts where the previous one ends.
-;   in: rax offset, rdx size, r8 previous end, rbx header   out: r8 = this end,
-;   rax = rbx + offset   clobbers: -
-check_section:
-        cmp     rax, r8
-        jne     check_ids.bad
-        add     r8, rdx
-        jc      check_ids.bad
-        add     rax, rbx
 .ret:
         ret
 

@@ -141,7 +141,7 @@ check_program:
         ja      .bad
         test    al, OPW_EMPTY
         jnz     .kv
-        test    rdx, rdx
+        test    edx, edx                ; (rdx <= the width, below 2^32: just checked)
         jz      .bad
         test    al, OPW_ALIGN4
         jz      .kv
@@ -251,7 +251,7 @@ check_program:
 ; logits' (BLOCK, vocab); choose the kernels (cpu_setup) and start the workers
 ; (threads_start).
 ;   in: rbx model header, rbp front_base, ctx_len, n_threads   out: slot_ptr, fv_att,
-;   fv_logits; fatal "bad program", "out of memory", "cannot start threads"
+;   fv_logits; fatal "bad program", "out of memory"
 ;   clobbers: rax rcx rdx rsi rdi r8-r15 xmm0 (keeps rbx rbp)
 model_setup:
         push    rbp                     ; (also aligns rsp for the calls)

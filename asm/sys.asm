@@ -25,7 +25,8 @@ EPIPE = 32                      ; write to a pipe nobody reads
 
 ; fatal_here: print "gemma: MESSAGE\n" on stderr and exit with status 1 (EXIT_ERROR), the
 ; message the zero-terminated text after `call fatal_here` (without the "gemma: " prefix and
-; the newline).   in: [rsp] -> the message   out: never returns
+; the newline); while chat.asm reads or tokenizes a turn (chat_rsp set), go on with the next
+; turn instead.   in: [rsp] -> the message, rbp front_base   out: never returns
 ; fatal_usage_here: the same with status 2 (EXIT_USAGE): a malformed command line.
 fatal_usage_here:
         mov     ebx, empty_text         ; no argument
@@ -55,6 +56,11 @@ fatal_status:                           ; [rsp] the status, [rsp+8] -> the messa
         push    rsp
         pop     rsi
         call    put_err
+        mov     rcx, [rbp+V_CHAT_RSP]   ; a conversation's turn being read or tokenized:
+        jrcxz   .exit                   ; that turn is refused, the next one read
+        mov     rsp, rcx
+        jmp     chat_refused
+.exit:
         mov     edi, r8d
         jmp     sys_exit
 

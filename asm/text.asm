@@ -2,9 +2,13 @@
 ; live next to the code that raises them (`call fatal_here` / `db 'text', 0`).
 ; Usage: defaults after '='; -n: until EOS, <end_of_turn> or a full context.
 
+msg_marker:
+        db      '> ', 0
+msg_full:
+        db      'gemma: context full (-c)', 10, 0
 msg_usage:
-        db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-n N=EOS] [--temp T=0] [--top-p P=1] [-s SEED=0]', 10
-        db      '  [-t THREADS=CPUs] [-c CTX=min(4096,model)] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
+        db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-cnv [-sys TEXT]] [-n N] [--temp T] [--top-p P]', 10
+        db      '  [-s SEED] [-t THREADS] [-c CTX] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
 msg_newline:
         db      10
 empty_text:                             ; (also the usage's terminating 0)

@@ -16,10 +16,11 @@ SPIN_ROUNDS = 4096              ; wait_change: about 0.1 ms of pause instruction
 ; threads_start: resolve T (-t, else the CPUs this process may run on: sched_getaffinity;
 ; 1 if that fails), choose how long waits look before they sleep (job_spin: SPIN_ROUNDS, or 1
 ; when T exceeds those CPUs: a looking thread would take a CPU from a working one) and start
-; the T - 1 workers, each on its own stack from alloc. A worker inherits the registers of the
-; clone: rbx job_vars, ebp its index.
+; the T - 1 workers, each on its own stack from alloc, index 1 first; where clone fails, T
+; becomes the threads started (any T computes the same results). A worker inherits the
+; registers of the clone: rbx job_vars, ebp its index.
 ;   in: n_threads (0: not given; rbp front_base)   out: job_t = T, job_spin
-;   clobbers: rax rcx rdx rsi rdi rbp r8-r11   (fatal "cannot start threads" if clone fails)
+;   clobbers: rax rcx rdx rsi rdi rbp r8-r11
 threads_start:
         push    rbx
         mov     ebx, job_vars
@@ -39,9 +40,7 @@ threads_start:
         adc     ecx, 0                  ; CPUs: at least 1
         mov     ebp, [rbp+V_THREADS]
         test    ebp, ebp
-        jnz     .spin
-        mov     ebp, ecx
-.spin:
+        cmovz   ebp, ecx
         mov     eax, SPIN_ROUNDS
         cmp     ecx, ebp
         jae     .spawn
@@ -50,9 +49,11 @@ threads_start:
 .spawn:
         mov     [rbx+J_SPIN], eax
         mov     [rbx+J_T], ebp
+        xor     ebp, ebp
 .worker:
-        dec     ebp                     ; the next worker's index, T-1 .. 1
-        jz      .done
+        inc     ebp                     ; the next worker's index, 1 .. T-1
+        cmp     ebp, [rbx+J_T]
+        jae     .done
         mov     edi, WORKER_STACK
         call    alloc                   ; rsi = WORKER_STACK
         lea     rsi, [rax+rsi-8]
@@ -61,8 +62,7 @@ threads_start:
         mov     al, SYS_clone           ; (its only call: no wrapper)
         call    sys_call                ; (flags: test rax, rax)
         jns     .worker
-        call    fatal_here
-        db      'cannot start threads', 0
+        mov     [rbx+J_T], ebp          ; clone failed: T is the threads running, 0 .. ebp-1
 .done:
         pop     rbx
         ret

@@ -43,12 +43,14 @@ FIRST_INDEX     = (FIRST_BYTES + 2) * 4         ; bytes before the list
 ; does: a heap of the adjacent pairs that merge (pair), the highest score first, the leftmost
 ; on equal scores, an entry whose symbols have changed since it was pushed skipped; then each
 ; symbol -> its id, or one byte piece per byte.
-;   in: rbx header, rbp front_base, opt_prompt   out: r12 -> ids (BOS first, room for
-;   ctx_len), r13d = their count, r15 = 0 (main.asm's position)
-;   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0 xmm1
-;   (fatal "prompt too long" for more ids than ctx_len: at once when the text alone proves
-;   it, more bytes than ctx_len * max_piece_len, else once the segments so far give more)
+;   in: rbx header, rbp front_base, opt_prompt (the text), pending (an id that goes first,
+;   or < 0: none; main.asm: BOS), r15d = the position of the first id
+;   out: r12 -> ids, the first at [r12 + 4 r15] (room up to ctx_len), r13d = r15 + their
+;   count, r15 kept   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0 xmm1
+;   (fatal "prompt too long" for r13d > ctx_len: at once when the text alone proves it, more
+;   bytes than ctx_len * max_piece_len, else once the segments so far give more)
 tokenize:
+        push    r15                     ; (the position, for the end)
         mov     rsi, [rbp+V_PROMPT]     ; (never 0: main.asm's start sets an empty default)
         push    rsi
         pop     rdi
@@ -100,7 +102,7 @@ tokenize:
         call    alloc
         xchg    r14, rax                ; r14 -> the symbol records
         lea     r8, [r14+r13*2]         ; the first-byte index
-        add     r13, r14                ; the heap
+        add     r13, r14                ; the heap (r14 a mapping's start: a multiple of SYM)
         push    r8                      ; [rsp+8] the first-byte index
 
 ; The first-byte index, in two passes over the user ids (r9 -> X + 8, then X + 4): count each
@@ -135,17 +137,26 @@ tokenize:
         jmp     .pass
 .filed:
         mov     rdi, r12
-        mov     eax, [rbx+HDR_BOS]
+        imul    eax, [rsp+16], 4        ; the position's bytes
+        sub     r12, rax                ; [r12 + 4 position] = the first id
+        mov     eax, [rbp+V_PENDING]
+        test    eax, eax
+        js      .first_done             ; none
         stosd
+.first_done:
         push    rdi                     ; [rsp] -> the next id (rsp 16-aligned for the calls)
         mov     rsi, r15                ; the text's start
         mov     r15, r13                ; r15 -> the heap
 
 ; A segment: rsi -> its first byte, r8 -> the record to fill. Each record points to its
-; neighbours (the first's previous and the end record's next are cleared at the end) and holds
-; its normal piece's id (symbol_piece: a space left by MERGES becomes the symbol U+2581).
+; neighbours (set as the next one starts; the end record's next is cleared at the end; the
+; first's previous stays 0, as the mapping came: nothing else writes it) and holds its normal
+; piece's id (symbol_piece: a space left by MERGES becomes the symbol U+2581). Once a symbol
+; has its next, the pair it ends goes onto the heap (add_pair: left to right, as sentencepiece
+; pushes them; r13 -> the heap's end).
 .segment:
         mov     r8, r14
+        mov     r13, r15
         jmp     .symbol
 .character:
         ; UTF-8: the lead byte's leading ones give the length; a byte that does not start a
@@ -169,19 +180,21 @@ tokenize:
 .single:
         mov     dl, 1                   ; (edx < 256)
 .whole:
-        add     rsi, rdx
-        push    rsi
+        lea     rax, [rsi+rdx]
+        push    rax                     ; the next character
         mov     rdi, r8
         call    symbol_piece            ; its length and id
         mov     [rdi+SYM_ID], eax
-        pop     rsi
         lea     r8, [rdi+SYM]
+        mov     [rdi+SYM_NEXT], r8
+        mov     [r8+SYM_PREV], rdi
+        push    r8
+        mov     rdi, [rdi+SYM_PREV]
+        call    add_pair                ; (the previous one, this one)
+        pop     r8
+        pop     rsi
 .symbol:
         mov     [r8+SYM_START], rsi
-        lea     rax, [r8-SYM]
-        mov     [r8+SYM_PREV], rax
-        lea     rax, [r8+SYM]
-        mov     [r8+SYM_NEXT], rax
         mov     rdx, [rsp+16]
         sub     edx, esi                ; bytes left
         jz      .text_end
@@ -220,19 +233,10 @@ tokenize:
         mov     [r8+SYM_LEN], edx
         mov     [r8+SYM_START], rsi
         and     qword [r8+SYM_NEXT], 0
-        and     qword [r14+SYM_PREV], 0
 
-; Merging (sentencepiece's bpe_model.cc): every adjacent pair that merges onto the heap;
-; then pop the pair that goes first; skip it if stale, else merge it (the merged symbol takes
-; the pair's id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
-        mov     r13, r15
-        mov     rdi, r14
-.pairs:
-        cmp     qword [rdi+SYM_NEXT], 0
-        je      .merge
-        call    add_pair
-        add     rdi, SYM
-        jmp     .pairs
+; Merging (sentencepiece's bpe_model.cc), every adjacent pair that merges on the heap: pop
+; the pair that goes first; skip it if stale, else merge it (the merged symbol takes the pair's
+; id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
 .merge:
         cmp     r13, r15
         je      .emit
@@ -281,18 +285,18 @@ tokenize:
         call    add_pair                ; (previous, merged)
         jmp     .merge
 
-; The segment's ids: each symbol's, or its bytes' byte pieces; then the user piece's. r13 ->
+; The segment's ids: each symbol's, or its bytes' byte pieces; then the user piece's. r8 ->
 ; a record, rdi -> the next id.
 .emit:
         mov     rdi, [rsp]
-        mov     r13, r14
+        mov     r8, r14
 .emit_symbol:
-        mov     rsi, [r13+SYM_START]
-        mov     edx, [r13+SYM_LEN]
-        mov     eax, [r13+SYM_ID]
+        mov     rsi, [r8+SYM_START]
+        mov     edx, [r8+SYM_LEN]
+        mov     eax, [r8+SYM_ID]
         test    eax, eax
         jns     .store                  ; (the end record: the user piece's)
-        cmp     qword [r13+SYM_NEXT], 0
+        cmp     qword [r8+SYM_NEXT], 0
         je      .check                  ; the end record at the text's end
 .byte:
         lodsb                           ; byte fallback: <0xHH> = byte_base + HH
@@ -304,8 +308,8 @@ tokenize:
         jmp     .byte
 .store:
         stosd
-        mov     r13, [r13+SYM_NEXT]
-        test    r13, r13
+        mov     r8, [r8+SYM_NEXT]
+        test    r8, r8
         jnz     .emit_symbol            ; else rsi -> where the next segment starts
 .check:                                 ; the ids so far must fit in the context
         mov     [rsp], rdi
@@ -317,7 +321,7 @@ tokenize:
         test    eax, eax
         jns     .segment
         add     rsp, 24
-        xor     r15d, r15d
+        pop     r15
         ret
 
 .err_long_prompt:
@@ -328,8 +332,8 @@ space_piece:
 
 ; add_pair: push the pair of symbol rdi and the next one onto the heap when the segment has a
 ; next one and the two merge (sentencepiece's MaybeAddNewSymbolPair).
-;   in: rdi -> a symbol's record, or 0 (none), r13 the heap's end, r15 its start, rbx header,
-;   rbp front_base   out: r13 (one entry further when pushed)
+;   in: rdi -> a symbol's record, or 0 (none), r13 the heap's end, r15 its start (a multiple
+;   of CAND), rbx header, rbp front_base   out: r13 (one entry further when pushed)
 ;   clobbers: rax rcx rdx rsi r8-r11 xmm0 xmm1
 add_pair:
         test    rdi, rdi
@@ -348,11 +352,9 @@ add_pair:
 .up:                                    ; r9 -> the entry going up, entry i
         cmp     r9, r15
         je      .done
-        lea     rax, [r9-CAND]
-        sub     rax, r15
-        shr     rax, 1
-        and     al, -CAND
-        lea     r10, [r15+rax]          ; its parent, entry (i - 1) / 2
+        lea     r10, [r9+r15-CAND]
+        shr     r10, 1
+        and     r10, -CAND              ; its parent, entry (i - 1) / 2 (r15: a multiple of CAND)
         call    order
         mov     r9, r10
         jc      .up
@@ -429,15 +431,14 @@ pair:
 
 ; symbol_piece: a new symbol's length (edx) into its record, and its normal piece (lookup); a
 ; symbol that is a space (left only by MERGES) becomes U+2581 (its start and length there).
-;   in: rdi -> a symbol's record (its start set), edx its length, rbx header, rbp front_base
-;   out: as lookup, rsi = its first byte   clobbers: rcx r8-r11
+;   in: rdi -> a symbol's record (its start set), rsi = its start, edx its length, rbx
+;   header, rbp front_base   out: as lookup, rsi = its first byte   clobbers: rcx r8-r11
 symbol_piece:
-        mov     rsi, [rdi+SYM_START]
         cmp     byte [rsi], ' '
         jne     .sized
-        mov     qword [rdi+SYM_START], space_piece      ; (the image is below 2^31)
+        mov     esi, space_piece        ; (the image is below 2^32)
+        mov     [rdi+SYM_START], rsi
         mov     dl, 3
-        jmp     symbol_piece
 .sized:
         mov     [rdi+SYM_LEN], edx
 .bytes:                                 ; (pair: the edx bytes from rsi on)

@@ -41,8 +41,8 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; the slot base of the byte's context; [+24] the shift. rbx holds history bytes 0..5 (the
 ; last first) in lanes 2..7, c0 in bh and the byte's field in bl; when a byte starts, bh is
 ; the opcode while rbx & R_i plus the record's offset, model i's key, is hashed. The loop over
-; the models first teaches each model's previous slot the previous bit (r8d; the first bit's
-; loop teaches slot 0 a 0), then reads its new slot.
+; the models first teaches each model's previous slot the previous bit (r8 = -bit; the first
+; bit's loop teaches slot 0 a 0), then reads its new slot.
 ; Lookups in the 1 MiB table are the decoder's hot spot, so the lines come early: when a
 ; byte starts, each model's slots base xor 1..15 (its first four bits: one 64-byte line);
 ; during each bit, the next bit's two candidate slots (one line). ~15% off `./gemma -h`.
@@ -116,7 +116,7 @@ unpack:
         mov     ebp, r12d
 .model:
         mov     rax, [rsp+rbp-24]       ; the previous bit's slot
-        add     rax, r8                 ; -> the count of that bit
+        sub     rax, r8                 ; -> the count of that bit (r8 = -bit)
         add     byte [rax], 1
         sbb     byte [rax], 0           ; at most 255
         xor     al, 1                   ; -> the other count n (slots are 4-aligned)
@@ -154,7 +154,7 @@ unpack:
         sub     r9d, edx
         mov     eax, r10d
         sub     eax, edx                ; CF: code < bound, a 1
-        setc    r8b                     ; the bit (r8's other bits: 0)
+        sbb     r8, r8                  ; -bit (CF kept)
         cmovnc  r10d, eax               ; 0: code -= bound, range -= bound
         cmovc   r9d, edx                ; 1: range = bound
         adc     bh, bh                  ; c0 = 2 c0 + bit; CF: the byte is complete
@@ -195,7 +195,7 @@ unpack:
 .append:                                ; rdx <- the codes of eax (a nibble each), then rdx's
         mov     ecx, eax
 .nibble:
-        jecxz   .or
+        jrcxz   .or                     ; (rcx = ecx)
         shl     edx, 4
         shr     ecx, 4
         jmp     .nibble
@@ -211,10 +211,9 @@ unpack:
         jnz     .more
         push    rdi                     ; the field tables decoded: the image starts with
         mov     rdi, r11                ; a zeroed table (what the tables taught would
-        mov     ecx, PACK_SCRATCH / 4   ; mislead)
-        xor     eax, eax
-        rep     stosd
-        pop     rdi
+        bts     ecx, PACK_TABLE_BITS    ; mislead): PACK_SCRATCH / 4 dwords (the tables'
+        rep     stosd                   ; last byte, a ModRM of entry 0, left eax and ecx 0
+        pop     rdi                     ; in .append)
 .more:
         cmp     rdi, [rsp+r12]
         jb      .byte

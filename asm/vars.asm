@@ -64,17 +64,20 @@ opt_temp:       rq 1            ; --temp, float32 bits in the low dword
 opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
-opt_tokens:     rq 1            ; --tokens, low byte
-model_size:     rq 1            ; its length in bytes
+opt_flags:      rq 1            ; the flags, a byte each: --tokens, -h / --help, --baseline,
+                                ; --avx2 (cpu.asm), -cnv; then no_stdin (model.asm: the model
+                                ; took descriptor 0)
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
-opt_help:       rq 1            ; -h / --help, low byte
 sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
-opt_baseline:   rq 1            ; --baseline, low byte (cpu.asm)
-opt_avx2:       rq 1            ; --avx2, low byte (cpu.asm)
+opt_sys:        rq 1            ; -sys text (0: none)
+chat_rsp:       rq 1            ; a conversation's stack at each turn (0: no conversation yet)
 out_len:        rd 1            ; bytes waiting in out_buf
 wrote:          rd 1            ; nonzero once a write succeeded (output.asm: write_all)
 fv_cols:        rd 1            ; every product's n or-ed together (check_program; cpu.asm: the
                                 ; fast kernels need multiples of 16)
+chat_pos:       rd 1            ; a conversation's position at the turn being read
+pending:        rd 1            ; a conversation: the id that ended the last reply when the next
+                                ; turn must feed it (-n), else -1
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -86,9 +89,18 @@ V_TEMP          = opt_temp - front_base
 V_TOP_P         = opt_top_p - front_base
 V_CTX           = opt_ctx - front_base
 V_THREADS       = n_threads - front_base
-V_TOKENS        = opt_tokens - front_base
+V_TOKENS        = opt_flags - front_base
+V_HELP          = opt_flags + 1 - front_base
+V_BASELINE      = opt_flags + 2 - front_base
+V_AVX2          = opt_flags + 3 - front_base
+V_CNV           = opt_flags + 4 - front_base
+V_NO_STDIN      = opt_flags + 5 - front_base
+V_SYS           = opt_sys - front_base
+V_CHAT_RSP      = chat_rsp - front_base
+V_PENDING       = pending - front_base
+V_POS           = chat_pos - front_base
+V_STRINGS       = strings_ptr - front_base
 V_BASE          = model_base - front_base
-V_SIZE          = model_size - front_base
 V_SLOTS         = slots_ptr - front_base
 V_PIECES        = pieces_ptr - front_base
 V_INDEX         = index_ptr - front_base
@@ -101,10 +113,7 @@ V_OUT_LEN       = out_len - front_base
 V_WROTE         = wrote - front_base
 V_COLS          = fv_cols - front_base
 V_FILE          = opt_file - front_base
-V_HELP          = opt_help - front_base
 V_SIGSET        = sig_block - front_base
-V_BASELINE      = opt_baseline - front_base
-V_AVX2          = opt_avx2 - front_base
 V_OUT_BUF       = out_buf - front_base
 
 ; ---- fast (W-fast): the instruction-set level and the threads ----------------------------

@@ -322,6 +322,8 @@ def pack_strings(strings: Sequence[bytes]) -> bytes:
 
 
 def check_strings(strings: Sequence[bytes]) -> None:
+    """What a writer writes: N_STRINGS strings, each at most STRING_MAX bytes of UTF-8 (a reader
+    checks only where they lie and how long they are: read_strings)."""
     if len(strings) != N_STRINGS:
         raise ModelFormatError(f"{len(strings)} chat strings, expected {N_STRINGS} ({', '.join(STRINGS)})")
     for name, s in zip(STRINGS, strings):
@@ -334,18 +336,20 @@ def check_strings(strings: Sequence[bytes]) -> None:
 
 
 def read_strings(m, off: int, size: int) -> list[bytes]:
-    """The N_STRINGS strings of a strings section at off (size bytes), each checked to lie after
-    the records and inside the section, at most STRING_MAX bytes and UTF-8."""
+    """The N_STRINGS strings of a strings section at off (size bytes), with exactly the engine's
+    checks: the section holds the records (size >= 40), and each record's string is at most
+    STRING_MAX bytes and ends inside the section (offset + length <= size, in exact arithmetic);
+    any placement, the records' own bytes included, and any bytes are accepted."""
     if size < STRING_REC * N_STRINGS:
         raise ModelFormatError(f"strings_size {size} is below its {N_STRINGS} records ({STRING_REC * N_STRINGS} bytes)")
     out = []
     for i, name in enumerate(STRINGS):
         o, n = _STRING.unpack_from(m, off + STRING_REC * i)
-        if o < STRING_REC * N_STRINGS or o + n > size:
-            raise ModelFormatError(f"string {name} ({n} bytes at {o}) is outside the strings section's "
-                                   f"bytes ({STRING_REC * N_STRINGS} .. {size})")
+        if n > STRING_MAX:
+            raise ModelFormatError(f"string {name} is {n} bytes (at most {STRING_MAX})")
+        if o + n > size:
+            raise ModelFormatError(f"string {name} ({n} bytes at {o}) ends past the strings section ({size} bytes)")
         out.append(bytes(m[off + o:off + o + n]))
-    check_strings(out)
     return out
 
 

@@ -20,7 +20,10 @@ blocks; `convert --type q8_0` of that GGUF copies them back into the same model 
 The vocabulary looks like a SentencePiece BPE one: <pad> </s> <s> <unk>, <start_of_turn>,
 <end_of_turn>, user-defined whitespace pieces (tab, newline runs, runs of U+2581), the 256
 byte pieces, then normal pieces: merges of earlier pieces (scores 0, -1, -2, ...; U+2581 only
-at the start; never digits together) followed by the single characters.
+at the start; never digits together) followed by the single characters. Gemma 4's (BPE by
+merge rank) has Gemma 4's chat pieces instead of <start_of_turn> and <end_of_turn>: the control
+pieces <|turn> (id 105) and <turn|> (id 106, the header's eot, as in the published
+checkpoints), after <unused0> .. <unused100>.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from builder.models.modelfile3 import make_header as make_header3
 from builder.models.modelfile3 import with_q8_0
 from builder.models.modelfile3 import write_model as write_model3
 from builder.models.synth4 import PRESETS4, write_gguf4
-from builder.models.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, Q8_0, UNKNOWN, USER_DEFINED,
+from builder.models.modelfile import (BYTE, CONTROL, LAYER_TENSORS, NORMAL, Q8_0, UNKNOWN, UNUSED, USER_DEFINED,
                                WEIGHT_TYPES, Dims, Header, LayerAttn, ModelFormatError, TensorSpec, Vocab,
                                make_header, quantize_q8_0, tensor_layout, write_model)
 
@@ -97,14 +100,21 @@ WEIGHT_STD, NORM_STD = 0.02, 0.1
 CHUNK_ELEMS = 1 << 22
 SPACE = "\u2581"
 MAX_PIECE_CHARS = 16
+TURN_IDS = (105, 106)   # Gemma 4's <|turn> and <turn|>
 
 
 def synth_vocab(n: int, seed: int, by_rank: bool = False) -> Vocab:
-    """A plausible SentencePiece BPE vocabulary of exactly n pieces; by_rank: the same pieces
-    as Gemma 4 ships a vocabulary, BPE by merge rank (each merged piece's pair, in the order
-    they were made; scores 0)."""
-    specials = [("<pad>", CONTROL), ("</s>", CONTROL), ("<s>", CONTROL), ("<unk>", UNKNOWN),
-                ("<start_of_turn>", USER_DEFINED), ("<end_of_turn>", USER_DEFINED), ("\t", USER_DEFINED)]
+    """A plausible SentencePiece BPE vocabulary of exactly n pieces; by_rank: Gemma 4's, BPE by
+    merge rank (each merged piece's pair, in the order they were made; scores 0), whose chat
+    pieces are Gemma 4's control pieces <|turn> and <turn|> at Gemma 4's ids (TURN_IDS; the
+    ids between <unk> and them are <unusedK> pieces), so that <turn|> is the header's eot."""
+    specials = [("<pad>", CONTROL), ("</s>", CONTROL), ("<s>", CONTROL), ("<unk>", UNKNOWN)]
+    if by_rank:
+        specials += [(f"<unused{k}>", UNUSED) for k in range(TURN_IDS[0] - len(specials))]
+        specials += [("<|turn>", CONTROL), ("<turn|>", CONTROL)]
+    else:
+        specials += [("<start_of_turn>", USER_DEFINED), ("<end_of_turn>", USER_DEFINED)]
+    specials += [("\t", USER_DEFINED)]
     specials += [("\n" * k, USER_DEFINED) for k in range(2, 5)]
     specials += [(SPACE * k, USER_DEFINED) for k in range(2, 9)]
     specials += [("<0x%02X>" % b, BYTE) for b in range(256)]

@@ -423,6 +423,8 @@ def test_usage_errors_exit_2(engine, args, message):
     (["-c", "2x"], "bad value for -c"),
     (["--temp", "-1"], "bad value for --temp"),
     (["--temp", "1e39"], "bad value for --temp"),
+    (["--temp", "1.5e-3"], "bad value for --temp"),     # no exponent (docs: conversation mode
+    (["--temp", "25E-1"], "bad value for --temp"),      # took its bytes)
     (["--temp", "inf"], "bad value for --temp"),
     (["--temp", "nan"], "bad value for --temp"),
     (["--temp", "."], "bad value for --temp"),
@@ -457,7 +459,7 @@ def test_usage_errors_come_before_files(engine, mqa, tmp_path):
 
 
 @pytest.mark.parametrize("args", [
-    ["--temp", "0"], ["--temp", "1.5e-3"], ["--temp", "25E-1"], ["--temp", ".5"], ["--temp", "3."],
+    ["--temp", "0"], ["--temp", "0.0015"], ["--temp", "2.5"], ["--temp", ".5"], ["--temp", "3."],
     ["--top-p", "1"], ["--top-p", "0.9"], ["--temp", "0.00000000000000000000000000001"], ["-s", "18446744073709551615"], ["-t", "256"],
     ["-t", "1"], ["-n", "0"], ["-c", "1024"], ["-c", "1"], ["-p", "x", "-p", "y"],
 ])

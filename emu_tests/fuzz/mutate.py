@@ -385,8 +385,10 @@ class _Maker:
             out.append(Case(f"extra {argv!r}", argv=ok + argv))
         out.append(Case("-m -p", argv=(b"-m", b"-p", b"hi")))
         out.append(Case("2000 x --tokens", argv=(b"-m", MODEL, b"-p", b"hi") + (b"--tokens",) * 2000))
-        for t in (b"1e-30", b"1e-7", b"0.5", b"1", b"100", b"1e30", b"3.4e38", b"1e-45"):
-            for p in (b"0", b"1e-30", b"0.5", b"1"):
+        tiny = b"0." + b"0" * 29 + b"1"         # 1e-30 (values take no exponent)
+        for t in (tiny, b"0.0000001", b"0.5", b"1", b"100", b"9223372036854775807",
+                  b"0." + b"0" * 44 + b"1"):
+            for p in (b"0", tiny, b"0.5", b"1"):
                 out.append(Case(f"--temp {t!r} --top-p {p!r}", argv=(
                     b"-m", MODEL, b"-p", PROMPTS[0], b"-n", b"6", b"--temp", t, b"--top-p", p,
                     b"-s", b"11")))

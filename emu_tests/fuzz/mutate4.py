@@ -24,7 +24,10 @@ returns the systematic families on each base, then seeded random mutations up to
   place; weight types unknown or of the wrong kind; the weight fields of an op without one;
   each of a and c set to NaN, infinities, 0, -0, negatives, denormals;
 - header: the generation and the header's padding (neither validated), max_ctx, unknown flags;
-- strings: each record pointed into the records, past the section, at 257 bytes.
+- strings: each record pointed into the records, at and past the section's end, at 257 bytes,
+  at offsets whose u32 sum with the length wraps; bytes that are not UTF-8; strings sections of
+  0 to 41 bytes and one of 340 with strings of 256 and 257 bytes (the sections after it moved);
+  decided by the engine's rules (string_refused), exactly the reader's.
 A case says what must happen where the page (docs/format.md, "Version 4") decides it by
 construction: `reject` when a rule is broken, `accept` when every rule still holds (the same op
 with another slot wide enough, a field the op does not use, any scalar bits, a program with an
@@ -41,9 +44,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from builder.models.modelfile import HEADER_SIZE
-from builder.models.modelfile4 import (ACC, CACHE, HEADER_END, HEADER_FIELDS, MAX_WIDTH, OP_FIELDS, OP_REC, RULES,
-                                       SLOT_OPERANDS, SLOT_REC, STRING_REC, N_STRINGS, ModelFile4, Op, OpRec, WType,
-                                       weight_bytes)
+from builder.models.modelfile4 import (ACC, CACHE, HEADER_END, HEADER_FIELDS, MAX_WIDTH, N_STRINGS, OP_FIELDS, OP_REC,
+                                       RULES, SLOT_OPERANDS, SLOT_REC, STRING_MAX, STRING_REC, ModelFile4, Op, OpRec,
+                                       WType, weight_bytes)
 from linker.layout import align_up
 
 from .model import write_case
@@ -58,6 +61,7 @@ READS = {Op.EMBED: "s0 n k j a w wtype", Op.NORM: "s0 s1 n m a w wtype", Op.MATM
 JUNK = dict(s0=250, s1=251, s2=252, s3=253, n=0xFFFFFFFF, m=0xFFFFFFFE, k=0x10001, j=12345, a=float("nan"),
             c=-float("inf"), w=(1 << 64) - 1, wtype=0xFFFFFFFF)
 SHIFTED = ("strings_off", "pieces_off", "index_off", "user_off", "merges_off", "blob_off")  # after the program
+BIG_STRINGS = 340   # a strings section with room for a 257-byte string after the records
 
 
 def f32_of(bits: int) -> float:
@@ -81,6 +85,13 @@ def with_junk(path: Path, f: ModelFile4, out: Path) -> Path:
     data[f.header.program_off:f.header.program_off + len(program)] = program
     out.write_bytes(bytes(data))
     return out
+
+
+def string_refused(off: int, n: int, size: int) -> bool:
+    """The engine's rule for one string record in a section of `size` bytes: refused when it
+    is over STRING_MAX bytes or ends past the section (off + n, as u32 values added without
+    overflow)."""
+    return n > STRING_MAX or off + n > size
 
 
 def kv_written(ops: list[OpRec]) -> bool:
@@ -342,15 +353,53 @@ class _Maker4:
                       for off in (HEADER_END, 200, HEADER_SIZE - 1)]
 
     def strings(self) -> list[Case]:
+        """Each record pointed into the records, at the section's end, one byte past it, at the
+        whole section and one byte more, at 257 bytes, at offsets whose u32 sum with the length
+        wraps; each string's first byte made invalid UTF-8 (accepted: any bytes are); then
+        sections of 0, 32, 39, 40 and 41 bytes and one of 340 holding strings of 256 and 257
+        bytes (restring). Decided by the engine's rules (string_refused)."""
         out, size, first = [], self.h["strings_size"], STRING_REC * N_STRINGS
         for s in range(N_STRINGS):
             at = self.h["strings_off"] + STRING_REC * s
             off, n = struct.unpack_from("<II", self.base.data, at)
-            for o2, n2, verdict in ((0, n, True), (first - 1, n, True), (size, 0, False), (size - n + 1, n, True),
-                                    (off, 257, True), (off, 0xFFFFFFFF, True), (0xFFFFFFFF, 1, True),
-                                    (first, 0, False)):
-                out.append(self.case(f"string {s} := ({o2}, {n2})", ((at, struct.pack("<II", o2, n2)),), verdict))
+            values = [(0, n), (first - 1, n), (first, 0), (size, 0), (size - n, n), (size - n + 1, n), (0, size),
+                      (0, size + 1), (off, STRING_MAX + 1), (0xFFFFFFFF, 1), (0xFFFFFF00, 0x100), (1, 0xFFFFFFFF),
+                      (0x80000000, 0)]
+            out += [self.case(f"string {s} := ({o2}, {n2})", ((at, struct.pack("<II", o2, n2)),),
+                              string_refused(o2, n2, size)) for o2, n2 in dict.fromkeys(values) if (o2, n2) != (off, n)]
+            if n:
+                out.append(self.case(f"string {s}'s first byte := 0xff", ((self.h["strings_off"] + off, b"\xff"),), False))
+        records = b"".join(struct.pack("<II", first, 0) for _ in range(N_STRINGS))
+        out += [self.restring("records alone, every string empty", records, False),
+                self.restring("39 bytes", records[:39], True), self.restring("32 bytes", records[:32], True),
+                self.restring("0 bytes", b"", True),
+                self.restring("41 bytes, every string its one byte",
+                              struct.pack("<II", first, 1) * N_STRINGS + b"x", False)]
+        big = bytearray(self.base.data[self.h["strings_off"]:self.h["strings_off"] + size].ljust(BIG_STRINGS, b"\0"))
+        for o2, n2 in ((first, STRING_MAX), (first, STRING_MAX + 1), (BIG_STRINGS - STRING_MAX, STRING_MAX),
+                       (BIG_STRINGS - STRING_MAX + 1, STRING_MAX)):
+            big[:STRING_REC] = struct.pack("<II", o2, n2)
+            out.append(self.restring(f"{BIG_STRINGS} bytes, string 0 := ({o2}, {n2})", bytes(big),
+                                     string_refused(o2, n2, BIG_STRINGS)))
         return out
+
+    def restring(self, label: str, section: bytes, verdict: bool) -> Case:
+        """The file with this strings section (strings_size its length), the sections after it
+        moved to match and the weights to the next multiple of 4096 after them (a case file's
+        weights are zeros: only their place matters)."""
+        h = self.h
+        delta = len(section) - h["strings_size"]
+        end = h["blob_off"] + h["blob_size"]
+        weights_off = align_up(end + delta, 4096)
+        body = section + self.base.data[h["pieces_off"]:end]
+        body += bytes(max(weights_off, h["weights_off"]) - h["strings_off"] - len(body))
+        fields = dict(strings_size=len(section), weights_off=weights_off,
+                      file_size=h["file_size"] + weights_off - h["weights_off"],
+                      **{f: h[f] + delta for f in SHIFTED if f != "strings_off"})
+        edits = [(off, struct.pack("<" + code, fields[name])) for name, off, code in HEADER_FIELDS if name in fields]
+        return Case(f"strings section of {label}", tuple(edits) + ((h["strings_off"], body),),
+                    size=self.base.length + weights_off - h["weights_off"], argv=self.argv(), reject=verdict,
+                    accept=not verdict)
 
     def random_case(self, k: int) -> Case:
         r, h = self.rng, self.h

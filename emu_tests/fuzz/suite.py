@@ -12,21 +12,18 @@ shape and sparse runs, then seeded random mutations up to the count.
 
 Every mutate4 case is decided here, once, by what builder.models.modelfile4.ModelFile4 does
 with its file (`reader_verdicts`): the engine must refuse what the reader refuses and run what
-it accepts (for the cases mutate4 decides by the page, emu_tests/models/test_fuzz4.py holds
-the reader to the same verdicts). One known difference is not held against the engine
-(docs/format.md, "Validation (version 4)"): it does not read the strings section yet (a case
-the reader refuses for its strings is left undecided).
+it accepts, the strings section included (for the cases mutate4 decides by the page,
+emu_tests/models/test_fuzz4.py holds the reader to the same verdicts).
 """
 from __future__ import annotations
 
 import tempfile
-import traceback
 from dataclasses import replace
 from pathlib import Path
 
 from builder.models.convert import convert
 from builder.models.modelfile import ModelFormatError
-from builder.models.modelfile4 import ModelFile4, read_strings
+from builder.models.modelfile4 import ModelFile4
 
 from .model import Base, write_case
 from .mutate import Case, make_cases
@@ -35,7 +32,7 @@ from .shapes import G3_BASE, Q8_BASE, SHAPES, shape_cases, sparse_cases, write_b
 
 SEED = 20261130
 CASES = 15500   # CASES4, make_cases' systematic cases (~10,700), the shape and sparse runs, then random ones
-CASES4 = 4000   # make_cases4's systematic cases of PROGRAMS (~3,750), then random ones
+CASES4 = 4000   # make_cases4's systematic cases of PROGRAMS (~3,920), then random ones
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MUTATED = {"tiny_mqa": ("tiny_mqa", "."), "tiny_wide": ("tiny_wide", "."),
            "tiny_mqa_gguf": ("tiny_mqa", "model-f16.gguf"), G3_BASE: None,   # None: synthetic
@@ -56,15 +53,13 @@ def models(tmp: Path) -> dict[str, Path]:
     return out | write_bases(tmp)
 
 
-def reader_verdict(path: Path) -> bool | None:
+def reader_verdict(path: Path) -> bool:
     """Whether the engine must refuse the file at path (True) or run it (False), as the Python
-    reader decides; None where the engine differs on purpose (the strings)."""
+    reader decides."""
     try:
-        header = ModelFile4(path).header
-    except ModelFormatError as e:
-        check = e.__context__ or e      # (MappedModel raises the check's error again, naming the file)
-        strings = any(frame.f_code is read_strings.__code__ for frame, _ in traceback.walk_tb(check.__traceback__))
-        return None if strings else True
+        ModelFile4(path)
+    except ModelFormatError:
+        return True
     return False
 
 
@@ -78,7 +73,7 @@ def reader_verdicts(models: dict[str, Path], cases: list[Case]) -> list[Case]:
             path.unlink(missing_ok=True)        # (a fresh file: truncating the last one is slower)
             write_case(path, prefixes[c.model].data, prefixes[c.model].length, c.edits, c.size)
             verdict = reader_verdict(path)
-            out.append(replace(c, reject=verdict is True, accept=verdict is False))
+            out.append(replace(c, reject=verdict, accept=not verdict))
     return out
 
 

@@ -7,8 +7,9 @@ n into it), and not with --baseline; the AVX-512
 kernels (TILE8_TOKENS both: their 3 x 8 tiles) where AVX-512F and XCR0 bits 5-7 come on top, and not with --avx2;
 the baseline kernels and 1 token otherwise.
 
-cpu_setup reads fv_cols and the flags and writes the image's job variables, so a SysV wrapper
-(test-side, assembled above the image) sets them and copies the four results out.
+cpu_setup reads fv_cols and the flags (--baseline and --avx2: bytes 2 and 3 of opt_flags,
+vars.asm) and writes the image's job variables, so a SysV wrapper (test-side, assembled above
+the image) sets them and copies the four results out.
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ WRAPPER = {
         push rdi
         mov ebp, {front_base}
         mov dword ptr [{fv_cols}], esi
-        mov byte ptr [{opt_baseline}], dl
-        mov byte ptr [{opt_avx2}], cl
+        mov byte ptr [{opt_flags} + 2], dl
+        mov byte ptr [{opt_flags} + 3], cl
         call {cpu_setup}
         pop rdi
         mov rax, qword ptr [{job_kernel}]

@@ -9,6 +9,7 @@ each family decides cases both ways but the scalars and the op flags, which ever
 The engine is held to the same verdicts by the lead's fuzz runner."""
 from __future__ import annotations
 
+import struct
 from collections import Counter
 
 import pytest
@@ -65,3 +66,25 @@ def test_every_case_as_the_reader_judges_it(bases, tmp_path):
     assert sum(n for (_, v), n in decided.items() if v == "reject") > 1000, verdicts
     assert sum(n for (_, v), n in decided.items() if v == "accept") > 1000, verdicts
     assert verdicts["random", "either", True] and verdicts["random", "either", False], verdicts  # both outcomes
+
+
+def test_strings_cases_hit_every_rule(bases):
+    """The strings family reaches each of the engine's rules (docs/format.md, "Strings") on its
+    own and both ways: the section's size (39 bytes refused, 40 accepted), a string's length
+    (257 refused in a section with room for it, 256 accepted), its end (one byte past the
+    section refused, at its end accepted, u32 sums that wrap refused); and what no rule forbids
+    is accepted (a string in the records, bytes that are not UTF-8). The engine is held to the
+    reader's verdicts on these (fuzz.suite)."""
+    cases = [c for c in make_cases4(bases, SEED, COUNT) if c.label.startswith("strings: ")]
+    for name, base in bases.items():
+        size = base.header["strings_size"]
+        _, n = struct.unpack_from("<II", base.data, base.header["strings_off"])
+        verdicts = {c.label.removeprefix("strings: "): c.reject for c in cases if c.model == name}
+        assert all(c.reject != c.accept for c in cases)
+        big = "strings section of 340 bytes, string 0 := "
+        want = {"strings section of 39 bytes": True, "strings section of records alone, every string empty": False,
+                f"{big}(40, 257)": True, f"{big}(40, 256)": False, f"{big}(84, 256)": False, f"{big}(85, 256)": True,
+                f"string 0 := ({size - n + 1}, {n})": True, f"string 0 := ({size - n}, {n})": False,
+                "string 0 := (4294967295, 1)": True, "string 0 := (4294967040, 256)": True,
+                f"string 0 := (0, {n})": False, "string 0's first byte := 0xff": False}
+        assert {k: verdicts.get(k) for k in want} == want, name

@@ -374,9 +374,11 @@ def test_reader_accepts_what_the_file_rules_allow(base, tmp_path, edit):
     (lambda f: with_header(f, weights_size=f.header.weights_size - 64, file_size=f.header.file_size - 64),
      "but its header says"),
     (lambda f: with_header(f, bos=2048), "bos id 2048 is outside the vocabulary"),
-    (lambda f: with_string(f, 0, 39, 4), "string SYS_BEGIN (4 bytes at 39) is outside the strings section's bytes"),
-    (lambda f: with_string(f, 4, 100, 100), "string REPLY_END (100 bytes at 100) is outside"),
-    (lambda f: {f.header.strings_off + 40: b"\xff"}, "string SYS_BEGIN is not UTF-8"),
+    (lambda f: with_string(f, 0, f.header.strings_size - 3, 4), "string SYS_BEGIN (4 bytes at 117) ends past the "
+     "strings section (120 bytes)"),
+    (lambda f: with_string(f, 4, 100, 100), "string REPLY_END (100 bytes at 100) ends past"),
+    (lambda f: with_string(f, 4, 0xFFFFFFFF, 1), "string REPLY_END (1 bytes at 4294967295) ends past"),
+    (lambda f: with_string(f, 1, 0, 257), "string SYS_END is 257 bytes (at most 256)"),
     (lambda f: {f.header.merges_off: struct.pack("<I", 9999)}, "a merge holds an id outside the vocabulary"),
     (lambda f: {f.header.pieces_off + 12: struct.pack("<I", 9)}, "a piece has an unknown type"),
 ])
@@ -397,11 +399,29 @@ def test_reader_refuses_each_section_moved(base, tmp_path, name):
     assert f"{name} is {v + 8}, expected {v}" in str(e.value)
 
 
-def test_a_string_of_257_bytes_is_refused(tmp_path):
+def test_the_writer_refuses_what_it_must_not_write(tmp_path):
+    """pack_strings (what convert and synth write) refuses a string over 256 bytes, one not
+    UTF-8, and a count other than 5; the reader checks only where they lie (below)."""
     with pytest.raises(ModelFormatError, match="string USER_END is 257 bytes"):
         mf4.pack_strings([b"", b"", b"", b"x" * 257, b""])
+    with pytest.raises(ModelFormatError, match="string SYS_END is not UTF-8"):
+        mf4.pack_strings([b"", b"\xff", b"", b"", b""])
     with pytest.raises(ModelFormatError, match="4 chat strings"):
         mf4.pack_strings([b""] * 4)
+
+
+@pytest.mark.parametrize("edit, want", [
+    (lambda f: {f.header.strings_off + 40: b"\xff"}, lambda f: b"\xff" + mf4.CHAT[4][0][1:]),   # not UTF-8
+    (lambda f: with_string(f, 0, 0, 8), lambda f: struct.pack("<II", 0, 8)),                     # the records
+    (lambda f: with_string(f, 0, f.header.strings_size, 0), lambda f: b""),                      # at the end
+    (lambda f: with_string(f, 0, f.header.strings_size - 4, 4), lambda f: b"\0" * 4),            # the padding
+])
+def test_reader_takes_any_string_inside_the_section(base, tmp_path, edit, want):
+    """The engine's rules and no more (docs/format.md, "Strings"): anywhere inside the section,
+    the records' own bytes included, any bytes."""
+    path, f = base
+    assert f.header.strings_size == 120         # 40 + 75 string bytes + 5 of padding
+    assert ModelFile4(edited(path, tmp_path, edit(f))).strings[0] == want(f)
 
 
 def test_truncated_file_is_refused(base, tmp_path):

@@ -53,6 +53,14 @@ def test_opcode_lane_is_the_instructions_opcode():
     assert [opcode for _, opcode, _ in seen] == [0, 0x48, 0x8B, 0x8B, 0x8B, 0x8B]
 
 
+def test_tables_end_on_a_modrm_of_entry_0():
+    """The tables' last byte is a ModRM whose entry is 0 (`add [rax], al`): the image starts
+    at an instruction's start, and asm/unpack.asm zeroes its table after the tables with the
+    eax = ecx = 0 that this byte's lookup and `.append` leave."""
+    code, _, _ = fields_of(b"")[-1]
+    assert code == f.MODRM and f.TABLES[f.MODRM << 8 | f.TABLES[-1] & f.MODRM_REG] == 0
+
+
 def test_machine_agrees_with_capstone_on_most_of_the_image(gemma):
     """Not a decoder, but close to one: of the image's instructions (capstone's, data
     skipped), at least 95% start where the machine expects an instruction and have their

@@ -1,4 +1,4 @@
-"""Conversation mode (`gemma -cnv`, asm/chat.asm; issue 45) on the real binary.
+"""Conversation mode (`gemma -cnv`, asm/chat.asm; docs/chat.md) on the real binary.
 
 Exactness: a conversation's `--logits` rows equal, bit for bit, those of one `-p` run over the
 same ids, on each kernel path this host runs natively (AVX-512: the default here, `--avx2`,
@@ -25,7 +25,7 @@ tok_a), tiny_g4k (window 7): every conversation here runs past every window. And
 Gemma 4 model (tiny-g4-dense), whose vocabulary has the template's <|turn> and <turn|> as
 control pieces: it converses in its own template.
 
-Input cases (issue 45's table) on tiny_mqa, against the conversation the same turns give
+Input cases (docs/chat.md's) on tiny_mqa, against the conversation the same turns give
 clean: trimming, empty lines, CRLF, `\\` continuation, end of input mid-line, NUL bytes, a turn
 of 2^24 bytes, turns that do not fit the context, the context filling during a reply, -cnv
 with --tokens, -n 0 and -f -, -sys as given, a closed stdout, and the `> ` marker when stdin

@@ -1,4 +1,4 @@
-"""Conversation mode (`gemma -cnv`, issue 45) on the real Gemma 3 270M (the `real_g3`
+"""Conversation mode (`gemma -cnv`, docs/chat.md) on the real Gemma 3 270M (the `real_g3`
 fixture): each conversation's `--logits` rows equal, bit for bit, those of one `-p` run over
 the same ids, its ids derived as test_engine_chat derives them (converse_exactly: the Gemma 3
 template from the model file's strings, the twin tokenizer, the greedy argmax or the sampler

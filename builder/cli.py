@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Callable
 
 from builder.models.modelfile import Q8_0
-from builder.models.modelfile4 import VERSION
+from builder.models.modelfile4 import VERSION, Op, ModelFile4
 
-# The model file version the engine built from this tree runs: asm/format.asm's MODEL_VERSION
-# (emu_tests/models/test_format_mirror.py holds the two equal).
+# The model file version the engine built from this tree runs: asm/format.asm's MODEL_VERSION,
+# and the opcodes it runs: asm/program.asm's op table (OPC_*; Gemma 4 MoE's ROUTE, SKIP and WADD
+# are not in its budget: docs/build.md); emu_tests/models/test_format_mirror.py holds them equal.
 ENGINE_VERSION = VERSION
+ENGINE_OPS = frozenset(Op) - {Op.ROUTE, Op.SKIP, Op.WADD}
 
 
 class Parser(argparse.ArgumentParser):
@@ -46,12 +48,17 @@ def run(prog: str, body: Callable[[], object], errors: tuple[type[BaseException]
 def model_summary(prog: str, path: Path) -> Callable[[object], str]:
     """The one line convert and synth end with: the file, its size, the model's shapes and
     the matrices' type; before it, on stderr, one line when ./gemma cannot run the file (its
-    version is not ENGINE_VERSION). The file is written either way."""
+    version is not ENGINE_VERSION, or its program has ops not in ENGINE_OPS). The file is
+    written either way."""
     def line(header) -> str:
         h = header
         if h.version != ENGINE_VERSION:
             print(f"{prog}: warning: ./gemma cannot run {path} yet: it is model file version {h.version}, "
                   f"this build's engine runs version {ENGINE_VERSION}", file=sys.stderr)
+        elif missing := sorted({o.op for o in ModelFile4(path).ops} - ENGINE_OPS):
+            print(f"{prog}: warning: ./gemma cannot run {path} yet: its program has "
+                  f"{', '.join(Op(o).name for o in missing)} (MoE), which this build's engine lacks "
+                  "(it refuses the file: bad program); the numpy twins and `show` run it", file=sys.stderr)
         if h.version == 4:
             return (f"wrote {path}: {h.file_size:,} bytes; version 4 (Gemma {h.generation}), vocab {h.vocab}, "
                     f"{h.n_ops} ops on {h.n_slots} slots, context {h.max_ctx}")

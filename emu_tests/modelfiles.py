@@ -6,14 +6,14 @@
 `convert_fixture(name, source, out_dir, version=None, wtype="f16")` converts
 emu_tests/fixtures/<name> (source "hf": the Hugging Face directory; "gguf": its model-f16.gguf)
 to out_dir/<name>-<source>[-<wtype>][-v<version>].bin (-<wtype> unless f16) with
-builder.models.convert (version: the model file version, default convert's: 4, which a Gemma 4
-MoE model cannot be written as (ask for 3); wtype: its matrices' type, "f16" or "q8_0" as `convert --type q8_0` makes them) and
-caches the result for the session; builder.models.modelfile4.open_model opens a file of any version. Prefer "hf": its tokenizer tables are
-the sentencepiece ones (the fixtures' GGUFs mark user-defined pieces as normal; the weights
+builder.models.convert (version: the model file version, default convert's: 4; wtype: its
+matrices' type, "f16" or "q8_0" as `convert --type q8_0` makes them) and caches the result for
+the session; builder.models.modelfile4.open_model opens a file of any version. Prefer "hf": its
+tokenizer tables are the sentencepiece ones (the fixtures' GGUFs mark user-defined pieces as normal; the weights
 are identical either way). MODELS are the Gemma 1 fixtures, TWINS every fixture with both
 sources (Gemma 1, 2, 3), ORACLES every (name, source) with a recorded transformers oracle
 (tiny_g2q has no GGUF twin: GGUF cannot say its query_pre_attn_scalar); GEMMA4 the Gemma 4
-fixtures (both sources; tiny_g4moe as model file version 3 only). The pytest fixture `model_file` (a factory) does the same into the
+fixtures (both sources). The pytest fixture `model_file` (a factory) does the same into the
 session's temporary directory: `model_file("tiny_wide")`. `random_source(seed)` is a
 write_model tensor source of seeded standard normal values (each tensor's from its name).
 """

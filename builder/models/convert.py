@@ -1,8 +1,8 @@
 """`python -m builder convert SRC -o OUT [--format 2|3|4]`: a Gemma 1, 2, 3 or 4 checkpoint -> a
 model file: version 4 by default (modelfile4: the forward pass as a program, compiled by
-builder.models.program; what the engine reads; every generation but Gemma 4 MoE, refused in one
-line naming --format 3), or on request the Python side's formats (the numpy reference reads
-them): version 2 (Gemma 1-3) and version 3 (modelfile3, every generation).
+builder.models.program; what the engine reads; every generation, Gemma 4's MoE included), or on
+request the Python side's formats (the numpy reference reads them): version 2 (Gemma 1-3) and
+version 3 (modelfile3, every generation).
 
 SRC is a Hugging Face directory (builder.models.convert_hf: model_type gemma, gemma2, gemma3_text,
 gemma3, gemma4_text or gemma4 (builder.models.gemma4); BF16/F16/F32 safetensors) or a llama.cpp
@@ -95,8 +95,8 @@ def main(argv: list[str]) -> int:
                         "Q8_0 tensors copied as they are)")
     p.add_argument("--format", type=int, choices=VERSIONS,
                    help="model file version (default 4: the forward pass as a program, what the engine "
-                        "reads; every generation but Gemma 4 MoE, which needs 3); 2 (Gemma 1-3) and 3 on "
-                        "request: the Python side's formats, which the numpy reference reads")
+                        "reads; every generation); 2 (Gemma 1-3) and 3 on request: the Python side's "
+                        "formats, which the numpy reference reads")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     return run(p.prog, lambda: convert(args.src, args.output, not args.quiet, args.type, args.format),

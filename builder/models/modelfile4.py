@@ -15,7 +15,7 @@ four slots (s0 the destination), the widths n, m, k, j, two float32 scalars a an
 (offset w from weights_off, type wtype) and flags (ACC: the destination is added to). RULES says
 per opcode which fields it uses, the widths of its slot operands and its weight's shape and
 types; `check_op` enforces them (every field an op does not use is 0), `check_program` the
-program's (LOGITS last and only there).
+program's (LOGITS last and only there; what a SKIP skips inside the program, before LOGITS).
 
 `make_header` packs a file's parts (a program whose weight offsets are already laid out, the
 tokenizer, the chat strings) after the same checks the reader makes, `write_model` writes them
@@ -75,7 +75,7 @@ WTYPES = {v: k for k, v in DTYPES.items()}
 
 
 class Op(IntEnum):
-    """The opcodes (10 and up are reserved: MoE)."""
+    """The opcodes (ROUTE, SKIP and WADD: the experts of a MoE layer)."""
     EMBED = 1
     NORM = 2
     MATMUL = 3
@@ -85,6 +85,9 @@ class Op(IntEnum):
     SCALE = 7
     ADD = 8
     LOGITS = 9
+    ROUTE = 10
+    SKIP = 11
+    WADD = 12
 
 
 KNOWN_OPS = frozenset(int(o) for o in Op)
@@ -218,6 +221,10 @@ RULES: dict[Op, Rule] = {
     Op.SCALE: Rule(lambda o: [("s0", o.n, False)]),
     Op.ADD: Rule(lambda o: [("s0", o.n, False), ("s1", o.n, False)]),
     Op.LOGITS: Rule(lambda o: [("s1", o.n, False)], lambda o, vocab: (vocab, o.n), MATRIX),
+    Op.ROUTE: Rule(lambda o: [("s0", o.n, False), ("s1", o.m, False)], lambda o, vocab: (o.n * o.m + o.n,),
+                   (WType.F32,)),
+    Op.SKIP: Rule(lambda o: [("s0", o.n, False)]),
+    Op.WADD: Rule(lambda o: [("s0", o.n, False), ("s1", o.n, False), ("s2", o.m, False)]),
 }
 SLOT_OPERANDS = ("s0", "s1", "s2", "s3")
 ALIGN4 = {(Op.MATMUL, "s2"), (Op.GEGLU, "s0")}  # rows GEGLU takes four floats a pass
@@ -250,6 +257,14 @@ def _check_shape(o: OpRec, vocab: int) -> None:
         _need(not o.n % 2, f"n = {o.n} is odd")
     elif o.op == Op.ATTN:
         _need(not o.m % o.k, f"m = {o.m} query heads is not a multiple of k = {o.k} kv heads")
+    elif o.op == Op.ROUTE:
+        _need(not o.n % 4, f"n = {o.n} experts is not a multiple of 4")
+        _width("k", o.k, 1, o.n)
+    elif o.op == Op.SKIP:
+        _need(o.j < o.n, f"column j = {o.j} is outside s0's n = {o.n}")
+        _need(o.k >= 1, "k = 0 skips no op")
+    elif o.op == Op.WADD:
+        _need(o.j < o.m, f"column j = {o.j} is outside s2's m = {o.m}")
 
 
 def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int, written: set[int] | None = None) -> None:
@@ -290,7 +305,8 @@ def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int, wri
 
 
 def check_program(ops: Sequence[OpRec], slots: Sequence[Slot], vocab: int, weights_size: int) -> None:
-    """The slots' and every op's rules, and LOGITS as the last op and only there."""
+    """The slots' and every op's rules, LOGITS as the last op and only there, and the ops a
+    SKIP may skip inside the program, LOGITS never among them."""
     _width("n_slots", len(slots), 1, MAX_SLOTS)
     _width("n_ops", len(ops), 1, MAX_OPS)
     for i, s in enumerate(slots, 1):
@@ -305,6 +321,9 @@ def check_program(ops: Sequence[OpRec], slots: Sequence[Slot], vocab: int, weigh
             if (o.op == Op.LOGITS) != (i == len(ops) - 1):
                 raise ModelFormatError("LOGITS must be the program's last op, and only there" if o.op == Op.LOGITS
                                        else "the program's last op must be LOGITS")
+            if o.op == Op.SKIP and i + o.k >= len(ops) - 1:
+                raise ModelFormatError(f"k = {o.k} skips ops {i + 1} .. {i + o.k}, past the ops before LOGITS "
+                                       f"(op {len(ops) - 1})")
         except ModelFormatError as e:
             raise ModelFormatError(f"op {i} ({o.name}): {e}") from None
         written.add(o.s0)

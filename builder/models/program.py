@@ -8,26 +8,33 @@ each layer's Rope, what the checkpoint readers give) -> its forward pass as a pr
 Slots, by name (`Program.slot_names`; the file holds only widths): x (the stream, d), xb (a
 normed copy of the stream, then the attention's output), q (H hd), hb and hb2 (the FFN's, and
 hb2 the output of a product before its post norm), K{i} and V{i} (CACHE: layer i's K/V, only for
-a layer that computes its own), and with per-layer inputs x0 (the scaled embedding) and pc, pt
-(P wide). A slot is as wide as its widest operand.
+a layer that computes its own), with per-layer inputs x0 (the scaled embedding) and pc, pt
+(P wide), and with experts wts (E: each token's expert weights), r (the router's input), h2
+(the experts' input), y (one expert's output), m2 (the experts' sum) and mm (the two FFNs'
+normed sum), d wide. A slot is as wide as its widest operand.
 
 Weights are version 3's tensors (same names, shapes and values: norms hold 1 + w for Gemma 1-3
 and w for Gemma 4, as the checkpoint readers give them; a matrix is Q8_0 when the model has
 Q8_0 and its rows split into 32-value blocks, FP16 otherwise) plus what the compiler computes:
 each layer's `layers.{i}.rope` table (modelfile3.rope_table), `ones` (the value norm's weight,
-one tensor for every layer) and, when a layer's rows of `ple_proj` do not start at a multiple of
-64 bytes, `ple_proj.{i}` (those rows as a tensor of their own). `ple_embed` is Q8_0 only when P
-is a multiple of 32 (EMBED reads a layer's P columns: Q8_0 blocks must not straddle layers).
-They are laid out in the order the program first reads them.
+one tensor for every layer), each MoE layer's `layers.{i}.route` (F32: the router's [E, d] rows,
+then expert_scale's E values) and, where a product reads a tensor block by block (`ple_proj`
+by layer, `experts_gate_up` and `experts_down` by expert) and a block's bytes are not a
+multiple of 64, every block as a tensor of its own, `{name}.{b}` (block b; the tensor itself
+is then not written). `ple_embed` is Q8_0 only when P is a multiple of 32 (EMBED reads a
+layer's P columns: Q8_0 blocks must not straddle layers). They are laid out in the order the
+program first reads them.
 
 Gemma 1-3 compute what version 2 computes, op for op in the version 2 engine's order (Gemma
-1's residuals are products with ACC; Gemma 2-3's go through their post norm with ACC). MoE is
-not in the op set yet: the Gemma 4 builder refuses a model with experts.
+1's residuals are products with ACC; Gemma 2-3's go through their post norm with ACC). A Gemma 4
+MoE layer runs its dense FFN, then its router (ROUTE) and each expert in expert order, skipped
+for a block none of whose tokens chose it (SKIP) and added with its weight (WADD).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -37,7 +44,7 @@ import numpy as np
 from linker.layout import align_up
 from builder.models.modelfile import (POST_NORMS, QK8_0, QK_NORM, TENSOR_ALIGN, Dims, LayerAttn, ModelFormatError,
                                       TensorSource, TensorSpec, Vocab)
-from builder.models.modelfile3 import K_EQ_V, V_NORM, Model, Rope, f32, from_v2, rope_table, tensor_shapes
+from builder.models.modelfile3 import K_EQ_V, MOE, V_NORM, Model, Rope, f32, from_v2, rope_table, tensor_shapes
 from builder.models import modelfile4 as mf4
 from builder.models.modelfile4 import ACC, CACHE, CHAT, RULES, WTYPES, Op, OpRec, Slot
 
@@ -53,6 +60,11 @@ def generation_of(dims: Dims | None) -> int:
     return {v: k for k, v in GEN_FLAGS.items()}[dims.flags & (POST_NORMS | QK_NORM)]
 
 
+# A computed tensor made of stored ones: (version 3 tensor, first row, rows) in order, rows
+# counted over its leading dimensions (an [E, r, c] tensor is E r rows of c).
+Parts = list[tuple[str, int, int]]
+
+
 @dataclass
 class Program:
     """A compiled program: its slots (with their names), ops (weight offsets laid out), the
@@ -65,6 +77,7 @@ class Program:
     ops: list[OpRec]
     specs: list[TensorSpec]
     stored: list[TensorSpec]  # the version 3 tensors read from the source (not the rope tables)
+    parts: dict[str, Parts]   # the computed tensors made of rows of stored ones
 
     def source(self, base: TensorSource) -> TensorSource:
         """The tensor source of this program's layout: computed tensors made here, the rest
@@ -72,22 +85,24 @@ class Program:
         full = {s.name: s for s in self.stored}
 
         def chunks(spec: TensorSpec) -> Iterator[np.ndarray] | list[np.ndarray]:
+            if spec.name in self.parts:
+                return [np.concatenate([c.reshape(-1) for name, start, count in self.parts[spec.name]
+                                        for c in rows_of(base(full[name]), start, count)])]
             if spec.name == "ones":
                 return [np.ones(spec.shape, np.float32)]
             if spec.name.endswith(".rope"):
                 i = int(spec.name.split(".")[1])
                 return [rope_table(self.model.layers[i].head_dim, self.ropes[i])]
-            if spec.name.startswith("ple_proj."):
-                p = self.model.ple_dim
-                return rows_of(base(full["ple_proj"]), int(spec.name.split(".")[1]) * p, p)
             return base(spec)
         return chunks
 
 
 def rows_of(chunks: Iterator[np.ndarray], start: int, count: int) -> Iterator[np.ndarray]:
-    """Rows start .. start + count - 1 of a tensor given as chunks of whole rows."""
+    """Rows start .. start + count - 1 of a tensor given as chunks of whole rows (a chunk of
+    more than two dimensions: rows of its last)."""
     at = 0
     for chunk in chunks:
+        chunk = chunk.reshape(-1, chunk.shape[-1])
         lo, hi = max(start - at, 0), min(start + count - at, len(chunk))
         if lo < hi:
             yield chunk[lo:hi]
@@ -108,6 +123,7 @@ class Compiler:
         self.cache: list[bool] = []
         self.ops: list[tuple[OpRec, str | None, int]] = []  # op (w unset), tensor name, byte offset in it
         self.tensors: dict[str, tuple[tuple[int, ...], str]] = {}
+        self.parts: dict[str, Parts] = {}
         for name in FIXED_SLOTS + (PLE_SLOTS if m.ple_dim else ()):
             self.slot(name)
 
@@ -122,16 +138,32 @@ class Compiler:
             self.slot_ids[name] = len(self.cache)  # slots count from 1 (0: none)
         return self.slot_ids[name]
 
-    def tensor(self, name: str, shape: tuple[int, ...] | None = None, dtype: str = "f32") -> tuple[tuple[int, ...], str]:
+    def tensor(self, name: str, shape: tuple[int, ...] | None = None, dtype: str = "f32",
+               parts: Parts | None = None) -> tuple[tuple[int, ...], str]:
         """A tensor the program reads (a version 3 one by name, or a computed one of shape and
-        dtype, or one already known by name); a computed vector read again at a greater length
-        grows."""
+        dtype, made of `parts` when given, or one already known by name); a computed vector read
+        again at a greater length grows."""
         if name in self.catalogue:
             self.tensors.setdefault(name, self.catalogue[name])
         elif shape is not None:
             old = self.tensors.get(name)
             self.tensors[name] = (max(old[0], shape), dtype) if old else (shape, dtype)
+            if parts is not None:
+                self.parts[name] = parts
         return self.tensors[name]
+
+    def block(self, name: str, index: int, rows: int) -> tuple[str, int]:
+        """Block `index` of `rows` rows of the version 3 tensor name, as (tensor, byte offset in
+        it): read in place when a block's bytes are a multiple of TENSOR_ALIGN (so every block
+        starts at one), else the block as a tensor of its own, `{name}.{index}`."""
+        shape, dtype = self.catalogue[name]
+        size = mf4.weight_bytes((rows, shape[-1]), WTYPES[dtype])
+        if size % TENSOR_ALIGN == 0:
+            self.tensor(name)
+            return name, index * size
+        part = f"{name}.{index}"
+        self.tensor(part, (rows, shape[-1]), dtype, [(name, index * rows, rows)])
+        return part, 0
 
     def emit(self, op: Op, *slots: str | None, weight: str | None = None, offset: int = 0,
              cache: Sequence[str] = (), **fields) -> None:
@@ -156,14 +188,14 @@ class Compiler:
         self.emit(Op.NORM, dst, src, weight=weight, n=n, m=m, a=f32(self.m.eps), flags=ACC if acc else 0, cache=cache)
 
     def matmul(self, dst: str, src: str, weight: str, acc: bool = False, geglu: str | None = None,
-               cache: Sequence[str] = (), rows: tuple[int, int] | None = None) -> None:
-        """dst (+)= W src; geglu: then geglu = gelu(geglu) * dst; rows (start, count): a slice."""
-        shape, dtype = self.tensor(weight)
-        m, n = rows[1] if rows else shape[0], shape[-1]
-        offset = rows[0] * mf4.weight_bytes((1, n), WTYPES[dtype]) if rows else 0
+               cache: Sequence[str] = (), block: tuple[int, int] | None = None) -> None:
+        """dst (+)= W src; geglu: then geglu = gelu(geglu) * dst; block (index, rows): W is that
+        block of the weight's rows (Compiler.block)."""
+        name, offset = self.block(weight, *block) if block else (weight, 0)
+        shape, _ = self.tensor(name)
         extra = (geglu,) if geglu else ()
-        self.emit(Op.MATMUL, dst, src, *extra, weight=weight, offset=offset, n=n, m=m, flags=ACC if acc else 0,
-                  cache=cache)
+        self.emit(Op.MATMUL, dst, src, *extra, weight=name, offset=offset, n=shape[-1], m=block[1] if block else shape[0],
+                  flags=ACC if acc else 0, cache=cache)
 
     def residual(self, weight: str, src: str, post_norm: str | None) -> None:
         """x += W src, through post_norm when given (then via hb2)."""
@@ -174,11 +206,50 @@ class Compiler:
             self.norm("x", "hb2", post_norm, self.m.dim, acc=True)
 
     def ffn(self, i: int, post: bool) -> None:
+        """The dense FFN, its output added to x (through post_ffn_norm when post); with experts
+        (MOE), the experts' block after it (`experts`)."""
         p = f"layers.{i}."
         self.norm("xb", "x", p + "ffn_norm", self.m.dim)
         self.matmul("hb", "xb", p + "gate")
         self.matmul("hb2", "xb", p + "up", geglu="hb")
-        self.residual(p + "down", "hb", p + "post_ffn_norm" if post else None)
+        if self.m.layers[i].flags & MOE:
+            self.matmul("hb2", "hb", p + "down")
+            self.experts(i)
+        else:
+            self.residual(p + "down", "hb", p + "post_ffn_norm" if post else None)
+
+    def experts(self, i: int) -> None:
+        """Gemma 4's MoE block, the dense FFN's output in hb2: x += n(n(hb2, post_ffn_norm_1) +
+        n(sum of the chosen experts' GEGLU FFNs on n(x, ffn_norm_2), each times its weight,
+        post_ffn_norm_2), post_ffn_norm); the weights from the router on n(x) router_scale
+        d^-0.5 (ROUTE), the experts summed in expert order, each skipped for a block where no
+        token chose it."""
+        m, p, d, n = self.m, f"layers.{i}.", self.m.dim, self.m.experts
+        self.norm("mm", "hb2", p + "post_ffn_norm_1", d)
+        self.norm("r", "x", p + "router_scale", d)
+        self.emit(Op.SCALE, "r", n=d, a=f32(d ** -0.5))
+        self.tensor(p + "route", (n * d + n,), "f32", [(p + "router", 0, n), (p + "expert_scale", 0, 1)])
+        self.emit(Op.ROUTE, "wts", "r", weight=p + "route", n=n, m=d, k=m.top_k)
+        self.norm("h2", "x", p + "ffn_norm_2", d)
+        self.emit(Op.SCALE, "m2", n=d, a=0.0)
+        for e in range(n):
+            with self.unless_zero("wts", n, e):
+                self.matmul("hb", "h2", p + "experts_gate_up", block=(2 * e, m.expert_ffn))
+                self.matmul("hb2", "h2", p + "experts_gate_up", geglu="hb", block=(2 * e + 1, m.expert_ffn))
+                self.matmul("y", "hb", p + "experts_down", block=(e, d))
+                self.emit(Op.WADD, "m2", "y", "wts", n=d, m=n, j=e)
+        self.norm("mm", "m2", p + "post_ffn_norm_2", d, acc=True)
+        self.norm("x", "mm", p + "post_ffn_norm", d, acc=True)
+
+    @contextmanager
+    def unless_zero(self, slot: str, n: int, j: int) -> Iterator[None]:
+        """The ops emitted inside are skipped for a block whose column j of slot (n wide) is 0
+        in every token's row: a SKIP over them."""
+        at = len(self.ops)
+        self.emit(Op.SKIP, slot, n=n, j=j)
+        yield
+        o, _, _ = self.ops[at]
+        self.ops[at] = (dataclasses.replace(o, k=len(self.ops) - at - 1), None, 0)
 
     def rope(self, i: int, k_slot: str | None) -> None:
         layer = self.m.layers[i]
@@ -216,11 +287,11 @@ class Compiler:
         at = {s.name: s.offset for s in specs}
         ops = [dataclasses.replace(o, w=at[t] + off) if t else o for o, t, off in self.ops]
         slots = [Slot(w, CACHE if c else 0) for w, c in zip(widths, self.cache)]
-        stored = [TensorSpec(n, 0, *self.catalogue[n]) for n in self.tensors
-                  if n in self.catalogue and not n.endswith(".rope")]
-        if any(n.startswith("ple_proj.") for n in self.tensors):
-            stored.append(TensorSpec("ple_proj", 0, *self.catalogue["ple_proj"]))
-        return Program(self.generation, self.m, self.ropes, slots, list(self.slot_ids), ops, specs, stored)
+        read = [n for n in self.tensors if n in self.catalogue and not n.endswith(".rope")]
+        read += [n for parts in self.parts.values() for n, _, _ in parts]
+        stored = [TensorSpec(n, 0, *self.catalogue[n]) for n in dict.fromkeys(read)]
+        return Program(self.generation, self.m, self.ropes, slots, list(self.slot_ids), ops, specs, stored,
+                       self.parts)
 
 
 # ---- the programs, by generation --------------------------------------------------------------
@@ -269,12 +340,9 @@ def gemma3(c: Compiler) -> None:
 
 
 def gemma4(c: Compiler) -> None:
-    """Gemma 4 (dense): per-layer head_dim, kv heads and FFN; KV sharing; k = v; value norms;
-    per-layer inputs; layer scalars; norms holding w; attention scale 1."""
+    """Gemma 4: per-layer head_dim, kv heads and FFN; KV sharing; k = v; value norms;
+    per-layer inputs; layer scalars; norms holding w; attention scale 1; experts (MoE)."""
     m = c.m
-    if m.experts:
-        raise ModelFormatError(f"a Gemma 4 MoE model ({m.experts} experts) cannot be written as model file "
-                               "version 4 yet: its op set has no experts (use --format 3)")
     d, p = m.dim, m.ple_dim
     c.embed("x", "embed", math.sqrt(d))
     if p:
@@ -302,12 +370,7 @@ def gemma4(c: Compiler) -> None:
         c.residual(pre + "wo", "xb", pre + "post_attn_norm")
         c.ffn(i, post=True)
         if p:
-            row_bytes = mf4.weight_bytes((1, d), WTYPES[c.catalogue["ple_proj"][1]])
-            if p * row_bytes % TENSOR_ALIGN == 0:
-                c.matmul("pc", "x0", "ple_proj", rows=(i * p, p))
-            else:
-                c.tensor(f"ple_proj.{i}", (p, d), c.catalogue["ple_proj"][1])
-                c.matmul("pc", "x0", f"ple_proj.{i}")
+            c.matmul("pc", "x0", "ple_proj", block=(i, p))
             c.emit(Op.SCALE, "pc", n=p, a=f32(d ** -0.5))
             c.norm("pc", "pc", "ple_norm", p)
             c.embed("pt", "ple_embed", math.sqrt(p), j=i * p, n=p)

@@ -4,7 +4,8 @@ The file has no names: a slot is shown by its number (from 1, as ops name it) an
 op reads it at, `s4[64]` (`s3[4x16]`: m groups or heads of n; a CACHE slot `k9[16]`, rows by
 position), a weight by its offset from weights_off, type and shape, `w@0x1040 f32[64]`; `<-`
 writes the destination, `+=` adds to it (ACC). Fields an op does not use are not shown (a ROPE
-with k = 0 shows no s1: it is not touched). Before the ops, a summary of the header, the slots
+with k = 0 shows no s1: it is not touched); ROUTE's weight (the router's [n, m] rows, then the n
+expert scales) shows as one F32 vector. Before the ops, a summary of the header, the slots
 and the chat strings. The file is validated first (modelfile4.ModelFile4): what is shown is
 what the engine would run.
 
@@ -20,7 +21,7 @@ import numpy as np
 from builder.cli import Parser, run
 from builder.models.modelfile import ModelFormatError
 from builder.models.modelfile3 import file_version
-from builder.models.modelfile4 import ACC, CACHE, DTYPES, STRINGS, VERSION, ModelFile4, Op, OpRec
+from builder.models.modelfile4 import ACC, CACHE, DTYPES, RULES, STRINGS, VERSION, ModelFile4, Op, OpRec
 
 
 def num(v: float) -> str:
@@ -42,8 +43,7 @@ class Listing:
 
     def op(self, o: OpRec) -> str:
         """One op as `NAME operands`."""
-        s, w, to = self.slot, self.weight(o) if o.op in (Op.EMBED, Op.NORM, Op.MATMUL, Op.ROPE, Op.LOGITS) else "", \
-            "+=" if o.flags & ACC else "<-"
+        s, w, to = self.slot, self.weight(o) if RULES[Op(o.op)].weight else "", "+=" if o.flags & ACC else "<-"
         text = {
             Op.EMBED: lambda: f"{s(o.s0, o.n)} <- {w} cols {o.j}..{o.j + o.n - 1} * {num(o.a)}",
             Op.NORM: lambda: f"{s(o.s0, o.n, o.m)} {to} {s(o.s1, o.n, o.m)} {w} eps {num(o.a)}",
@@ -56,6 +56,9 @@ class Listing:
             Op.SCALE: lambda: f"{s(o.s0, o.n)} *= {num(o.a)}",
             Op.ADD: lambda: f"{s(o.s0, o.n)} += {s(o.s1, o.n)}",
             Op.LOGITS: lambda: f"<- {w} {s(o.s1, o.n)} softcap {num(o.c)}",
+            Op.ROUTE: lambda: f"{s(o.s0, o.n)} <- top {o.k} of softmax({w} {s(o.s1, o.m)})",
+            Op.SKIP: lambda: f"the next {o.k} ops when {s(o.s0, o.n)} column {o.j} is 0 in every row",
+            Op.WADD: lambda: f"{s(o.s0, o.n)} += {s(o.s2, o.m)} column {o.j} * {s(o.s1, o.n)}",
         }[Op(o.op)]()
         return f"{o.name:<6} {text}"
 

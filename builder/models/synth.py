@@ -263,8 +263,7 @@ def synth(preset: str, out: Path, seed: int = 0, gguf_out: Path | None = None,
     """Write the preset's random model (matrices of wtype, one of WEIGHT_TYPES) at out, and
     with gguf_out its GGUF twin, as model file `version` (one of convert.VERSIONS; default
     convert.DEFAULT_VERSION, 4). Refuses (ValueError) when the disk under out has not room for
-    what it would write, or a version that cannot hold the preset (ModelFormatError from the
-    version 4 compiler for a MoE preset, naming --format 3)."""
+    what it would write, or a version that cannot hold the preset (2 for a Gemma 4 preset)."""
     version = version or DEFAULT_VERSION
     if version not in VERSIONS or (version == 2 and preset in PRESETS4):
         raise ValueError(f"preset {preset} cannot be written as model file version {version}")
@@ -323,7 +322,7 @@ def main(argv: list[str]) -> int:
                description="Write a random Gemma 1, 2, 3 or 4 model of a preset's shapes (tiny, tiny-g2, "
                            "tiny-g3, tiny-g4, tiny-g4-dense; 2b: 5.0 GB; 7b: 17 GB; g2-2b: 5.2 GB; g3-270m: 0.5 GB; g3-1b: "
                            "2.0 GB; Gemma 4, sizes in model file version 3: g4-e2b 9.3 GB, g4-e4b 15 GB, g4-31b "
-                           "61 GB, g4-26b-a4b 51 GB, MoE: version 3 only) with a valid tokenizer, optionally also "
+                           "61 GB, g4-26b-a4b 51 GB) with a valid tokenizer, optionally also "
                            "as a GGUF.")
     p.add_argument("--preset", choices=sorted(PRESETS) + sorted(PRESETS4), required=True)
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -332,8 +331,8 @@ def main(argv: list[str]) -> int:
                    help="the matrices' type (default f16; q8_0: llama.cpp's Q8_0 blocks)")
     p.add_argument("--format", type=int, choices=VERSIONS,
                    help="model file version (default 4: the forward pass as a program, what the engine reads; "
-                        "every preset but the MoE ones, which need 3); 2 (Gemma 1-3) and 3 on request: the "
-                        "Python side's formats, which the numpy reference reads")
+                        "every preset); 2 (Gemma 1-3) and 3 on request: the Python side's formats, which the "
+                        "numpy reference reads")
     p.add_argument("--gguf", type=Path,
                    help="also write the same weights as a GGUF here (F16, or with --type q8_0 Q8_0)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

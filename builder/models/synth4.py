@@ -1,10 +1,9 @@
 """Gemma 4 presets for `python -m builder synth` (described in model file version 3's terms; synth
-writes them as version 4, the MoE ones as version 3 only), and their GGUF twins in llama.cpp's
-`gemma4` layout.
+writes them as version 4, or 3 on request), and their GGUF twins in llama.cpp's `gemma4` layout.
 
 PRESETS4: `tiny-g4` (every Gemma 4 feature at once: per-layer inputs, KV sharing with a
 double-wide FFN, k = v on full layers, MoE; small), `tiny-g4-dense` (the same without the
-experts: what model file version 4 holds today), and the shapes of the published models
+experts), and the shapes of the published models
 `g4-e2b`, `g4-e4b`, `g4-31b`, `g4-26b-a4b` (docs/gemma.md, "Gemma 4"). Each is a version 3
 Model and its layers' Rope, built by `gemma4_preset` from the per-model numbers as
 builder.models.gemma4 reads them from a config: full layers every `period`-th, proportional

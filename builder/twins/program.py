@@ -10,9 +10,11 @@ numbered from 1 as the ops name them (operand 0: none); an operand of width w se
 rows of w floats (token t: row t, or pos + t in a CACHE slot), as the engine does. An op reads
 only its own fields (MATMUL's GEGLU gate is on when s2 names a slot; a ROPE with k = 0 leaves
 s1 alone). The arithmetic is builder.twins.reference's (rmsnorm, gelu_tanh, rope, softcap,
-matvec), one token at a time, so a token's numbers do not depend on how a prompt is cut into
-blocks; it is held against that description-driven reference and the recorded
-transformers logits by emu_tests/twins/test_program.py. Weights: FP16 widened to float32, Q8_0
+matvec, route), one token at a time, so a token's numbers do not depend on how a prompt is cut
+into blocks (a SKIP, the one op that looks at a whole block, skips only ops whose every token's
+result would be dropped: WADD adds nothing for a weight of 0); it is held against that
+description-driven reference and the recorded transformers logits by
+emu_tests/twins/test_program.py. Weights: FP16 widened to float32, Q8_0
 as d q (exact); a weight over WIDEN_LIMIT bytes stays in the file, widened rows at a time.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 from builder.models.modelfile import Q8_0_BLOCK, QK8_0
 from builder.models.modelfile4 import ACC, BLOCK, CACHE, ModelFile4, Op, OpRec, WType, weight_bytes
-from builder.twins.reference import Q8Rows, gelu_tanh, matvec, rmsnorm, rope, softcap
+from builder.twins.reference import Q8Rows, gelu_tanh, matvec, rmsnorm, rope, route, softcap
 
 F32 = np.float32
 WIDEN_LIMIT = 1 << 26  # bytes of a weight up to which it is widened to float32 once
@@ -71,12 +73,14 @@ class Interpreter:
             raise ValueError(f"block of {b} tokens at {pos}: expected position {self.pos}, 1 .. {BLOCK} tokens "
                              f"< {h.vocab}, within ctx {self.ctx}")
         out = np.zeros((len(rows), h.vocab), F32)
-        for o in self.model.ops:
-            self.op(o, ids, pos, rows, out)
+        ops, i = self.model.ops, 0
+        while i < len(ops):
+            i += 1 + self.op(ops[i], ids, pos, rows, out)
         self.pos += b
         return out
 
-    def op(self, o: OpRec, ids: Sequence[int], pos: int, rows: Sequence[int], out: np.ndarray) -> None:
+    def op(self, o: OpRec, ids: Sequence[int], pos: int, rows: Sequence[int], out: np.ndarray) -> int:
+        """Run op o on the block; returns how many of the ops after it are skipped (SKIP)."""
         b, op = len(ids), Op(o.op)
         if op == Op.EMBED:
             dst, table = self.rows(o.s0, o.n, pos, b), self.weight(o)
@@ -115,6 +119,19 @@ class Interpreter:
             src, w = self.rows(o.s1, o.n, pos, b), self.weight(o)
             for r, t in enumerate(rows):
                 out[r] = softcap(matvec(w, src[t]), o.c)
+        elif op == Op.ROUTE:
+            dst, src, w = self.rows(o.s0, o.n, pos, b), self.rows(o.s1, o.m, pos, b), self.weight(o)
+            router, scale = w[:o.n * o.m].reshape(o.n, o.m), w[o.n * o.m:]
+            for t in range(b):
+                dst[t] = route(matvec(router, src[t]), o.k, scale)
+        elif op == Op.SKIP:
+            return 0 if self.rows(o.s0, o.n, pos, b)[:, o.j].any() else o.k
+        elif op == Op.WADD:
+            dst, src, wts = self.rows(o.s0, o.n, pos, b), self.rows(o.s1, o.n, pos, b), self.rows(o.s2, o.m, pos, b)
+            for t in range(b):
+                if wts[t, o.j] != 0:
+                    dst[t] = dst[t] + wts[t, o.j] * src[t]
+        return 0
 
     def attn(self, o: OpRec, pos: int, b: int) -> None:
         """Each query head h of token t over the cached positions of its kv head h / (m / k):

@@ -62,6 +62,18 @@ def rope(x: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=1)
 
 
+def route(s: np.ndarray, k: int, scale: np.ndarray) -> np.ndarray:
+    """Each expert's weight from the router's logits s: softmax over every expert, the k
+    largest (ties: the lower index) renormalised to sum 1 and multiplied by scale; 0 for every
+    other expert."""
+    p = np.exp(s - s.max())
+    p = p / p.sum()
+    top = np.argsort(-p, kind="stable")[:k]
+    w = np.zeros_like(p)
+    w[top] = p[top] / p[top].sum() * scale[top]
+    return w
+
+
 class Q8Rows:
     """A Q8_0 matrix left in the file (its blocks), dequantized a slice of rows at a time:
     what matvec and the embedding lookup index, for a model too big to widen up front."""
@@ -137,21 +149,18 @@ class Reference:
     def experts(self, w: dict, x: np.ndarray) -> np.ndarray:
         """The MoE block's output from the stream x (before its post norm): the router on
         n(x) router_scale dim_rsqrt, softmax over every expert, the top_k renormalised and
-        scaled by expert_scale, each chosen expert's GELU FFN on n(x, ffn_norm_2), summed in
-        expert order (as transformers' loop over experts)."""
+        scaled by expert_scale (`route`), each chosen expert's GELU FFN on n(x, ffn_norm_2),
+        times its weight, summed in expert order (as transformers' loop over experts; a weight
+        of 0, an expert_scale of 0, adds nothing)."""
         m = self.m3
         r = rmsnorm(x, F32(1), m.eps) * w["router_scale"] * self.dim_rsqrt
-        s = matvec(w["router"], r)
-        p = np.exp(s - s.max())
-        p = p / p.sum()
-        top = np.argsort(-p, kind="stable")[:m.top_k]
-        weight = p[top] / p[top].sum() * w["expert_scale"][top]
+        weight = route(matvec(w["router"], r), m.top_k, w["expert_scale"])
         h = rmsnorm(x, w["ffn_norm_2"], m.eps)
         out = np.zeros_like(x)
         n, d = m.expert_ffn, m.dim
-        for e, we in sorted(zip(top.tolist(), weight)):
+        for e in np.flatnonzero(weight):
             gu = matvec(w["experts_gate_up"][e * 2 * n:(e + 1) * 2 * n], h)
-            out = out + matvec(w["experts_down"][e * d:(e + 1) * d], gelu_tanh(gu[:n]) * gu[n:]) * we
+            out = out + matvec(w["experts_down"][e * d:(e + 1) * d], gelu_tanh(gu[:n]) * gu[n:]) * weight[e]
         return out
 
     def forward(self, token: int, pos: int, logits: bool = True) -> np.ndarray | None:

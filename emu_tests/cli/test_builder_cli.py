@@ -117,6 +117,23 @@ def test_a_gemma4_file_is_written_without_a_warning(tmp_path):
     assert r.stdout.startswith(f"wrote {out}: ") and "(Gemma 4)" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("prog, args", [("convert", [str(fixture_path("tiny_g4moe"))]),
+                                        ("synth", ["--preset", "tiny-g4"])])
+def test_a_moe_file_is_written_with_one_line_of_warning_and_the_engine_refuses_it(tmp_path, gemma, prog, args):
+    """A Gemma 4 MoE model is written as version 4 (its experts as ROUTE, SKIP and WADD ops),
+    with one warning line: the ops are not in ENGINE_OPS, and ./gemma refuses the file in one
+    line, exit 1, no signal."""
+    out = tmp_path / "moe.bin"
+    r = builder(prog, *args, "-q", "-o", str(out))
+    assert (r.returncode, r.stderr) == (0, (
+        f"python -m builder {prog}: warning: ./gemma cannot run {out} yet: its program has ROUTE, SKIP, WADD "
+        "(MoE), which this build's engine lacks (it refuses the file: bad program); the numpy twins and "
+        "`show` run it\n")), r.stderr
+    assert r.stdout.startswith(f"wrote {out}: ") and "(Gemma 4)" in r.stdout, r.stdout
+    e = subprocess.run([str(gemma.binary), "-m", str(out), "-p", "hi"], capture_output=True, timeout=60)
+    assert (e.returncode, e.stdout, e.stderr) == (1, b"", b"gemma: bad program\n")
+
+
 def test_demo_builds_the_engine_only_when_a_source_is_newer(tmp_path, monkeypatch):
     """./gemma missing: built; then reused while no source is newer; an asm/ source or the
     builder's or linker's Python touched later: built again."""

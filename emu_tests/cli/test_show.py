@@ -1,6 +1,6 @@
-"""`python -m builder show`: the listing of a version 4 file, held to stored listings of two
+"""`python -m builder show`: the listing of a version 4 file, held to stored listings of three
 fixtures converted from their Hugging Face directories (tiny_g3: Gemma 3; tiny_g4: Gemma 4 with
-per-layer inputs, KV sharing, k = v). A listing changes when the compiler changes a program or
+per-layer inputs, KV sharing, k = v; tiny_g4moe: Gemma 4 with experts). A listing changes when the compiler changes a program or
 its layout: then read the new listing, and store it (`python -m builder show FILE >
 emu_tests/cli/listings/NAME.txt`) once it is what the compiler should make. Files of another
 version are refused with one line."""
@@ -18,7 +18,7 @@ from modelfiles import convert_fixture
 LISTINGS = Path(__file__).parent / "listings"
 
 
-@pytest.mark.parametrize("name", ["tiny_g3", "tiny_g4"])
+@pytest.mark.parametrize("name", ["tiny_g3", "tiny_g4", "tiny_g4moe"])
 def test_listing_is_the_stored_one(name, tmp_path, capsys):
     path = convert_fixture(name, "hf", tmp_path, 4)
     assert show.main([str(path)]) == 0
@@ -39,9 +39,10 @@ def test_listing_names_every_operand(tmp_path):
                                    "scale", "1.0", "softcap", "0.0"]
 
 
-def test_listing_shows_only_what_ops_read(tmp_path):
+@pytest.mark.parametrize("name", ["tiny_g4", "tiny_g4moe"])
+def test_listing_shows_only_what_ops_read(tmp_path, name):
     """Junk in every field an op does not read (fuzz.mutate4.junk) leaves the listing as it is."""
-    path = convert_fixture("tiny_g4", "hf", tmp_path, 4)
+    path = convert_fixture(name, "hf", tmp_path, 4)
     assert show.show(with_junk(path, ModelFile4(path), tmp_path / "junk.bin")) == show.show(path)
 
 
@@ -57,8 +58,8 @@ def test_a_file_that_breaks_a_rule_is_refused_in_one_line(tmp_path, capsys):
     from builder.models.modelfile4 import ModelFile4
     path = convert_fixture("tiny_g3", "hf", tmp_path, 4)
     data = bytearray(path.read_bytes())
-    data[ModelFile4(path).header.program_off + 48 * 5] = 12
+    data[ModelFile4(path).header.program_off + 48 * 5] = 13
     (tmp_path / "bad.bin").write_bytes(bytes(data))
     assert show.main([str(tmp_path / "bad.bin")]) == 1
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "op 5 (op12): unknown opcode 12 (known: 1 .. 9)" in err
+    assert out == "" and err.count("\n") == 1 and "op 5 (op13): unknown opcode 13 (known: 1 .. 12)" in err

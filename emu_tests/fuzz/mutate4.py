@@ -5,7 +5,7 @@ only reads a file's header, slots and ops to aim at them). `junk(op, n_slots)` i
 junk in every field it does not read (READS), `with_junk` a file whose every op is so (the
 interpreter and show are held to ignoring them too). `make_cases4(bases, seed, count)`
 returns the systematic families on each base, then seeded random mutations up to `count`:
-- opcodes: each op's opcode set to unknown values (0, 10, 11, 255, 2^31, 2^32-1), or to another
+- opcodes: each op's opcode set to unknown values (0, 13, 255, 2^31, 2^32-1), or to another
   known one;
 - operands: each slot operand set to 0 (none), past the slots, to a slot too narrow for it, to
   CACHE and plain slots wide enough, ATTN's K or V to a plain slot and to a cache no earlier op
@@ -52,12 +52,13 @@ from linker.layout import align_up
 from .model import write_case
 from .mutate import F32_BITS, MODEL, PROMPTS, U32_EDGES, Case
 
-UNKNOWN_OPS = [0, 10, 11, 255, 0x80000000, 0xFFFFFFFF]
+UNKNOWN_OPS = [0, max(Op) + 1, 255, 0x80000000, 0xFFFFFFFF]
 # The fields each opcode reads (the page's op table; flags: ACC, bit 0, on NORM and MATMUL).
 # Writers write 0 in the others; readers (the reader, the interpreter, show, the engine) ignore them.
 READS = {Op.EMBED: "s0 n k j a w wtype", Op.NORM: "s0 s1 n m a w wtype", Op.MATMUL: "s0 s1 s2 n m w wtype",
          Op.ROPE: "s0 s1 n m k w wtype", Op.ATTN: "s0 s1 s2 s3 n m k j a c", Op.GEGLU: "s0 s1 n", Op.SCALE: "s0 n a",
-         Op.ADD: "s0 s1 n", Op.LOGITS: "s1 n c w wtype"}
+         Op.ADD: "s0 s1 n", Op.LOGITS: "s1 n c w wtype", Op.ROUTE: "s0 s1 n m k w wtype", Op.SKIP: "s0 n k j",
+         Op.WADD: "s0 s1 s2 n m j"}
 JUNK = dict(s0=250, s1=251, s2=252, s3=253, n=0xFFFFFFFF, m=0xFFFFFFFE, k=0x10001, j=12345, a=float("nan"),
             c=-float("inf"), w=(1 << 64) - 1, wtype=0xFFFFFFFF)
 SHIFTED = ("strings_off", "pieces_off", "index_off", "user_off", "merges_off", "blob_off")  # after the program

@@ -12,7 +12,7 @@ shape and sparse runs, then seeded random mutations up to the count.
 
 Every mutate4 case is decided here, once, by what builder.models.modelfile4.ModelFile4 does
 with its file (`reader_verdicts`): the engine must refuse what the reader refuses and run what
-it accepts, the strings section included (for the cases mutate4 decides by the page,
+it accepts (but for MoE's ops, which it lacks: builder.cli.ENGINE_OPS), the strings section included (for the cases mutate4 decides by the page,
 emu_tests/models/test_fuzz4.py holds the reader to the same verdicts).
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from builder.cli import ENGINE_OPS
 from builder.models.convert import convert
 from builder.models.modelfile import ModelFormatError
 from builder.models.modelfile4 import ModelFile4
@@ -55,12 +56,11 @@ def models(tmp: Path) -> dict[str, Path]:
 
 def reader_verdict(path: Path) -> bool:
     """Whether the engine must refuse the file at path (True) or run it (False), as the Python
-    reader decides."""
+    reader decides, and a program with an op the engine lacks (not in ENGINE_OPS) refused."""
     try:
-        ModelFile4(path)
+        return not {o.op for o in ModelFile4(path).ops} <= ENGINE_OPS
     except ModelFormatError:
         return True
-    return False
 
 
 def reader_verdicts(models: dict[str, Path], cases: list[Case]) -> list[Case]:

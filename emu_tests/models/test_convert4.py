@@ -5,10 +5,9 @@ proportional rope, layer_scalar), the unused k/v of kv-shared layers are dropped
 forms and the multimodal layout convert identically, --type q8_0 quantizes every matrix (the
 PLE table and the experts included), and what cannot run exactly is refused with one line.
 
-The records are version 3's (asked for explicitly: the only version that holds every Gemma 4
-model, MoE included, and names each tensor); convert's default, version 4 (what the engine
-runs), is checked for the twins' equality, --type q8_0 and the refusal of MoE, which it cannot
-hold yet; test_modelfile4 holds version 4 to version 3's bytes."""
+The records are version 3's (asked for explicitly: it names each tensor); convert's default,
+version 4 (what the engine runs), is checked for the twins' equality and --type q8_0;
+test_modelfile4 holds version 4 to version 3's bytes."""
 from __future__ import annotations
 
 import json
@@ -55,7 +54,7 @@ def test_hf_and_gguf_give_the_same_model(files, name):
     assert files[name, "hf"].read_bytes() == files[name, "gguf"].read_bytes()
 
 
-@pytest.mark.parametrize("name", ["tiny_g4", "tiny_g4k"])
+@pytest.mark.parametrize("name", GEMMA4)
 def test_version_4_by_default_and_the_twins_agree(tmp_path_factory, name):
     d = tmp_path_factory.getbasetemp()
     hf, gg = (convert_fixture(name, s, d) for s in ("hf", "gguf"))
@@ -63,9 +62,6 @@ def test_version_4_by_default_and_the_twins_agree(tmp_path_factory, name):
     assert (m.header.version, m.header.generation, m.header.flags) == (4, 4, MERGES)
     assert hf.read_bytes() == gg.read_bytes()
 
-
-def test_moe_is_refused_by_default_naming_format_3(tmp_path):
-    fail(tmp_path, fixture_path("tiny_g4moe"), "(use --format 3)")
 
 
 def test_records_say_what_the_configs_say(files):
@@ -140,9 +136,9 @@ def test_multimodal_layout(tmp_path, files):
 def test_q8_0_quantizes_every_matrix(tmp_path):
     """--type q8_0: every matrix whose rows are whole 32-weight blocks is llama.cpp's reference
     quantization of the checkpoint's exact values -- the PLE table and projection and the
-    experts included; the router, scales and norms stay FP32; HF and GGUF agree (version 3, and
-    version 4 without the experts)."""
-    for name, version in (("tiny_g4", 3), ("tiny_g4moe", 3), ("tiny_g4", 4)):
+    experts included; the router, scales and norms stay FP32; HF and GGUF agree (versions 3
+    and 4)."""
+    for name, version in (("tiny_g4", 3), ("tiny_g4moe", 3), ("tiny_g4", 4), ("tiny_g4moe", 4)):
         for s in ("hf", "gguf"):
             src = fixture_path(name) / ("model-f16.gguf" if s == "gguf" else "")
             conv.convert(src, tmp_path / f"{name}-{s}-v{version}.bin", progress=False, wtype="q8_0", version=version)
@@ -155,6 +151,12 @@ def test_q8_0_quantizes_every_matrix(tmp_path):
                                                    (16, WType.F16)}
     assert {WType(o.wtype) for o in ModelFile4(tmp_path / "tiny_g4-hf-v4.bin").ops
             if o.op in (Op.NORM, Op.ROPE)} == {WType.F32}
+    # the experts' blocks of rows in Q8_0 (rows of d = 64 and I = 32), the route (router, scales) FP32
+    ops = ModelFile4(tmp_path / "tiny_g4moe-hf-v4.bin").ops
+    experts = [o for i, skip in enumerate(ops) if skip.op == Op.SKIP for o in ops[i + 1:i + 4]]
+    assert {(o.op, o.n, o.m, WType(o.wtype)) for o in experts} == {(Op.MATMUL, 64, 32, WType.Q8_0),
+                                                                   (Op.MATMUL, 32, 64, WType.Q8_0)}
+    assert {WType(o.wtype) for o in ops if o.op == Op.ROUTE} == {WType.F32}
     g4, moe = ModelFile3(tmp_path / "tiny_g4-hf-v3.bin"), ModelFile3(tmp_path / "tiny_g4moe-hf-v3.bin")
     kinds = {s.name: s.dtype for m in (g4, moe) for s in m.specs}
     assert kinds["ple_embed"] == kinds["ple_proj"] == kinds["layers.0.ple_gate"] == "q8_0"

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from builder.models import modelfile, modelfile3, modelfile4
+from builder.cli import ENGINE_OPS
 from emu_tests.asm_facts import constant, constants_in
 from emu_tests.harness import load_elf
 
@@ -33,19 +34,21 @@ def test_header_offsets():
 
 def test_op_record_and_opcodes():
     """OP_* offsets are modelfile4.OP_FIELDS' (the four slot bytes from OP_S0); OPC_* the
-    opcodes, N_OPCODES their count; SLOT_* the slot record's."""
+    opcodes the engine runs (builder.cli.ENGINE_OPS: 1 .. N_OPCODES, every other opcode
+    refused); SLOT_* the slot record's."""
     asm = asm_constants()
     fields = {name: off for name, off, _ in modelfile4.OP_FIELDS}
     want = {f"OP_{name.upper()}": off for name, off in fields.items() if name not in ("s1", "s2", "s3")}
     assert [fields[f"s{i}"] for i in range(4)] == [fields["s0"] + i for i in range(4)]
-    want |= {f"OPC_{op.name}": int(op) for op in modelfile4.Op} | {"N_OPCODES": len(modelfile4.Op)}
+    want |= {f"OPC_{op.name}": int(op) for op in ENGINE_OPS} | {"N_OPCODES": len(ENGINE_OPS)}
     want |= {f"WT_{t.name}": int(t) for t in modelfile4.WType}
     want |= {"SLOT_WIDTH": 0, "SLOT_FLAGS": 4, "SLOT_CACHE": modelfile4.CACHE, "OPF_ACC": modelfile4.ACC,
              "MAX_WIDTH": modelfile4.MAX_WIDTH}
     assert [name for name, _, _ in modelfile4.SLOT_FIELDS] == ["width", "flags"]
     wrong = [(k, v, asm.get(k)) for k, v in want.items() if asm.get(k) != v]
     assert not wrong, f"(name, modelfile4.py, format.asm): {wrong}"
-    assert sorted(modelfile4.Op) == list(range(1, len(modelfile4.Op) + 1))
+    assert sorted(ENGINE_OPS) == list(range(1, len(ENGINE_OPS) + 1))
+    assert not {f"OPC_{op.name}" for op in modelfile4.Op if op not in ENGINE_OPS} & set(asm)
 
 
 def test_scalars():
@@ -120,12 +123,12 @@ def test_op_table_is_the_readers_rules(gemma):
     requirements, GEGLU alignment and weight shape; only MATMUL's gate may be slot 0 and only
     ROPE's s1 may be empty."""
     image = load_elf(gemma.elf, gemma.symbols)
-    table = image.read(gemma.symbols["op_table"]["address"], 8 * len(modelfile4.Op))
+    table = image.read(gemma.symbols["op_table"]["address"], 8 * len(ENGINE_OPS))
     n, m, k, vocab = 3, 5, 7, 11
     width = {constant("OPW_N"): n, constant("OPW_M"): m, constant("OPW_NM"): n * m, constant("OPW_NK"): n * k}
     kinds = {0: None, constant("WK_VEC"): (n,), constant("WK_HALF"): (n // 2,), constant("WK_MAT"): (m, n),
              constant("WK_TABLE"): (vocab, k), constant("WK_OUT"): (vocab, n)}
-    for op in modelfile4.Op:
+    for op in sorted(ENGINE_OPS):
         row = table[8 * (op - 1):8 * op]
         o = modelfile4.OpRec(int(op), 1, 2, 3, 4, n=n, m=m, k=k)
         rule = modelfile4.RULES[op]

@@ -1,6 +1,7 @@
-"""The version 4 mutators (emu_tests/fuzz/mutate4.py) against the Python reader: on two bases
-(tiny_g4 in FP16: every opcode, PLE, KV sharing, layer scalars; tiny_g3 in Q8_0: Gemma 3's
-program with Q8_0 weights), every systematic case and seeded random ones. A case that must be
+"""The version 4 mutators (emu_tests/fuzz/mutate4.py) against the Python reader: on three bases
+(tiny_g4 in FP16: every opcode but the experts', PLE, KV sharing, layer scalars; tiny_g3 in
+Q8_0: Gemma 3's program with Q8_0 weights; tiny_g4moe: ROUTE, SKIP and WADD), every systematic
+case and seeded random ones. A case that must be
 refused is refused with one line (ModelFormatError), a case that must be accepted is accepted,
 and every other ends in one of the two, never in another exception. The mutators decide most
 cases by construction from the page's rules (scalars any bits, unused fields ignored, MATMUL's
@@ -20,7 +21,7 @@ from builder.models.modelfile4 import ModelFile4
 from fuzz.mutate4 import FAMILIES, Base4, make_cases4, write_case4
 from modelfiles import fixture_path
 
-SEED, COUNT = 20261206, 3000
+SEED, COUNT = 20261206, 4500
 ACCEPTED = ("scalars", "op_flags")  # any float32 bits; ACC where read, every other bit ignored
 
 
@@ -29,7 +30,9 @@ def bases(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz4")
     convert(fixture_path("tiny_g4"), d / "g4.bin", progress=False, version=4)
     convert(fixture_path("tiny_g3"), d / "g3q.bin", progress=False, wtype="q8_0", version=4)
-    return {"tiny_g4": Base4.load(d / "g4.bin"), "tiny_g3_q8": Base4.load(d / "g3q.bin")}
+    convert(fixture_path("tiny_g4moe"), d / "moe.bin", progress=False, version=4)
+    return {"tiny_g4": Base4.load(d / "g4.bin"), "tiny_g3_q8": Base4.load(d / "g3q.bin"),
+            "tiny_g4moe": Base4.load(d / "moe.bin")}
 
 
 def test_cases_are_seeded(bases):

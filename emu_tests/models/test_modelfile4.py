@@ -23,7 +23,7 @@ from builder.models.modelfile4 import ACC, CACHE, HEADER_FIELDS, OP_FIELDS, OP_R
 from builder.models.synth4 import PRESETS4, gemma4_preset
 from modelfiles import convert_fixture, fixture_path
 
-FIXTURES = ("tiny_mqa", "tiny_wide", "tiny_g2", "tiny_g3", "tiny_g4", "tiny_g4k")
+FIXTURES = ("tiny_mqa", "tiny_wide", "tiny_g2", "tiny_g3", "tiny_g4", "tiny_g4k", "tiny_g4moe")
 
 
 def test_format_md_tables():
@@ -49,7 +49,7 @@ def test_layout_is_the_contracts():
         j=(20, "I"), a=(24, "f"), c=(28, "f"), w=(32, "Q"), wtype=(40, "I"), flags=(44, "I"))
     assert (OP_REC, SLOT_REC, mf4.STRING_REC, mf4.N_STRINGS, mf4.STRING_MAX) == (48, 8, 8, 5, 256)
     assert {o.name: int(o) for o in Op} == dict(EMBED=1, NORM=2, MATMUL=3, ROPE=4, ATTN=5, GEGLU=6, SCALE=7, ADD=8,
-                                                LOGITS=9)
+                                                LOGITS=9, ROUTE=10, SKIP=11, WADD=12)
     assert (mf4.WType.F32, mf4.WType.F16, mf4.WType.Q8_0, CACHE, ACC, mf4.HEADER_FLAGS) == (0, 1, 2, 1, 1, 8)
     assert (mf4.MAX_SLOTS, mf4.MAX_OPS, mf4.MAX_WIDTH, mf4.BLOCK) == (255, 65536, 65536, 64)
     assert OpRec(3, 1, 2, 3, 4, 5, 6, 7, 8, 1.5, 2.5, 64, 1, 1).pack() == struct.pack(
@@ -63,12 +63,21 @@ def files(tmp_path_factory):
     return {n: (convert_fixture(n, "hf", out, 4), convert_fixture(n, "hf", out, 3)) for n in FIXTURES}
 
 
+def rows(v3: ModelFile3, name: str, start: int, count: int) -> np.ndarray:
+    """Rows start .. start + count - 1 of a version 3 tensor's bytes (rows over its leading
+    dimensions)."""
+    raw = v3.raw(name)
+    size = raw.size // int(np.prod(v3._layout[name].shape[:-1]))
+    return raw[start * size:(start + count) * size]
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_round_trip(files, name):
     """The file holds the compiled program, the generation's strings, version 3's tokenizer, and
-    version 3's weights byte for byte (the compiler's own tensors: the rope tables, the ones)."""
+    version 3's weights byte for byte (the compiler's own tensors: the rope tables, the ones; a
+    MoE layer's route, its router's rows then its expert scales)."""
     v4, v3 = ModelFile4(files[name][0]), ModelFile3(files[name][1])
-    gen = {"tiny_g2": 2, "tiny_g3": 3, "tiny_g4": 4, "tiny_g4k": 4}.get(name, 1)
+    gen = {"tiny_g2": 2, "tiny_g3": 3, "tiny_g4": 4, "tiny_g4k": 4, "tiny_g4moe": 4}.get(name, 1)
     prog = program.compile_program(v3.model, [Rope()] * len(v3.model.layers), gen)
     assert v4.ops == [o for o in prog.ops] and v4.slots == prog.slots and v4.header.generation == gen
     assert v4.strings == list(mf4.CHAT[gen])
@@ -78,6 +87,8 @@ def test_round_trip(files, name):
         got = np.frombuffer(v4._map, np.uint8, spec.nbytes, v4.header.weights_off + spec.offset)
         if spec.name == "ones":
             assert np.array_equal(got.view("<f4"), np.ones(spec.shape[0], np.float32))
+        elif spec.name in prog.parts:
+            assert np.array_equal(got, np.concatenate([rows(v3, *part) for part in prog.parts[spec.name]])), spec.name
         else:
             assert np.array_equal(got, v3.raw(spec.name)), spec.name
 
@@ -121,12 +132,44 @@ def test_each_generation_has_the_pages_program(files):
     assert (v.s0, v.s1) == (g4k.ops[full].s3, g4k.ops[full].s2)  # V <- norm(K), ones
 
 
+def test_a_moe_layer_has_the_pages_program(files):
+    """tiny_g4moe (E 4, top 2, d 64, I 32): the dense FFN's product left in hb2, the router on
+    n(x) router_scale d^-0.5, then each expert in order behind a SKIP of its four ops, the block
+    of gate rows, of up rows (GEGLU), of down rows, the weighted add; the two FFNs' norms."""
+    f = ModelFile4(files["tiny_g4moe"][0])
+    first = find(f, Op.ROUTE) - 7
+    expert = "SKIP MATMUL MATMUL* MATMUL WADD"
+    assert opcodes(f, first, 10 + 4 * 5 + 2) == ("NORM MATMUL MATMUL* MATMUL NORM NORM SCALE ROUTE NORM SCALE "
+                                                    + " ".join([expert] * 4) + " NORM+ NORM+")
+    down, mm, r, scale, route, h2, zero = f.ops[first + 3:first + 10]
+    skips = [i for i, o in enumerate(f.ops) if o.op == Op.SKIP][:4]
+    assert (scale.a, scale.s0, scale.n) == (np.float32(64 ** -0.5), r.s0, 64) and (zero.a, zero.n) == (0.0, 64)
+    assert (route.s1, route.n, route.m, route.k, route.wtype) == (r.s0, 4, 64, 2, mf4.WType.F32)
+    assert (mm.s1, r.s1, h2.s1) == (down.s0, 1, 1) and down.s0 != 1 and not down.flags
+    gate_up = f.ops[skips[0] + 1].w
+    for e, i in enumerate(skips):
+        skip, gate, up, out, wadd = f.ops[i:i + 5]
+        assert (skip.s0, skip.n, skip.j, skip.k) == (route.s0, 4, e, 4)
+        assert (gate.w, up.w) == (gate_up + 2 * e * 32 * 64 * 2, gate_up + (2 * e + 1) * 32 * 64 * 2)
+        assert (gate.s1, up.s1, up.s2, gate.s0, out.s1, out.n, out.m) == (h2.s0, h2.s0, gate.s0, gate.s0, gate.s0, 32, 64)
+        assert (wadd.s0, wadd.s1, wadd.s2, wadd.n, wadd.m, wadd.j) == (zero.s0, out.s0, route.s0, 64, 4, e)
+    acc2, acc = f.ops[skips[-1] + 5:skips[-1] + 7]
+    assert (acc2.s0, acc2.s1, acc.s0, acc.s1) == (mm.s0, zero.s0, 1, mm.s0)
+
+
 # ---- the rules, one mutation each --------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def base(files):
     """tiny_g4's version 4 file (every opcode: PLE, KV sharing, layer scalars) and its ops."""
     path = files["tiny_g4"][0]
+    return path, ModelFile4(path)
+
+
+@pytest.fixture(scope="module")
+def moe_base(files):
+    """tiny_g4moe's version 4 file (ROUTE, SKIP, WADD) and its ops."""
+    path = files["tiny_g4moe"][0]
     return path, ModelFile4(path)
 
 
@@ -178,7 +221,7 @@ LOGITS_LAST_W = (1576896 - 2048 * 64 * 2) // 64 * 64  # the last place [vocab, n
 REFUSED = [  # (op to edit (opcode, which), fields, what the message says): one per rule of the page
     # an opcode is known
     ((Op.EMBED,), dict(op=0), "unknown opcode 0"),
-    ((Op.EMBED,), dict(op=10), "unknown opcode 10"),
+    ((Op.EMBED,), dict(op=13), "unknown opcode 13"),
     ((Op.NORM,), dict(op=0xFFFFFFFF), "unknown opcode 4294967295"),
     # every slot operand an op reads is 1 .. n_slots (0 is none: only MATMUL's gate may be)
     (MATMUL, dict(s1=0), "s1 names slot 0; the file has slots 1 .. 18"),
@@ -242,13 +285,55 @@ REFUSED = [  # (op to edit (opcode, which), fields, what the message says): one 
 ]
 
 
-@pytest.mark.parametrize("which, fields, message", REFUSED, ids=[f"{w[0].name}-{m[:40]}" for w, _, m in REFUSED])
-def test_reader_refuses_each_op_rule(base, tmp_path, which, fields, message):
+LAST_SKIP = (Op.SKIP, lambda o: o.j == 3)
+MOE_REFUSED = [  # the experts' ops' rules, on tiny_g4moe (slot 10: wts, 4 wide; slot 9: r, 64 wide)
+    # ROUTE: s0 at width n, s1 at m; n a multiple of 4; 1 <= k <= n; an F32 weight of n m + n values
+    ((Op.ROUTE,), dict(n=8), "s0 is 8 wide, slot 10 holds 4"),
+    ((Op.ROUTE,), dict(m=65), "s1 is 65 wide, slot 9 holds 64"),
+    ((Op.ROUTE,), dict(s0=0), "s0 names slot 0"),
+    ((Op.ROUTE,), dict(n=2, k=1), "n = 2 experts is not a multiple of 4"),
+    ((Op.ROUTE,), dict(k=0), "k = 0 is out of range (1 .. 4)"),
+    ((Op.ROUTE,), dict(k=5), "k = 5 is out of range (1 .. 4)"),
+    ((Op.ROUTE,), dict(wtype=1), "weight type 1 is not one of [0] (F32)"),
+    ((Op.ROUTE,), dict(w=32), "weight offset 0x20 is not a multiple of 64"),
+    ((Op.ROUTE,), dict(w=1 << 40), "past the weights"),
+    ((Op.ROUTE,), dict(m=0), "s1 is 0 wide"),
+    # SKIP: s0 at width n; j < n; k >= 1; the ops it skips inside the program, LOGITS not among them
+    ((Op.SKIP,), dict(j=4), "column j = 4 is outside s0's n = 4"),
+    ((Op.SKIP,), dict(n=5), "s0 is 5 wide, slot 10 holds 4"),
+    ((Op.SKIP,), dict(s0=0), "s0 names slot 0"),
+    ((Op.SKIP,), dict(k=0), "k = 0 skips no op"),
+    (LAST_SKIP, lambda f, i: dict(k=len(f.ops) - 1 - i), "past the ops before LOGITS"),
+    (LAST_SKIP, lambda f, i: dict(k=0xFFFFFFFF), "past the ops before LOGITS"),
+    # WADD: s0, s1 at width n, s2 at m; j < m
+    ((Op.WADD,), dict(j=4), "column j = 4 is outside s2's m = 4"),
+    ((Op.WADD,), dict(m=5), "s2 is 5 wide, slot 10 holds 4"),
+    ((Op.WADD,), dict(n=65), "s0 is 65 wide"),
+    ((Op.WADD,), dict(s1=0), "s1 names slot 0"),
+    ((Op.WADD,), dict(s2=0), "s2 names slot 0"),
+    ((Op.WADD,), dict(m=0, j=0), "s2 is 0 wide"),
+]
+
+
+def assert_refused(base, tmp_path, which, fields, message) -> None:
+    """Op `which` of base (path, file) with fields changed (a dict, or one made from the file and
+    the op's index) is refused with one line naming the op and saying message."""
     path, f = base
     i = find(f, *which)
+    fields = fields(f, i) if callable(fields) else fields
     with pytest.raises(ModelFormatError) as e:
         ModelFile4(edited(path, tmp_path, with_op(f, i, **fields)))
     assert message in str(e.value) and f"op {i} (" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("which, fields, message", REFUSED, ids=[f"{w[0].name}-{m[:40]}" for w, _, m in REFUSED])
+def test_reader_refuses_each_op_rule(base, tmp_path, which, fields, message):
+    assert_refused(base, tmp_path, which, fields, message)
+
+
+@pytest.mark.parametrize("which, fields, message", MOE_REFUSED, ids=[f"{w[0].name}-{m[:40]}" for w, _, m in MOE_REFUSED])
+def test_reader_refuses_each_moe_op_rule(moe_base, tmp_path, which, fields, message):
+    assert_refused(moe_base, tmp_path, which, fields, message)
 
 
 ALLOWED = [  # mutations the rules allow: the reader must accept them
@@ -291,12 +376,36 @@ ALLOWED = [  # mutations the rules allow: the reader must accept them
 ]
 
 
-@pytest.mark.parametrize("which, fields", ALLOWED, ids=[f"{w[0].name}-{list(x)}" for w, x in ALLOWED])
-def test_reader_accepts_what_the_rules_allow(base, tmp_path, which, fields):
+MOE_ALLOWED = [
+    ((Op.ROUTE,), dict(k=4)),                   # every expert chosen
+    ((Op.ROUTE,), dict(k=1, m=32)),             # one, from the first 32 floats of r
+    ((Op.ROUTE,), dict(j=7, a=NAN, c=1.0, s2=255, s3=1, flags=ACC)),  # fields it does not use
+    ((Op.SKIP,), dict(j=3, k=1)),
+    ((Op.SKIP,), dict(n=1, j=0)),
+    (LAST_SKIP, lambda f, i: dict(k=len(f.ops) - 2 - i)),             # up to the op before LOGITS
+    ((Op.SKIP,), dict(m=9, a=NAN, c=NAN, s1=255, s2=1, s3=2, w=65, wtype=9, flags=3)),
+    ((Op.WADD,), dict(j=3, m=4, n=32)),
+    ((Op.WADD,), dict(s1=1)),                   # any slot wide enough: x
+    ((Op.WADD,), dict(k=3, a=INF, c=NAN, s3=255, w=1, wtype=7, flags=ACC)),
+]
+
+
+def assert_accepted(base, tmp_path, which, fields) -> None:
     path, f = base
     i = find(f, *which)
+    fields = fields(f, i) if callable(fields) else fields
     got = ModelFile4(edited(path, tmp_path, with_op(f, i, **fields))).ops[i]
     assert got.pack() == OpRec(**{**f.ops[i].__dict__, **fields}).pack()
+
+
+@pytest.mark.parametrize("which, fields", ALLOWED, ids=[f"{w[0].name}-{list(x)}" for w, x in ALLOWED])
+def test_reader_accepts_what_the_rules_allow(base, tmp_path, which, fields):
+    assert_accepted(base, tmp_path, which, fields)
+
+
+@pytest.mark.parametrize("which, fields", MOE_ALLOWED, ids=[f"{w[0].name}-{i}" for i, (w, _) in enumerate(MOE_ALLOWED)])
+def test_reader_accepts_what_the_moe_rules_allow(moe_base, tmp_path, which, fields):
+    assert_accepted(moe_base, tmp_path, which, fields)
 
 
 def test_reader_accepts_the_file_unchanged(base):
@@ -433,11 +542,27 @@ def test_truncated_file_is_refused(base, tmp_path):
 
 # ---- the compiler's refusals ----------------------------------------------------------------------
 
-def test_moe_is_refused_with_one_line():
-    model, ropes = PRESETS4["tiny-g4"]
-    with pytest.raises(ModelFormatError) as e:
-        program.compile_program(model, ropes, 4)
-    assert "MoE model (4 experts) cannot be written as model file version 4 yet" in str(e.value)
+def test_blocks_stored_apart():
+    """A product that reads a tensor block by block (a layer's ple_proj rows, an expert's gate,
+    up and down rows) reads it in place when a block's bytes are a multiple of 64, else each
+    block as a tensor of its own (the tensor itself then not written): d = 36, P = 4, I = 4 in
+    FP16 make blocks of 288 bytes. (test_program runs such a model.)"""
+    model, ropes = gemma4_preset(vocab=512, dim=36, layers=2, heads=2, period=2, window=3, head_dim=(8, 16),
+                                 kv_heads=(1, 1), ffn=16, max_ctx=64, ple_dim=4, experts=4, top_k=2, expert_ffn=4)
+    prog = program.compile_program(model, ropes, 4)
+    names = [s.name for s in prog.specs]
+    assert [n for n in names if n.startswith("ple_proj")] == ["ple_proj.0", "ple_proj.1"]
+    assert [n for n in names if ".experts_" in n and n.startswith("layers.1.")] == (
+        [x for e in range(4) for x in (f"layers.1.experts_gate_up.{2 * e}", f"layers.1.experts_gate_up.{2 * e + 1}",
+                                       f"layers.1.experts_down.{e}")])
+    assert prog.parts["layers.1.experts_gate_up.5"] == [("layers.1.experts_gate_up", 20, 4)]
+    assert prog.parts["layers.1.experts_down.3"] == [("layers.1.experts_down", 108, 36)]
+    assert prog.parts["layers.0.route"] == [("layers.0.router", 0, 4), ("layers.0.expert_scale", 0, 1)]
+    assert {s.name for s in prog.stored} >= {"ple_proj", "layers.0.router", "layers.0.experts_down"}
+    assert all(o.w % 64 == 0 for o in prog.ops)
+    # the published MoE shape's blocks are read in place: no block is a tensor of its own
+    model, ropes = PRESETS4["g4-26b-a4b"]
+    assert not program.compile_program(model, ropes, 4).parts.keys() - {f"layers.{i}.route" for i in range(30)}
 
 
 def test_a_model_of_another_generation_is_refused():
@@ -473,18 +598,21 @@ def test_command_lines_write_version_4(tmp_path, capsys):
     assert file_version(tmp_path / "d.bin") == 4
 
 
-def test_command_lines_refuse_moe_in_one_line(tmp_path, capsys):
+def test_command_lines_write_moe_as_version_4(tmp_path, capsys):
     from builder.models import convert, synth
-    assert convert.main([str(fixture_path("tiny_g4moe")), "-o", str(tmp_path / "m.bin"), "--format", "4", "-q"]) == 1
-    assert synth.main(["--preset", "tiny-g4", "-o", str(tmp_path / "s.bin"), "--format", "4", "-q"]) == 1
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and all("MoE model (4 experts) cannot be written as model file version 4 yet" in e for e in err)
-    assert not (tmp_path / "m.bin").exists() and not (tmp_path / "s.bin").exists()
+    assert convert.main([str(fixture_path("tiny_g4moe")), "-o", str(tmp_path / "m.bin"), "-q"]) == 0
+    assert synth.main(["--preset", "tiny-g4", "-o", str(tmp_path / "s.bin"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "version 4 (Gemma 4), vocab 2048" in out and "version 4 (Gemma 4), vocab 1024" in out
+    for name in ("m.bin", "s.bin"):
+        f = ModelFile4(tmp_path / name)
+        assert {Op.ROUTE, Op.SKIP, Op.WADD} <= {o.op for o in f.ops} and f.header.generation == 4
 
 
-def test_gguf_and_hf_sources_compile_alike(files, tmp_path):
-    """tiny_g4 from its GGUF twin: the same program and the same weights, byte for byte."""
-    hf = ModelFile4(files["tiny_g4"][0])
-    gguf = ModelFile4(convert_fixture("tiny_g4", "gguf", tmp_path, 4))
+@pytest.mark.parametrize("name", ["tiny_g4", "tiny_g4moe"])
+def test_gguf_and_hf_sources_compile_alike(files, tmp_path, name):
+    """A Gemma 4 fixture from its GGUF twin: the same program and the same weights, byte for byte."""
+    hf = ModelFile4(files[name][0])
+    gguf = ModelFile4(convert_fixture(name, "gguf", tmp_path, 4))
     assert gguf.ops == hf.ops and gguf.slots == hf.slots
     assert np.array_equal(gguf._map[gguf.header.weights_off:], hf._map[hf.header.weights_off:])

@@ -5,7 +5,7 @@ headers have the real models' shapes and parameter counts (checked without writi
 
 synth writes model file version 4 by default (what the engine runs; its program interpreter
 runs on it); tests that read a tensor by name or the shapes of a header ask for version 2
-(Gemma 1-3) or 3 (Gemma 4, whose MoE preset version 4 cannot hold yet)."""
+(Gemma 1-3) or 3 (Gemma 4)."""
 from __future__ import annotations
 
 import dataclasses
@@ -302,7 +302,7 @@ def test_cli(tmp_path, capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
-# ---- Gemma 4 presets (model file version 3; version 4 without the experts) -----------------
+# ---- Gemma 4 presets (model file versions 3 and 4) ------------------------------------------
 
 
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])
@@ -334,22 +334,16 @@ def test_tiny_g4_is_valid_and_its_gguf_converts_back(tmp_path, wtype):
     assert np.isfinite(prompt).all() and prompt.shape == (len(ids), 1024)
 
 
-def test_tiny_g4_by_default_is_refused_naming_format_3(tmp_path, capsys):
-    """The MoE preset in version 4 (synth's default): one line that names --format 3, no file."""
-    assert synth.main(["--preset", "tiny-g4", "-o", str(tmp_path / "t.bin"), "-q"]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cannot be written as model file version 4" in err and "--format 3" in err
-    assert not (tmp_path / "t.bin").exists()
-
-
 @pytest.mark.parametrize("wtype", ["f16", "q8_0"])
-def test_tiny_g4_dense_in_version_4_and_its_gguf_converts_back(tmp_path, wtype):
-    """tiny-g4-dense as synth writes it by default (version 4): its GGUF twin converts back to
-    the same bytes, and the program interpreter runs on it with the merge-rank tokenizer."""
-    synth.synth("tiny-g4-dense", tmp_path / "t.bin", seed=5, gguf_out=tmp_path / "t.gguf", progress=False,
-                wtype=wtype)
+@pytest.mark.parametrize("preset", ["tiny-g4-dense", "tiny-g4"])
+def test_tiny_g4_in_version_4_and_its_gguf_converts_back(tmp_path, preset, wtype):
+    """tiny-g4-dense and tiny-g4 (MoE) as synth writes them by default (version 4): the GGUF
+    twin converts back to the same bytes, and the program interpreter runs on it with the
+    merge-rank tokenizer."""
+    synth.synth(preset, tmp_path / "t.bin", seed=5, gguf_out=tmp_path / "t.gguf", progress=False, wtype=wtype)
     m = ModelFile4(tmp_path / "t.bin")
     assert (m.header.version, m.header.generation) == (4, 4)
+    assert (Op.ROUTE in {o.op for o in m.ops}) == (preset == "tiny-g4")
     convert(tmp_path / "t.gguf", tmp_path / "back.bin", progress=False, wtype=wtype)
     assert (tmp_path / "back.bin").read_bytes() == (tmp_path / "t.bin").read_bytes()
     ids = Tokenizer(m).encode(b"Hello world, 123 \xe4\xb8\xad!")
@@ -380,9 +374,12 @@ def test_gemma4_presets_have_the_published_shapes(preset, params, ple, experts, 
     assert model.max_ctx == 65536  # 131072 / 262144 capped at what the engine runs
 
 
-def test_synth_refuses_what_the_disk_cannot_hold(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("preset, gigabytes", [("g4-31b", 61.4), ("g4-26b-a4b", 50.5)])
+def test_synth_refuses_what_the_disk_cannot_hold(tmp_path, monkeypatch, capsys, preset, gigabytes):
+    """The version 4 file of a published shape (the MoE one compiled, its route tensors included),
+    refused before anything is written when the disk cannot hold it."""
     monkeypatch.setattr(synth.shutil, "disk_usage", lambda p: type("U", (), {"free": 20 << 30})())
-    assert synth.main(["--preset", "g4-31b", "-o", str(tmp_path / "big.bin")]) == 1
+    assert synth.main(["--preset", preset, "-o", str(tmp_path / "big.bin")]) == 1
     err = capsys.readouterr().err
-    assert "preset g4-31b needs 61.4 GB on disk; 21.5 GB are free" in err and err.count("\n") == 1
+    assert f"preset {preset} needs {gigabytes} GB on disk; 21.5 GB are free" in err and err.count("\n") == 1
     assert not (tmp_path / "big.bin").exists()

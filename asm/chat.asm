@@ -38,14 +38,12 @@ chat_next:
         mov     esi, msg_marker
         call    put_err
 .read:                                  ; the line, at rsi on, bytes one read each
-        cmp     byte [rbp+V_NO_STDIN], 0
-        jne     exit_ok                 ; (descriptor 0 is the model: no input)
         mov     rsi, [rbp+V_PROMPT]
         add     rsi, TURN_MAX + 1
         push    rsi
         lea     r13, [rsi+LINE_MAX]
 .byte:
-        xor     edi, edi                ; standard input
+        mov     edi, [rbp+V_STDIN]      ; standard input (-1 when the model took it: no input)
         push    1
         pop     rdx
         xor     eax, eax                ; SYS_read

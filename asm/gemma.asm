@@ -9,9 +9,9 @@
 ; threads.asm first and sys.asm after cpu.asm: 5 more (two passes, late evening); after
 ; FP16 decode's prefetch, text.asm first and output.asm before sys.asm: 2 more (two passes,
 ; night); after the op program's interpreter, program.asm before forward.asm: 11 more (a
-; pass, 2026-12-06); after conversation mode, chat.asm before sys.asm and output.asm after
-; main.asm: 10 more (two passes, 2026-12-06; 9.5 on average over 8 shifts of the code before
-; kernels.asm's align); docs/build.md.
+; pass, 2026-12-06); after conversation mode, chat.asm before sys.asm, output.asm after
+; main.asm and math.asm before sample.asm: 14 more (three passes, 2026-12-06; 12.4 on average
+; over 8 shifts of the code before kernels.asm's align); docs/build.md.
 
 format ELF64 executable 3
 entry start
@@ -30,8 +30,8 @@ include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
 include 'model.asm'             ; open, map and validate the model file
 include 'text.asm'              ; read-only strings
 include 'tokenizer.asm'         ; text -> ids
-include 'sample.asm'            ; logits -> next id
 include 'math.asm'              ; exp, and the rest of the float math
+include 'sample.asm'            ; logits -> next id
 include 'kernels.asm'           ; the neural-net operations
 include 'fast.asm'              ; the AVX + FMA + F16C matrix product (W-fast)
 include 'fast512.asm'           ; the same with AVX-512F (W-fast)

@@ -10,8 +10,9 @@
 ; FP16 decode's prefetch, text.asm first and output.asm before sys.asm: 2 more (two passes,
 ; night); after the op program's interpreter, program.asm before forward.asm: 11 more (a
 ; pass, 2026-12-06); after conversation mode, chat.asm before sys.asm, output.asm after
-; main.asm and math.asm before sample.asm: 14 more (three passes, 2026-12-06; 12.4 on average
-; over 8 shifts of the code before kernels.asm's align); docs/build.md.
+; main.asm, math.asm before sample.asm and threads.asm after forward.asm: 16 more (four passes,
+; 2026-12-06; 14.5 on average over 8 shifts of the code before kernels.asm's align);
+; docs/build.md.
 
 format ELF64 executable 3
 entry start
@@ -19,9 +20,9 @@ entry start
 segment readable executable
 
 include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
-include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
 include 'program.asm'           ; the program's validation and buffers (model_setup)
 include 'forward.asm'           ; forward: the op program's interpreter
+include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
 include 'chat.asm'              ; -cnv: turns from stdin in the model's template
 include 'sys.asm'               ; the only file that holds `syscall`
 include 'format.asm'            ; the model file's layout (constants only)

@@ -54,7 +54,7 @@ fatal_status:                           ; [rsp] the status, [rsp+8] -> the messa
                                         ; bytes)
         mov     esi, msg_newline
         call    put_err
-        mov     rcx, [rbp+V_CHAT_RSP]   ; a conversation's turn being read or tokenized:
+        mov     rcx, [chat_rsp]         ; a conversation's turn being read or tokenized:
         jrcxz   .exit                   ; that turn is refused, the next one read
         mov     rsp, rcx
         jmp     chat_refused

@@ -27,8 +27,8 @@ include 'chat.asm'              ; -cnv: turns from stdin in the model's template
 include 'sys.asm'               ; the only file that holds `syscall`
 include 'format.asm'            ; the model file's layout (constants only)
 include 'main.asm'              ; start-up, command line, generation loop
-include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
 include 'model.asm'             ; open, map and validate the model file
+include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
 include 'text.asm'              ; read-only strings
 include 'tokenizer.asm'         ; text -> ids
 include 'math.asm'              ; exp, and the rest of the float math

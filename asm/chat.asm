@@ -38,14 +38,12 @@ chat_next:
         mov     esi, msg_marker
         call    put_err
 .read:                                  ; the line, at rsi on, bytes one read each
-        cmp     byte [rbp+V_NO_STDIN], 0
-        jne     exit_ok                 ; (descriptor 0 is the model: no input)
         mov     rsi, [rbp+V_PROMPT]
         add     rsi, TURN_MAX + 1
         push    rsi
         lea     r13, [rsi+LINE_MAX]
 .byte:
-        xor     edi, edi                ; standard input
+        mov     edi, [rbp+V_STDIN]      ; standard input (-1 when the model took it: no input)
         push    1
         pop     rdx
         xor     eax, eax                ; SYS_read
@@ -83,17 +81,15 @@ chat:
         mov     rsi, [rbp+V_PROMPT]     ; the first turn: -p or -f (empty: none)
         mov     [rbp+V_PROMPT], rax     ; from now on each turn's text (tokenize)
 .turn:                                  ; rsi -> the turn's text (zero-terminated)
-        mov     r14, rsi
+        push    rsi
         mov     rdi, [rbp+V_PROMPT]
         test    r15d, r15d
         jnz     .later
         mov     rsi, [rbp+V_SYS]
         test    rsi, rsi
         jz      .user
-        push    rsi
         mov     al, S_SYS_BEGIN
         call    put_string
-        pop     rsi
         call    put_text
         mov     al, S_SYS_END
         jmp     .open
@@ -104,7 +100,7 @@ chat:
         mov     al, S_USER_BEGIN
 .open:
         call    put_string
-        mov     rsi, r14
+        pop     rsi
 .lead:                                  ; the text trimmed of ASCII whitespace (\t \n \v
         lodsb                           ; \f \r, space) at both ends
         cmp     al, ' '
@@ -137,14 +133,16 @@ chat:
 
 ; put_string: append a string of the strings section (load_model checked it lies inside).
 ;   in: al its record's offset (S_*), rdi destination   out: rdi after it
-;   clobbers: rax rcx rsi
+;   clobbers: rax rcx
 put_string:
+        push    rsi
         movzx   eax, al
         mov     rsi, [rbp+V_STRINGS]
         mov     ecx, [rsi+rax+4]
         mov     eax, [rsi+rax]
         add     rsi, rax
         rep     movsb
+        pop     rsi
         ret
 
 ; put_text: append a zero-terminated string (without its zero).

@@ -135,9 +135,16 @@ setup:
         jne     help
         cmp     qword [rbp+V_MODEL], 0
         je      .err_no_model
-        jmp     .checked
-.err_prompt_and_file:                   ; (setup's usage errors: out of the way of the prompt's
-                                        ; jumps, in the short reach of the checks)
+        cmp     byte [rbp+V_CNV], 0
+        je      .checked
+        cmp     byte [rbp+V_TOKENS], 0
+        jne     .err_cnv
+        cmp     dword [rbp+V_N], 0
+        jne     .checked
+.err_cnv:                               ; (setup's usage errors: out of the way of the prompt's
+        call    fatal_usage_here        ; jumps, in the short reach of the checks)
+        db      '-cnv: no --tokens, -n 0 or -f -', 0
+.err_prompt_and_file:
         call    fatal_usage_here
         db      'use -p or -f, not both', 0
 .err_no_model:
@@ -158,7 +165,11 @@ PROMPT_FILE_MAX = 1 shl 24
         jne     .err_prompt_and_file
         xor     eax, eax                ; standard input
         cmp     word [rbx], '-'         ; "-" and its zero byte
+        jne     .open
+        cmp     byte [rbp+V_CNV], 0     ; -cnv reads its turns there
         je      .opened
+        jmp     .err_cnv
+.open:
         push    rbx
         pop     rdi
         xor     esi, esi                ; O_RDONLY

@@ -42,7 +42,7 @@ load_model:
         call    sys_open
         js      err_cannot_read
         jnz     .fd
-        inc     byte [rbp+V_NO_STDIN]   ; descriptor 0: standard input was closed
+        dec     dword [rbp+V_STDIN]     ; descriptor 0: standard input was closed
 .fd:
         mov     r8d, eax                ; fd
         xchg    edi, eax

@@ -52,11 +52,9 @@ fatal_status:                           ; [rsp] the status, [rsp+8] -> the messa
         mov     cl, ' '
         call    write_until             ; (edi = STDERR still; an empty argument: a write of 0
                                         ; bytes)
-        push    10                      ; "\n", 0 on the stack
-        push    rsp
-        pop     rsi
+        mov     esi, msg_newline
         call    put_err
-        mov     rcx, [rbp+V_CHAT_RSP]   ; a conversation's turn being read or tokenized:
+        mov     rcx, [chat_rsp]         ; a conversation's turn being read or tokenized:
         jrcxz   .exit                   ; that turn is refused, the next one read
         mov     rsp, rcx
         jmp     chat_refused

@@ -9,7 +9,7 @@ msg_full:
 msg_usage:
         db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-cnv [-sys TEXT]] [-n N] [--temp T] [--top-p P]', 10
         db      '  [-s SEED] [-t THREADS] [-c CTX] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'
-msg_newline:
+msg_newline:                            ; (also every error message's last byte: fatal_status)
         db      10
 empty_text:                             ; (also the usage's terminating 0)
         db      0                       ; the prompt without -p or -f, an error without argument

@@ -65,8 +65,7 @@ opt_top_p:      rq 1            ; --top-p, float32 bits in the low dword
 opt_ctx:        rq 1            ; -c, low dword (0: the default)
 n_threads:      rq 1            ; -t, low dword (0: not given; threads.asm resolves T from it)
 opt_flags:      rq 1            ; the flags, a byte each: --tokens, -h / --help, --baseline,
-                                ; --avx2 (cpu.asm), -cnv; then no_stdin (model.asm: the model
-                                ; took descriptor 0)
+                                ; --avx2 (cpu.asm), -cnv
 opt_file:       rq 1            ; -f path ("-": standard input; 0: none)
 sig_block:      rq 1            ; the signals start blocks: {SIGPIPE}
 opt_sys:        rq 1            ; -sys text (0: none)
@@ -78,6 +77,8 @@ fv_cols:        rd 1            ; every product's n or-ed together (check_progra
 chat_pos:       rd 1            ; a conversation's position at the turn being read
 pending:        rd 1            ; a conversation: the id that ended the last reply when the next
                                 ; turn must feed it (-n), else -1
+stdin_fd:       rd 1            ; where a conversation reads its turns: 0, or -1 (none: a read
+                                ; fails) when the model took descriptor 0 (load_model)
 out_buf:        rb 256          ; stdout buffer, flushed after every token
 
 V_MODEL         = opt_model - front_base
@@ -94,11 +95,11 @@ V_HELP          = opt_flags + 1 - front_base
 V_BASELINE      = opt_flags + 2 - front_base
 V_AVX2          = opt_flags + 3 - front_base
 V_CNV           = opt_flags + 4 - front_base
-V_NO_STDIN      = opt_flags + 5 - front_base
 V_SYS           = opt_sys - front_base
 V_CHAT_RSP      = chat_rsp - front_base
 V_PENDING       = pending - front_base
 V_POS           = chat_pos - front_base
+V_STDIN         = stdin_fd - front_base
 V_STRINGS       = strings_ptr - front_base
 V_BASE          = model_base - front_base
 V_SLOTS         = slots_ptr - front_base

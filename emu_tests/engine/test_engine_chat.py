@@ -27,8 +27,8 @@ control pieces: it converses in its own template.
 
 Input cases (docs/chat.md's) on tiny_mqa, against the conversation the same turns give
 clean: trimming, empty lines, CRLF, `\\` continuation, end of input mid-line, NUL bytes, a turn
-of 2^24 bytes, turns that do not fit the context, the context filling during a reply, -cnv
-with --tokens, -n 0 and -f -, -sys as given, a closed stdout, and the `> ` marker when stdin
+of 2^24 bytes, turns that do not fit the context, the context filling during a reply, usage
+errors (-cnv with --tokens, -n 0 or -f -), -sys as given, a closed stdout, and the `> ` marker when stdin
 is a terminal.
 """
 from __future__ import annotations
@@ -53,6 +53,7 @@ OFFSET = {name: (off, code) for name, off, code in HEADER_FIELDS}
 LONG = (b"Tell me a story about a small robot who learns to paint the sea at night, with waves "
         b"of silver light and boats that sleep in the harbour, and say why it matters to the "
         b"robot.")                                # more than 64 ids in every fixture
+USAGE = b"gemma: -cnv: no --tokens, -n 0 or -f -\n"
 TOO_LONG = b"gemma: prompt too long\n"
 FULL = b"gemma: context full (-c)\n"
 
@@ -308,22 +309,29 @@ def test_first_turn_from_a_file(gemma, mqa, tmp_path):
     same_run(got, want, "-f")
 
 
-def test_with_tokens_n0_and_stdin_file(gemma, mqa, tmp_path):
-    """What -cnv does with --tokens, -n 0 and -f - (docs/chat.md: not refused, to save engine
-    bytes): --tokens lists -p's ids as without -cnv and exits; -n 0 evaluates the first turn
-    (its --logits rows, no text) and exits 0; -f - makes all of standard input the first turn,
-    so the conversation ends after its reply."""
+@pytest.mark.parametrize("args", [["--tokens"], ["-n", 0], ["-f", "-"]])
+def test_usage_errors(gemma, args, tmp_path):
+    """--tokens, -n 0 and -f - with -cnv, before or after it: one line, exit 2, before the
+    model is read (it does not exist here), nothing on stdout."""
+    for first in ([], args):
+        argv = [gemma.binary, *first, "-m", tmp_path / "none.bin", "-cnv", *([] if first else args)]
+        r = subprocess.run([str(a) for a in argv], input=b"Hi\n", capture_output=True, timeout=30)
+        assert (r.returncode, r.stdout, r.stderr) == (2, b"", USAGE), args
+
+
+def test_what_stays_allowed_with_cnv(gemma, mqa, tmp_path):
+    """The cases next to the usage errors still converse: -n 1, -f FILE (not -), and --tokens,
+    -n 0 and -f - without -cnv."""
     model, t = mqa
-    plain = run(gemma.binary, model, ["-p", "Hi there", "--tokens"])
-    got = run(gemma.binary, model, ["-cnv", "-p", "Hi there", "--tokens"], b"And you?\n")
-    assert (got.status, got.stdout, got.stderr) == (0, plain.stdout, b"")
-    first = chat(gemma, model, ["-n", N, "-p", "Hi there"], b"", t)
-    only = chat(gemma, model, ["-n", 0, "-p", "Hi there"], lines(b"And you?"), t)
-    assert (only.status, only.stdout, only.stderr) == (0, b"", b"")
-    assert only.digests == first.digests[:len(only.digests)] and 0 < len(only.digests) < len(first.digests)
-    got = chat(gemma, model, ["-n", N, "-f", "-"], b"Hi there\nAnd you?\n", t)
-    want = chat(gemma, model, ["-n", N, "-p", b"Hi there\nAnd you?"], b"", t)
-    same_run(got, want, "-f -")
+    (tmp_path / "first.txt").write_bytes(b"Hi there\n")
+    got = chat(gemma, model, ["-n", N, "-f", tmp_path / "first.txt"], lines(b"And you?"), t)
+    want = chat(gemma, model, ["-n", N, "-p", "Hi there"], lines(b"And you?"), t)
+    same_run(got, want, "-f FILE")
+    one = chat(gemma, model, ["-n", 1, "-p", "Hi there"], lines(b"And you?"), t)
+    assert (one.status, one.stderr) == (0, b"") and one.stdout, one
+    for args in (["-p", "Hi", "--tokens"], ["-p", "Hi", "-n", 0], ["-f", "-"]):
+        r = run(gemma.binary, model, args, b"Hi\n")
+        assert r.status == 0 and r.stderr == b"", (args, r)
 
 
 def test_nul_byte_ends_the_turn(gemma, mqa):

@@ -175,6 +175,25 @@ def test_closed_pipe_ends_promptly_and_quietly(engine, base_model):
         f"a write into a closed pipe must fail with one line: status {p.returncode}, {err!r}"
 
 
+# -- out of memory at every allocation ---------------------------------------------------------
+def test_out_of_memory_anywhere_is_one_line(engine, base_model):
+    """Address-space limits from 64 MB down to 2 MB in 250 KB steps, with 256 threads (each
+    worker's stack is an allocation of its own, the last ones made): every run ends with
+    status 0, or 1 and `gemma: out of memory`, never by a signal. (An allocation failing in
+    threads_start once ended in SIGSEGV: the error path read front_base's variables through
+    rbp, which holds a thread index there.)"""
+    statuses = set()
+    for kb in range(64_000, 2_000, -250):
+        def limit(kb=kb):
+            resource.setrlimit(resource.RLIMIT_AS, (kb << 10, kb << 10))
+        p = subprocess.run([engine, "-m", base_model, "-p", "hi", "-n", "2", "-t", "256"],
+                           capture_output=True, timeout=TIMEOUT, preexec_fn=limit)
+        assert p.returncode >= 0, f"{kb} KB: killed by {signal.Signals(-p.returncode).name}, {p.stderr!r}"
+        assert (p.returncode, p.stderr) in ((0, b""), (1, b"gemma: out of memory\n")), (kb, p.returncode, p.stderr)
+        statuses.add(p.returncode)
+    assert statuses == {0, 1}, f"the sweep must cross the limit: statuses {statuses}"
+
+
 # -- point 3: the model file is only read ------------------------------------------------------
 def test_model_file_unchanged_after_runs(engine, base_model, tmp_path):
     model = tmp_path / "model.bin"

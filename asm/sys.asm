@@ -26,7 +26,9 @@ EPIPE = 32                      ; write to a pipe nobody reads
 ; fatal_here: print "gemma: MESSAGE\n" on stderr and exit with status 1 (EXIT_ERROR), the
 ; message the zero-terminated text after `call fatal_here` (without the "gemma: " prefix and
 ; the newline); while chat.asm reads or tokenizes a turn (chat_rsp set), go on with the next
-; turn instead.   in: [rsp] -> the message, rbp front_base   out: never returns
+; turn instead.   in: [rsp] -> the message (rbp anything: threads_start's failing alloc
+; comes here with a thread index in it; chat_refused runs in a turn, where rbp is
+; front_base)   out: never returns
 ; fatal_usage_here: the same with status 2 (EXIT_USAGE): a malformed command line.
 fatal_usage_here:
         mov     ebx, empty_text         ; no argument

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from builder.models.modelfile import Q8_0
-from builder.models.modelfile4 import VERSION, Op, ModelFile4
+from builder.models.modelfile4 import OP_REC, VERSION, Op
 
 # The model file version the engine built from this tree runs: asm/format.asm's MODEL_VERSION,
 # and the opcodes it runs: asm/program.asm's op table (OPC_*; Gemma 4 MoE's ROUTE, SKIP and WADD
@@ -45,6 +45,15 @@ def run(prog: str, body: Callable[[], object], errors: tuple[type[BaseException]
     return 0
 
 
+def opcodes(path: Path, h) -> set[int]:
+    """The opcodes of a version 4 file's program, read from its records (the file just written
+    and validated: no second validation)."""
+    with open(path, "rb") as f:
+        f.seek(h.program_off)
+        data = f.read(OP_REC * h.n_ops)
+    return {int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data), OP_REC)}
+
+
 def model_summary(prog: str, path: Path) -> Callable[[object], str]:
     """The one line convert and synth end with: the file, its size, the model's shapes and
     the matrices' type; before it, on stderr, one line when ./gemma cannot run the file (its
@@ -55,7 +64,7 @@ def model_summary(prog: str, path: Path) -> Callable[[object], str]:
         if h.version != ENGINE_VERSION:
             print(f"{prog}: warning: ./gemma cannot run {path} yet: it is model file version {h.version}, "
                   f"this build's engine runs version {ENGINE_VERSION}", file=sys.stderr)
-        elif missing := sorted({o.op for o in ModelFile4(path).ops} - ENGINE_OPS):
+        elif missing := sorted(opcodes(path, h) - ENGINE_OPS):
             print(f"{prog}: warning: ./gemma cannot run {path} yet: its program has "
                   f"{', '.join(Op(o).name for o in missing)} (MoE), which this build's engine lacks "
                   "(it refuses the file: bad program); the numpy twins and `show` run it", file=sys.stderr)

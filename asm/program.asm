@@ -100,7 +100,7 @@ weight_row:
 ; multiple of TENSOR_ALIGN, of a type its kind allows (Q8_0 only on rows of a multiple of
 ; QK8_0; ROPE's n even); EMBED's columns j + n <= k <= MAX_WIDTH (Q8_0: j, n multiples of
 ; QK8_0); ATTN's k dividing m; LOGITS the last op, and only there. After it, no op reaches
-; outside its buffers. It also ors every MATMUL's n into fv_cols (cpu.asm).
+; outside its buffers. It also ors every MATMUL's and LOGITS' n into fv_cols (cpu.asm).
 ;   in: rbx header, rbp front_base   out: slot_cache, fv_cols   (fatal
 ;   "bad program")
 ;   clobbers: rax rcx rdx rsi rdi r8-r15
@@ -200,10 +200,11 @@ check_program:
 .matrix:
         mov     r8d, [rbx+HDR_VOCAB]
         cmp     al, WK_TABLE
-        ja      .typed                  ; [vocab, n]
         je      .table
+        ja      .cols                   ; [vocab, n]
         mov     r8d, [r13+OP_M]         ; [m, n]
-        or      [rbp+V_COLS], ecx
+.cols:
+        or      [rbp+V_COLS], ecx       ; (a product's n: the kernels' choice)
         jmp     .typed
 .table:                                 ; EMBED: columns j .. j+n-1 of k (ecx = n)
         mov     eax, [r13+OP_J]

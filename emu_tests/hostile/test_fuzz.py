@@ -21,6 +21,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import multiprocessing
 import os
@@ -37,7 +38,8 @@ import numpy as np
 import pytest
 
 from builder.models.modelfile import HEADER_SIZE, TENSOR_ALIGN, ModelFile, ModelFormatError, write_model
-from builder.models.modelfile4 import HEADER_FIELDS, RULES, ModelFile4, Op, weight_bytes
+from builder.models.modelfile4 import HEADER_FIELDS, OP_REC, RULES, ModelFile4, Op, weight_bytes
+from builder.twins.program import Interpreter
 from builder.twins.reference import Reference
 from emu_tests.asm_facts import constant
 from fuzz import suite
@@ -441,3 +443,35 @@ def test_regression_F6_sections_meet_exactly(engine, base_model, tmp_path, gap):
         ModelFile4(model)
     p = subprocess.run([engine, "-m", model, "-p", "hi", "--tokens"], capture_output=True, timeout=TIMEOUT)
     assert (p.returncode, p.stderr, p.stdout) == (1, b"gemma: bad header\n", b""), gap
+
+
+@pytest.mark.parametrize("how", ["", "--avx2", "--baseline"])
+@pytest.mark.parametrize("n", [143, 136])
+def test_regression_F7_logits_columns_choose_the_kernels(engine, models, tmp_path, n, how):
+    """F7 (the version 4 fuzz, CI): a LOGITS op whose n is not a multiple of 16 (tiny_wide's
+    144 edited to 143 or 136, inside its slot) while every MATMUL's is: check_program or-ed
+    only the MATMULs' n into fv_cols, so the AVX2 and AVX-512 kernels, whose precondition is
+    16 columns at a time, ran on it: other logits from run to run, and with --logits a SIGBUS
+    or SIGSEGV. Now LOGITS' n chooses the kernels too: on every path the engine gives the
+    program interpreter's logits."""
+    base = Base.load(models["tiny_wide"])
+    last = base.header["program_off"] + OP_REC * (len(base.ops) - 1)
+    assert Op(base.ops[-1].op) == Op.LOGITS and base.ops[-1].n == 144
+    data = bytearray(models["tiny_wide"].read_bytes())
+    data[last:last + OP_REC] = dataclasses.replace(base.ops[-1], n=n).pack()
+    model = tmp_path / "m.bin"
+    model.write_bytes(bytes(data))
+    mf = ModelFile4(model)
+    assert mf.ops[-1].n == n
+    ids = [mf.header.bos] + [mf.header.byte_base + 1] * 5           # "\x01" * 5: byte pieces
+    out = tmp_path / "logits.bin"
+    p = subprocess.run([engine, "-m", model, "-p", "\x01" * 5, "-n", "1", "--logits", out, *how.split()],
+                       capture_output=True, timeout=TIMEOUT)
+    assert p.returncode == 0, f"status {p.returncode}: {p.stderr!r}"
+    got = np.fromfile(out, "<f4").reshape(-1, mf.header.vocab)
+    want = Interpreter(mf).prompt(ids)
+    assert got.shape == want.shape
+    # as in test_odd_shapes: another summation order is ~1e-6 relative; a skipped or misread
+    # column is O(1)
+    tol = 1e-4 * max(1.0, float(np.abs(want).max()))
+    assert np.abs(got - want).max() <= tol

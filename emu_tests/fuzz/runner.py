@@ -12,7 +12,9 @@ timeout, and returns an Outcome. `judge(case, outcome)` lists what is wrong with
   - a refusal of an input the case marks valid;
   - a change to the model file (checked when the case ran on its own copy);
   - an accepted case whose second run prints or writes anything else (reads of memory
-    nothing wrote would show up so: addresses differ between runs), or hangs.
+    nothing wrote would show up so: addresses differ between runs), or hangs. The second run
+    adds --avx2 where the argv names no kernel level: on an AVX-512 host it then runs the
+    other fast level, which gives the same bits (docs/speed.md), so both are held.
 Past `budget` seconds no new case is started; the Report says how many ran.
 """
 from __future__ import annotations
@@ -163,7 +165,8 @@ def run_one(case: Case, timeout: float) -> Outcome:
     o.model_changed = written is not None and _fingerprint(Path(model), len(prefix)) != written
     if o.status == 0 and case.stdout == "pipe" and not case.closed:
         first = logits.read_bytes() if logits.exists() else None
-        again, out2 = _execute(argv, case, wdir, timeout)
+        level = [] if {b"--avx2", b"--baseline"} & set(argv) else [b"--avx2"]
+        again, out2 = _execute(argv + level, case, wdir, timeout)
         o.second_hang = again.status is None
         o.differs = not o.second_hang and (again.status, out2, logits.read_bytes()
                                            if logits.exists() else None) != (0, out, first)

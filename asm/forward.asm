@@ -229,7 +229,7 @@ h_logits:
         movss   xmm0, [gelu_c+GC_ONE]   ; 1.0 (kernels.asm)
         call    softcap                 ; logits = c tanh(logits / c); keeps rdi rsi
 .capped:
-        imul    edx, esi, 4
+        imul    edx, esi, 4             ; (64 vocab 4 < 2^32: vocab < 2^24, check_header)
         imul    ecx, [rbx+HDR_VOCAB], 4
         lea     rax, [rdi+rdx]
         sub     rax, rcx                ; the last row

@@ -20,7 +20,7 @@ err_cannot_read:                        ; (before load_model: its jumps here are
 ; load_model: map the file named by -m (asking for huge pages) and validate it (docs/format.md,
 ; "Version 4"): sets model_base and the sections' pointers (slots_ptr ..
 ; weights_ptr). Checks, in order: size >= the header (else truncated), magic, version,
-; header_size, file_size == the real size (larger: truncated), vocab 1 .. 2^24, max_ctx
+; header_size, file_size == the real size (larger: truncated), vocab below 2^24, max_ctx
 ; 1 .. 2^16, n_slots 1 .. 255, n_ops 1 .. 2^16, no flag but MERGES, n_merges 0 without it
 ; and <= 2^24 with it, bos/eos/eot < vocab, byte_base + 256 <= vocab, each section where the
 ; one before ends (slots, program, strings, pieces, index, user, merges, blob; weights at the
@@ -92,9 +92,8 @@ check_header:                           ; (load_model, after the magic and the v
         ja      err_truncated
         jne     err_header
         mov     r9d, [rbx+HDR_VOCAB]
-        lea     eax, [r9-1]
-        shr     eax, 24                 ; vocab 1 .. 2^24
-        jnz     err_header
+        cmp     byte [rbx+HDR_VOCAB+3], 0       ; vocab below 2^24 (at least 256: byte_base
+        jne     err_header              ; below; forward's 64 rows of logits: below 2^32 bytes)
         mov     eax, [rbx+HDR_MAX_CTX]
         dec     eax
         shr     eax, 16                 ; max_ctx 1 .. 2^16
@@ -145,7 +144,7 @@ check_tables:
         mov     eax, [rbx+HDR_N_INDEX]
         shl     rax, 2
         push    rax
-        imul    eax, r9d, PIECE_REC     ; vocab records (vocab <= 2^24: no overflow)
+        imul    eax, r9d, PIECE_REC     ; vocab records (vocab < 2^24: no overflow)
         push    rax
         push    qword [rsi+HDR_STRINGS_SIZE-HDR_SLOTS_OFF]
         imul    eax, [rbx+HDR_N_OPS], OP_REC
@@ -251,7 +250,7 @@ check_ids:
 ;   in: eax id (< vocab)   out: r11 -> its record, rdi -> its bytes, ecx = its length
 ;   clobbers: -
 piece:
-        imul    r11d, eax, PIECE_REC    ; < 2^28 (vocab <= 2^24)
+        imul    r11d, eax, PIECE_REC    ; < 2^28 (vocab < 2^24)
         add     r11, [rbp+V_PIECES]
         mov     edi, [r11+PIECE_BLOB_OFF]
         add     rdi, [rbp+V_BLOB]

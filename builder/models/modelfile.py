@@ -55,7 +55,7 @@ FLT_MAX = float(np.finfo(np.float32).max)
 # dim_bits: every size the engine forms stays far below 2^64; the bound on layers also keeps a
 # hostile header from making readers build huge layouts). A file the engine would refuse is
 # never written; emu_tests/models/test_format_mirror.py checks that the two agree.
-DIM_LIMITS = {"vocab": 1 << 24, "dim": 1 << 16, "ffn": 1 << 16, "layers": 1 << 10,
+DIM_LIMITS = {"vocab": (1 << 24) - 1, "dim": 1 << 16, "ffn": 1 << 16, "layers": 1 << 10,
               "heads": 1 << 10, "kv_heads": 1 << 10, "head_dim": 1 << 16, "max_ctx": 1 << 16}
 
 # header flags: which optional norms every layer has

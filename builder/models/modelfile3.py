@@ -52,8 +52,9 @@ MOE = 16                  # a routed expert FFN beside the dense one
 LAYER_FLAGS = POST_NORMS | QK_NORM | V_NORM | K_EQ_V | MOE
 OWN_KV_FLAGS = V_NORM | K_EQ_V  # describe how a layer computes its K/V: only on layers that do
 # The largest value of each field: what the engine accepts (every size it forms stays far
-# below 2^64).
-DIM_LIMITS = {"vocab": 1 << 24, "dim": 1 << 16, "layers": 1 << 10, "heads": 1 << 10, "max_ctx": 1 << 16,
+# below 2^64; vocab below 2^24: a block's 64 rows of logits, whose bytes forward.asm counts
+# in 32 bits, stay below 2^32).
+DIM_LIMITS = {"vocab": (1 << 24) - 1, "dim": 1 << 16, "layers": 1 << 10, "heads": 1 << 10, "max_ctx": 1 << 16,
               "ple_dim": 1 << 16, "experts": 1 << 10, "expert_ffn": 1 << 16,
               "head_dim": 1 << 16, "kv_heads": 1 << 10, "ffn": 1 << 16, "n_merges": 1 << 24}
 

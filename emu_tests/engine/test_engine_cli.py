@@ -539,7 +539,7 @@ def test_bad_magic_version_truncated(engine, mqa, tmp_path):
 def inconsistent_headers(h) -> list[dict]:
     """Header edits that must be rejected (h: the valid header)."""
     return [
-        dict(header_size=255), dict(vocab=0), dict(vocab=(1 << 24) + 1), dict(max_ctx=0),
+        dict(header_size=255), dict(vocab=0), dict(vocab=1 << 24), dict(max_ctx=0),
         dict(max_ctx=(1 << 16) + 1), dict(n_slots=0), dict(n_slots=256), dict(n_ops=0),
         dict(n_ops=(1 << 16) + 1), dict(bos=h.vocab), dict(eos=0xFFFFFFFF), dict(eot=h.vocab),
         dict(byte_base=h.vocab - 255), dict(byte_base=0xFFFFFFFF), dict(slots_off=255),

@@ -37,8 +37,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.models.modelfile import HEADER_SIZE, TENSOR_ALIGN, ModelFile, ModelFormatError, write_model
-from builder.models.modelfile4 import HEADER_FIELDS, OP_REC, RULES, ModelFile4, Op, weight_bytes
+from builder.models.modelfile import (HEADER_SIZE, PIECE, PIECE_REC, TENSOR_ALIGN, UNUSED, WEIGHTS_ALIGN, ModelFile,
+                                      ModelFormatError, write_model)
+from builder.models.modelfile4 import HEADER_FIELDS, OP_REC, RULES, SLOT_REC, ModelFile4, Op, OpRec, WType, weight_bytes
 from builder.twins.program import Interpreter
 from builder.twins.reference import Reference
 from emu_tests.asm_facts import constant
@@ -475,3 +476,50 @@ def test_regression_F7_logits_columns_choose_the_kernels(engine, models, tmp_pat
     # column is O(1)
     tol = 1e-4 * max(1.0, float(np.abs(want).max()))
     assert np.abs(got - want).max() <= tol
+
+
+def write_wide_vocab(base: Base, path: Path, vocab: int, n: int = 16) -> None:
+    """base's tokenizer with its pieces padded by empty UNUSED ones up to vocab, and the program
+    EMBED s1 <- E[id][0 .. n-1], LOGITS <- E s1 over one FP16 table E [vocab, n] of zeros (a
+    hole): a valid file but for vocab's range."""
+    h = base.header
+    ops = [OpRec(Op.EMBED, 1, n=n, k=n, a=1.0, wtype=WType.F16), OpRec(Op.LOGITS, 0, 1, n=n, wtype=WType.F16)]
+    g = dict(h, vocab=vocab, n_slots=1, n_ops=len(ops), program_off=HEADER_SIZE + SLOT_REC)
+    g["strings_off"] = g["program_off"] + OP_REC * len(ops)
+    g["pieces_off"] = g["strings_off"] + h["strings_size"]
+    shift = g["pieces_off"] + PIECE_REC * vocab - h["index_off"]
+    for name in ("index_off", "user_off", "merges_off", "blob_off"):
+        g[name] = h[name] + shift
+    g["weights_off"] = align_up(g["blob_off"] + h["blob_size"], WEIGHTS_ALIGN)
+    g["weights_size"] = align_up(weight_bytes((vocab, n), WType.F16), TENSOR_ALIGN)
+    g["file_size"] = g["weights_off"] + g["weights_size"]
+    head = b"".join(struct.pack("<" + code, g[name]) for name, _, code in HEADER_FIELDS).ljust(HEADER_SIZE, b"\0")
+    pad = PIECE.pack(0, 0, 0.0, UNUSED) * (vocab - h["vocab"])
+    strings_pieces = base.data[h["strings_off"]:h["index_off"]]
+    tables = base.data[h["index_off"]:h["blob_off"] + h["blob_size"]]          # index, user, merges, blob
+    with open(path, "wb") as f:
+        f.write(head + struct.pack("<II", n, 0) + b"".join(o.pack() for o in ops) + strings_pieces + pad + tables)
+        f.truncate(g["file_size"])
+
+
+@pytest.mark.parametrize("vocab", [(1 << 24) - 1, 1 << 24])
+def test_regression_F8_vocab_below_2_to_24(engine, base_model, tmp_path, vocab):
+    """F8 (an audit of the checks against what the handlers assume): vocab could be 2^24. With
+    --logits, a block of BLOCK = 64 tokens' logits are 64 * 2^24 * 4 = 2^32 bytes, which
+    h_logits counts in 32 bits: 0, so none were written and the sampler read 64 MB before the
+    logits: SIGSEGV after the 64-token prompt (on every path; 4 GB of logits computed). Now
+    vocab is below 2^24 (forward's byte counts fit in 32 bits): 2^24 is refused at load, by
+    the reader and the engine, in one line; 2^24 - 1, the largest, runs (its --logits bytes,
+    2^32 - 256 a block, are not written here: 4 GB)."""
+    model = tmp_path / "m.bin"
+    write_wide_vocab(Base.load(base_model), model, vocab)
+    args = [engine, "-m", model, "-p", "\x01" * 63, "-n", "1", "--temp", "0"]    # <bos> and 63 byte pieces
+    if vocab < 1 << 24:
+        assert ModelFile4(model).header.vocab == vocab
+        p = subprocess.run(args, capture_output=True, timeout=60)
+        assert (p.returncode, p.stderr) == (0, b""), f"status {p.returncode}: {p.stderr!r}"
+        return
+    p = subprocess.run([*args, "--logits", "/dev/null"], capture_output=True, timeout=60)
+    assert (p.returncode, p.stderr, p.stdout) == (1, b"gemma: bad header\n", b""), f"status {p.returncode}"
+    with pytest.raises(ModelFormatError, match="vocab = 16777216 is out of range"):
+        ModelFile4(model)

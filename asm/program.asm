@@ -13,6 +13,9 @@ OPW_OPTIONAL    = 8             ; + slot 0 (none) allowed
 OPW_KV          = 16            ; + a CACHE slot that an earlier op wrote (its s0)
 OPW_EMPTY       = 32            ; + the row may be empty (then the op does not touch it)
 OPW_ALIGN4      = 64            ; + a multiple of 4 floats (GEGLU's four values a pass)
+OPW_APART       = 128           ; + a slot no operand before it names (MATMUL's and ATTN's
+                                ; operands: they read a slot while they write another, on
+                                ; several threads)
 WK_VEC          = 1             ; [n] F32
 WK_HALF         = 2             ; [n/2] F32 (n even)
 WK_MAT          = 3             ; [m, n] F16 or Q8_0
@@ -27,11 +30,11 @@ op_table:
         dw      h_embed - forward
         db      OPW_NM, OPW_NM, 0, 0, WK_VEC, 0                         ; NORM
         dw      h_norm - forward
-        db      OPW_M, OPW_N, OPW_M+OPW_OPTIONAL+OPW_ALIGN4, 0, WK_MAT, 0       ; MATMUL
+        db      OPW_M, OPW_N+OPW_APART, OPW_M+OPW_OPTIONAL+OPW_ALIGN4+OPW_APART, 0, WK_MAT, 0   ; MATMUL
         dw      h_matmul - forward
         db      OPW_NM, OPW_NK+OPW_EMPTY, 0, 0, WK_HALF, OPT_TOKEN      ; ROPE
         dw      h_rope - forward
-        db      OPW_NM, OPW_NM, OPW_NK+OPW_KV, OPW_NK+OPW_KV, 0, 0      ; ATTN
+        db      OPW_NM, OPW_NM+OPW_APART, OPW_NK+OPW_KV+OPW_APART, OPW_NK+OPW_KV+OPW_APART, 0, 0        ; ATTN
         dw      h_attn - forward
         db      OPW_N+OPW_ALIGN4, OPW_N, 0, 0, 0, 0                     ; GEGLU
         dw      h_geglu - forward
@@ -95,8 +98,9 @@ weight_row:
 ; slot's width 1 .. MAX_WIDTH and flags known (copied to slot_cache); every op: opcode known;
 ; each slot operand 1 .. n_slots (0 only where optional), its row (op_width: n, m and k
 ; below 2^32, so the products are exact) within the slot's width, not empty (but ROPE's s1),
-; a multiple of 4 floats where GEGLU runs on it (a MATMUL's gate s2, GEGLU's s0); ATTN's K
-; and V CACHE slots that an earlier op wrote; the weight inside the weights region, at a
+; a multiple of 4 floats where GEGLU runs on it (a MATMUL's gate s2, GEGLU's s0), a slot of
+; its own where the op reads one slot while it writes another (MATMUL's and ATTN's operands);
+; ATTN's K and V CACHE slots that an earlier op wrote; the weight inside the weights region, at a
 ; multiple of TENSOR_ALIGN, of a type its kind allows (Q8_0 only on rows of a multiple of
 ; QK8_0; ROPE's n even); EMBED's columns j + n <= k <= MAX_WIDTH (Q8_0: j, n multiples of
 ; QK8_0); ATTN's k dividing m; LOGITS the last op, and only there. After it, no op reaches
@@ -148,6 +152,15 @@ check_program:
         test    dl, 3
         jnz     .bad
 .kv:
+        test    al, OPW_APART
+        jz      .cache
+        lea     edi, [r15+4]            ; the operands before it: other slots
+.apart:
+        cmp     cl, [r13+OP_S0-1+rdi]
+        je      .bad
+        dec     edi
+        jnz     .apart
+.cache:
         test    al, OPW_KV
         jz      .next
         cmp     byte [slot_cache+rcx], SLOT_CACHE+SLOT_WRITTEN

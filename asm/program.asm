@@ -188,8 +188,8 @@ check_program:
 .logits:
         cmp     al, OPC_LOGITS
         jne     .weight
-        cmp     r12d, 1                 ; the last op
-.test:
+        dec     r12d                    ; the last op (r12d = 1; 0 now: .ok's dec makes
+.test:                                  ; it negative, which ends the loop)
         jne     .bad
 
 .weight:
@@ -254,9 +254,8 @@ check_program:
 .ok:
         add     r13, OP_REC
         dec     r12d
-        jnz     .op
-        cmp     byte [r13+OP_OP-OP_REC], OPC_LOGITS
-        jne     .bad2                   ; the last op is not LOGITS
+        jg      .op
+        jz      .bad2                   ; the last op is not LOGITS (0, not -1)
         ret
 
 ; model_setup: validate the program (check_program), then give each slot its buffer: a

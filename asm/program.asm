@@ -194,8 +194,6 @@ check_program:
 
 .weight:
         mov     al, [r14+4]             ; the weight's kind
-        test    al, al
-        jz      .ok
         mov     edx, [r13+OP_WTYPE]
         mov     ecx, [r13+OP_N]
         push    1
@@ -206,6 +204,8 @@ check_program:
         shr     ecx, 1                  ; [n/2]
         jc      .bad                    ; (n odd)
 .vector:
+        test    al, al                  ; (kind 0: no weight, nothing to check; here the
+        jz      .ok                     ; jump is a short one)
         test    edx, edx                ; F32
         jz      .room
 .bad2:

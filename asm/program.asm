@@ -220,14 +220,9 @@ check_program:
         or      [rbp+V_COLS], ecx       ; (a product's n: the kernels' choice)
         jmp     .typed
 .table:                                 ; EMBED: columns j .. j+n-1 of k (ecx = n)
-        mov     eax, [r13+OP_J]
-        lea     rsi, [rax+rcx]          ; j + n (64 bits: no wrap)
-        or      ecx, eax
-        cmp     edx, WT_Q8_0
-        jne     .k
-        test    cl, QK8_0-1             ; j, n: whole Q8_0 blocks (k below)
-        jnz     .bad2
-.k:
+        mov     r15d, [r13+OP_J]
+        lea     rsi, [r15+rcx]          ; j + n (64 bits: no wrap)
+        or      r15d, ecx               ; j | n: whole Q8_0 blocks, with k (.typed)
         mov     ecx, [r13+OP_K]         ; [vocab, k]
         cmp     rsi, rcx
         ja      .bad2                   ; j + n <= k
@@ -238,7 +233,8 @@ check_program:
         cmp     edx, WT_Q8_0-1
         ja      .bad2                   ; neither F16 nor Q8_0
         jb      .room
-        test    cl, QK8_0-1
+        or      r15d, ecx               ; (r15 = 0 but after .table: the operands' loop
+        test    r15b, QK8_0-1           ; ends there)
         jnz     .bad2
 .room:
         call    weight_row

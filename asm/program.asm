@@ -8,7 +8,8 @@
 OPW_N           = 1             ; a row of n floats
 OPW_M           = 2             ; m
 OPW_NM          = 3             ; n m
-OPW_NK          = 4             ; n k
+OPW_NK          = 4             ; n k (op_width reads OP_N, OP_M, OP_K by these values: the
+                                ; fields follow each other in the record)
 OPW_OPTIONAL    = 8             ; + slot 0 (none) allowed
 OPW_KV          = 16            ; + a CACHE slot that an earlier op wrote (its s0)
 OPW_EMPTY       = 32            ; + the row may be empty (then the op does not touch it)
@@ -56,17 +57,13 @@ op_width:
         mov     ecx, eax
         and     ecx, 7
         jz      .ret
-        mov     edx, [r13+OP_N]
-        cmp     cl, OPW_M
-        jne     .first
-        mov     edx, [r13+OP_M]
-.first:                                 ; edx: n (or m)
         cmp     cl, OPW_NM
-        jb      .ret                    ; n, m
-        mov     ecx, [r13+OP_M]
-        je      .times                  ; n m
-        mov     ecx, [r13+OP_K]         ; n k
-.times:
+        jae     .product
+        mov     edx, [r13+OP_N-4+rcx*4] ; OPW_N: n, OPW_M: m (ZF clear)
+        ret
+.product:
+        mov     edx, [r13+OP_N]
+        mov     ecx, [r13+OP_M-4*OPW_NM+rcx*4]  ; OPW_NM: m, OPW_NK: k (OP_M + 4 = OP_K)
         imul    rdx, rcx                ; (n, m, k < 2^32: exact)
         test    eax, eax                ; (ZF clear)
 .ret:

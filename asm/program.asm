@@ -4,7 +4,7 @@
 
 ; op_table: 8 bytes per opcode (OPC_EMBED first): the width codes of the slot operands s0 ..
 ; s3 (OPW_*, 0: the op has no such operand), the kind of its weight (WK_*, 0: none), OPT_*,
-; and its handler's address minus forward's (a word).
+; and its handler's address minus h_embed's (a word: below 256).
 OPW_N           = 1             ; a row of n floats
 OPW_M           = 2             ; m
 OPW_NM          = 3             ; n m
@@ -28,23 +28,23 @@ SLOT_WRITTEN    = 2             ; slot_cache: an earlier op wrote the slot (chec
 
 op_table:
         db      OPW_N, 0, 0, 0, WK_TABLE, OPT_TOKEN                     ; EMBED
-        dw      h_embed - forward
+        dw      h_embed - h_embed
         db      OPW_NM, OPW_NM, 0, 0, WK_VEC, 0                         ; NORM
-        dw      h_norm - forward
+        dw      h_norm - h_embed
         db      OPW_M, OPW_N+OPW_APART, OPW_M+OPW_OPTIONAL+OPW_ALIGN4+OPW_APART, 0, WK_MAT, 0   ; MATMUL
-        dw      h_matmul - forward
+        dw      h_matmul - h_embed
         db      OPW_NM, OPW_NK+OPW_EMPTY, 0, 0, WK_HALF, OPT_TOKEN      ; ROPE
-        dw      h_rope - forward
+        dw      h_rope - h_embed
         db      OPW_NM, OPW_NM+OPW_APART, OPW_NK+OPW_KV+OPW_APART, OPW_NK+OPW_KV+OPW_APART, 0, 0        ; ATTN
-        dw      h_attn - forward
+        dw      h_attn - h_embed
         db      OPW_N+OPW_ALIGN4, OPW_N, 0, 0, 0, 0                     ; GEGLU
-        dw      h_geglu - forward
+        dw      h_geglu - h_embed
         db      OPW_N, 0, 0, 0, 0, 0                                    ; SCALE
-        dw      h_scale - forward
+        dw      h_scale - h_embed
         db      OPW_N, OPW_N, 0, 0, 0, 0                                ; ADD
-        dw      h_add - forward
+        dw      h_add - h_embed
         db      0, OPW_N, 0, 0, WK_OUT, 0                               ; LOGITS
-        dw      h_logits - forward
+        dw      h_logits - h_embed
 
 ; op_width: operand r15 of the op: its width code (op_table) and the floats of its row, from
 ; the code and the op's n, m, k.

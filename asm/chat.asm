@@ -103,17 +103,16 @@ chat:
         pop     rsi
 .lead:                                  ; the text trimmed of ASCII whitespace (\t \n \v
         lodsb                           ; \f \r, space) at both ends
+        test    al, al
+        jz      chat_next               ; empty: skipped
         cmp     al, ' '
         je      .lead
         sub     al, 9
         cmp     al, 5
         jb      .lead
         dec     rsi
-        mov     rdx, rdi
         call    put_text
-.trail:
-        cmp     rdi, rdx
-        je      chat_next               ; empty: skipped
+.trail:                                 ; (it stops at the text's first byte at the latest)
         mov     al, [rdi-1]
         cmp     al, ' '
         je      .space

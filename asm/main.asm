@@ -316,12 +316,12 @@ generate:                               ; (r15 = 0: tokenize)
 .text_end:                              ; the generated text, even none, ends with one newline
         mov     al, 10
         call    put_byte
+        call    flush                   ; (out before the next turn's marker or the notice)
         cmp     byte [rbp+V_CNV], 0
         je      exit_ok
         cmp     r15d, [rbp+V_CTX_LEN]   ; a conversation (chat.asm): the next turn, but at
                                         ; a full context
         jb      chat_next
-        call    flush
         mov     esi, msg_full
         call    put_err
 exit_ok:

@@ -232,7 +232,7 @@ PROMPT_FILE_MAX = 1 shl 24
         cmp     al, ' '
         ja      .put                    ; a digit
         je      .id                     ; a space: the next id
-        jmp     exit_ok                 ; the newline
+        jmp     generate.out            ; the newline: out, then exit 0
 .no_tokens:
         mov     rdi, [rbp+V_LOGITS]
         test    rdi, rdi
@@ -316,6 +316,7 @@ generate:                               ; (r15 = 0: tokenize)
 .text_end:                              ; the generated text, even none, ends with one newline
         mov     al, 10
         call    put_byte
+.out:                                   ; (the --tokens listing's end too)
         call    flush                   ; (out before the next turn's marker or the notice)
         cmp     byte [rbp+V_CNV], 0
         je      exit_ok
@@ -324,8 +325,7 @@ generate:                               ; (r15 = 0: tokenize)
         jb      chat_next
         mov     esi, msg_full
         call    put_err
-exit_ok:
-        call    flush
+exit_ok:                                ; (every path here has flushed out_buf, or put nothing)
         xor     edi, edi
         jmp     sys_exit
 

@@ -12,14 +12,14 @@ TURN_MAX        = 1 shl 25      ; a turn's text: the strings (N_STRINGS * STRING
 ; chat_next, chat_refused, chat: the conversation (setup's tail with -cnv), one routine with
 ; three entries. chat (from main.asm's generate, once): the turns' memory, the first turn from
 ; -p or -f. chat_next (from generate, after each reply and its newline, flushed): the next
-; line of standard input. chat_refused (from fatal_status: a turn refused, its message out, rsp as at
-; chat_next): the position back (tokenize overwrote r15) and the header (fatal_here rbx),
-; then chat_next. Each turn: the text trimmed of ASCII whitespace (skipped when empty), then
-; with the strings around it: the first turn SYS_BEGIN sys SYS_END text USER_END with -sys,
-; else USER_BEGIN text USER_END; every later turn REPLY_END USER_BEGIN text USER_END. Its ids
-; (BOS only on the first) follow the id that ended the last reply when -n ended it (pending),
-; else none; generate.run feeds them from position r15 and samples the reply. A turn refused
-; (too long, a NUL byte) leaves the conversation as it was.
+; line of standard input. chat_refused (from fatal_status: a turn refused, its message out,
+; rsp as at chat_next): the position back (tokenize overwrote r15) and the header (fatal_here
+; rbx), then chat_next. Each turn: the text trimmed of ASCII whitespace (skipped when
+; empty), then with the strings around it: the first turn SYS_BEGIN sys SYS_END text USER_END
+; with -sys, else USER_BEGIN text USER_END; every later turn REPLY_END USER_BEGIN text
+; USER_END. Its ids (BOS only on the first) follow the id that ended the last reply when -n
+; ended it (pending), else none; generate.run feeds them from position r15 and samples the
+; reply. A turn refused (too long, a NUL byte) leaves the conversation as it was.
 ;   in: rbx header, rbp front_base, r15d the position (0 at chat), out_buf empty (nothing
 ;   is put between the entries: the marker and refusals go to stderr)   out: never returns
 ;   (exit 0 at the end of the input; a full context: main.asm's notice, exit 0)

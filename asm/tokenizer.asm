@@ -251,7 +251,7 @@ tokenize:
         sub     r9, r15                 ; its first child, entry 2i + 1
         cmp     r9, r13
         jae     .popped
-        push    r10
+        push    r10                     ; (before and order are leaves: any rsp will do)
         mov     r10, r9
         add     r9, CAND                ; the second
         cmp     r9, r13

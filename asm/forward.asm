@@ -246,9 +246,10 @@ h_logits:
 ; outside the cache), att = softmax(softcap(att a, c)), o_h = V_g^T att into s0 (s1: q).
 ; Thread k's att is att + k (ctx + 3) floats (softmax's lanes past n_t; room for BLOCK
 ; threads; threads k >= BLOCK get no tasks). Each task as one thread would.
-;   in: esi k (rbx job_vars: unused)   out: o_h of those tasks
+;   in: esi k, rbx job_vars   out: o_h of those tasks
 ;   clobbers: rax rcx rdx rsi rdi r8-r11 xmm0-xmm5 (keeps rbx rbp r12-r15)
 att_share:
+        mov     ecx, [rbx+J_T]          ; T (fwd_frame keeps rcx)
         call    fwd_frame
         mov     rbx, [rbp+FV_REC]       ; the op
         mov     eax, [rbp+FV_CTX_LEN]
@@ -256,7 +257,6 @@ att_share:
         mul     esi                     ; (edx: free here)
         mov     r15, [rbp+FV_ATT]
         lea     r15, [r15+rax*4]        ; thread k's att
-        mov     ecx, [job_t]
         push    BLOCK
         pop     rax
         cmp     ecx, eax

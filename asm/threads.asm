@@ -142,7 +142,8 @@ par_run:
 
 ; wait_change: wait until the dword at rdi is no longer edx: first by looking, job_spin
 ; times (a product's share is often shorter than a futex wake-up: on Gemma 3 270M, 2 threads,
-; decode went 1.3-1.5x as fast with the look), then asleep (FUTEX_WAIT; wakes re-check).
+; decode went 1.3-1.5x as fast with the look), then asleep (FUTEX_WAIT), and after a wake-up
+; the same again (its first look sees the change a wake-up follows).
 ;   in: rdi address, edx value, rbx job_vars   clobbers: rax rcx rsi r10 r11
 wait_change:
         mov     ecx, [rbx+J_SPIN]
@@ -151,13 +152,9 @@ wait_change:
         jne     .ret
         pause
         loop    .look
-.sleep:
-        cmp     [rdi], edx
-        jne     .ret
-        mov     esi, FUTEX_WAIT_PRIVATE
-        xor     ecx, ecx                ; no timeout
-        call    sys_futex
-        jmp     .sleep
+        mov     esi, FUTEX_WAIT_PRIVATE ; (ecx = 0: no timeout; the kernel sleeps only
+        call    sys_futex               ; while the dword is still edx)
+        jmp     wait_change             ; woken: look again
 .ret:
         ret
 

@@ -286,6 +286,7 @@ model_setup:
         call    alloc
         mov     [fv_logits], rax
         call    cpu_setup               ; the kernel (cpu.asm; keeps rbx)
-        call    threads_start           ; the workers (threads.asm; keeps rbx)
+        call    threads_start           ; the workers (threads.asm; keeps rbx; r12d = 0: the
+                                        ; slots' loop ends so, alloc and cpu_setup keep it)
         pop     rbp
         ret

@@ -18,8 +18,9 @@ SPIN_ROUNDS = 4096              ; wait_change: about 0.1 ms of pause instruction
 ; when T exceeds those CPUs: a looking thread would take a CPU from a working one) and start
 ; the T - 1 workers, each on its own stack from alloc, index 1 first; where clone fails, T
 ; becomes the threads started (any T computes the same results). A worker inherits the
-; registers of the clone: rbx job_vars, ebp its index.
-;   in: n_threads (0: not given; rbp front_base)   out: job_t = T, job_spin
+; registers of the clone: rbx job_vars, ebp its index, r12d 0 (its last job done).
+;   in: n_threads (0: not given; rbp front_base), r12d 0 (model_setup's slot loop ends so)
+;   out: job_t = T, job_spin
 ;   clobbers: rax rcx rdx rsi rdi rbp r8-r11
 threads_start:
         push    rbx
@@ -69,9 +70,9 @@ threads_start:
 
 ; worker: a thread's whole life (never returns): sleep until job_gen moves, do share k,
 ; count job_pending down; the last one wakes the main thread.
-;   in: rbx job_vars, ebp k (1 .. T-1), rsp 0 mod 16 (entered by `ret`: no return address)
+;   in: rbx job_vars, ebp k (1 .. T-1), r12d 0: the last job done (job_gen starts at 0;
+;   threads_start's r12d), rsp 0 mod 16 (entered by `ret`: no return address)
 worker:
-        xor     r12d, r12d              ; the last job done (job_gen starts at 0)
 .next:
         lea     rdi, [rbx+J_GEN]
         mov     edx, r12d

@@ -194,11 +194,10 @@ mm_share:
         push    r14
         mov     r13d, edi               ; rows left
         mov     r12d, esi               ; the chunk's first row
-        mov     r14d, edi               ; a chunk's rows: all for one token (decode:
-        cmp     dword [rbx+J_B], 1      ; matmul_q8_avx2 reads rows half the share apart),
-        je      .chunk                  ; else MM_CHUNK at most
-        push    MM_CHUNK
-        pop     r14
+        push    MM_CHUNK                ; a chunk's rows: all for one token (decode:
+        pop     r14                     ; matmul_q8_avx2 reads rows half the share apart),
+        cmp     dword [rbx+J_B], 1      ; else MM_CHUNK at most
+        cmove   r14d, edi
 .chunk:
         cmp     r14d, r13d              ; the last chunk: the rows left
         cmova   r14d, r13d

@@ -52,7 +52,7 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; bytes to come, a nibble each: a dword), [rsp+r12+12] the opcode.
 ;   in: rdi out (zero), rsi src, rdx n (>= PACK_TABLES + 1), rcx scratch (PACK_SCRATCH
 ;   bytes, zero, 4-aligned)
-;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r15 (not
+;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r12 r15 (not
 ;   SysV: the stub keeps none)
 unpack:
         mov     r11, rcx                ; the table
@@ -108,48 +108,50 @@ unpack:
         shl     r10d, 8
         mov     r10b, al
         jmp     .bit
-.coded_bit:
+.coded_bit:                             ; (rsi and rdi kept: esi and edi serve the mix)
+        push    rsi
+        push    rdi                     ; (the records 16 bytes up from rsp)
         push    PACK_PRIOR              ; num = PRIOR + sum n1 << shift
-        pop     r13
-        push    2*PACK_PRIOR            ; den = 2 PRIOR + sum (n0 + n1) << shift
-        pop     r14
+        pop     rdx
+        mov     edi, edx                ; den0 = PRIOR + sum n0 << shift: den = den0 + num
         mov     ebp, r12d
 .model:
-        mov     rax, [rsp+rbp-24]       ; the previous bit's slot
+        mov     rax, [rsp+rbp-24+16]    ; the previous bit's slot
         sub     rax, r8                 ; -> the count of that bit (r8 = -bit)
         add     byte [rax], 1
         sbb     byte [rax], 0           ; at most 255
         xor     al, 1                   ; -> the other count n (slots are 4-aligned)
-        mov     dl, [rax]
+        mov     cl, [rax]
         shr     byte [rax], 1
-        neg     dl
+        neg     cl
         adc     byte [rax], 0           ; n / 2 + 1, or 0
-        mov     eax, [rsp+rbp-12]
-        movzx   edx, bh                 ; c0
-        add     edx, edx
-        xor     edx, eax
-        prefetcht0 [r11+rdx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
+        mov     eax, [rsp+rbp-12+16]
+        movzx   ecx, bh                 ; c0
+        add     ecx, ecx
+        xor     ecx, eax
+        prefetcht0 [r11+rcx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
         xor     al, bh
         lea     rax, [r11+rax*4]        ; this bit's slot
-        mov     [rsp+rbp-24], rax
-        mov     ecx, [rsp+rbp-14]       ; (cx: the check)
+        mov     [rsp+rbp-24+16], rax
+        mov     ecx, [rsp+rbp-14+16]    ; (cx: the check)
         cmp     [rax+2], cx             ; ZF: the slot holds this context
         mov     ecx, [rax]
-        cmovne  ecx, [rsp+rbp-16]       ; or a new one: no counts, its check
+        cmovne  ecx, [rsp+rbp-16+16]    ; or a new one: no counts, its check
         mov     [rax], ecx
-        movzx   edx, ch                 ; n1
-        movzx   eax, cl
-        add     eax, edx                ; n0 + n1
-        mov     cl, [rsp+rbp-8]
-        shl     edx, cl
-        add     r13d, edx
+        movzx   esi, ch                 ; n1
+        movzx   eax, cl                 ; n0
+        mov     cl, [rsp+rbp-8+16]
+        shl     esi, cl
+        add     edx, esi
         shl     eax, cl
-        add     r14d, eax
+        add     edi, eax
         sub     ebp, 32
         jnz     .model
-        mov     edx, r13d
+        add     edi, edx                ; den
         xor     eax, eax
-        div     r14d                    ; p = num 2^32 / den < 2^32
+        div     edi                     ; p = num 2^32 / den < 2^32
+        pop     rdi
+        pop     rsi
         mul     r9d                     ; bound = range p / 2^32 < range
         sub     r9d, edx
         mov     eax, r10d

@@ -48,18 +48,18 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; during each bit, the next bit's two candidate slots (one line). ~15% off `./gemma -h`.
 ; The range decoder: r9d range, r10d code (the stream's bytes read so far minus the low end
 ; of the range), starting at 1 and 0, so that the first bit's renormalisation reads three
-; bytes. The field machine's state: [rsp+r12+8] the plan (the codes of the instruction's
-; bytes to come, a nibble each: a dword), [rsp+r12+12] the opcode.
+; bytes. Above the records: [rsp+r12] out, then the field machine's state: [rsp+r12+8] the
+; plan (the codes of the instruction's bytes to come, a nibble each: a dword), [rsp+r12+12]
+; the opcode. r13: the end of out.
 ;   in: rdi out (zero), rsi src, rdx n (>= PACK_TABLES + 1), rcx scratch (PACK_SCRATCH
 ;   bytes, zero, 4-aligned)
-;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r12 r15 (not
+;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r13 r15 (not
 ;   SysV: the stub keeps none)
 unpack:
         mov     r11, rcx                ; the table
-        push    rdi                     ; out: the field tables; for the call filter
         push    0                       ; the plan (dword), the opcode
-        add     rdx, rdi
-        push    rdx                     ; the end of out: [rsp + r12] below the records
+        push    rdi                     ; out: the field tables; for the call filter
+        lea     r13, [rdx+rdi]          ; the end of out
         lodsb
         movzx   r8d, al                 ; N
         imul    r12d, r8d, 32           ; the records' bytes
@@ -165,8 +165,8 @@ unpack:
         stosb
         shl     rbx, 8                  ; the byte into lane 2, the oldest one out; bh: its field
 .fields:                                ; the field machine (pack_fields.Fields.step): al byte
-        lea     rbp, [rsp+r12+8]        ; [rbp] the plan, [rbp+4] the opcode, [rbp+8] out
-        mov     edx, [rbp]
+        lea     rbp, [rsp+r12]          ; [rbp] out, [rbp+8] the plan, [rbp+12] the opcode
+        mov     edx, [rbp+8]
         shr     edx, 4                  ; the plan after this byte
         movzx   ecx, bh                 ; the byte's code: below PACK_MODRM an opcode,
         cmp     cl, PACK_MODRM          ; PACK_MODRM a ModRM (both look their entry up:
@@ -189,10 +189,10 @@ unpack:
         and     al, PACK_MODRM_REG
         jmp     .entry
 .opcode:                                ; an opcode (of map cl): its entry
-        mov     [rbp+4], al             ; the instruction's opcode
+        mov     [rbp+12], al            ; the instruction's opcode
 .entry:
         mov     ah, cl
-        add     rax, [rbp+8]
+        add     rax, [rbp]
         movzx   eax, byte [rax]
 .append:                                ; rdx <- the codes of eax (a nibble each), then rdx's
         mov     ecx, eax
@@ -204,10 +204,10 @@ unpack:
 .or:
         or      edx, eax
 .field:
-        mov     [rbp], edx
+        mov     [rbp+8], edx
         and     dl, 15
         mov     bl, dl                  ; the next byte's code
-        mov     bh, [rbp+4]             ; and its instruction's opcode, for the hashes
+        mov     bh, [rbp+12]            ; and its instruction's opcode, for the hashes
 .fielded:
         dec     r15d
         jnz     .more
@@ -217,10 +217,11 @@ unpack:
         rep     stosd                   ; last byte, a ModRM of entry 0, left eax and ecx 0
         pop     rdi                     ; in .append)
 .more:
-        cmp     rdi, [rsp+r12]
+        cmp     rdi, r13
         jb      .byte
-        lea     rsp, [rsp+r12+16]       ; drop the records, the end and the machine
+        add     rsp, r12                ; drop the records
         pop     rcx                     ; out
+        pop     rax                     ; (the machine)
         sub     rdi, 5                  ; the last byte whose dword ends in out (n > 5)
 .call:                                  ; the call filter, down to out's first byte: a call's
         cmp     byte [rdi], PACK_CALL   ; target offset (below 2^16) back to its rel32

@@ -43,9 +43,11 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; the opcode while rbx & R_i plus the record's offset, model i's key, is hashed. The loop over
 ; the models first teaches each model's previous slot the previous bit (r8 = -bit; the first
 ; bit's loop teaches slot 0 a 0), then reads its new slot.
-; Lookups in the 1 MiB table are the decoder's hot spot, so the lines come early: when a
-; byte starts, each model's slots base xor 1..15 (its first four bits: one 64-byte line);
-; during each bit, the next bit's two candidate slots (one line). ~15% off `./gemma -h`.
+; Lookups in the 1 MiB table are the decoder's hot spot, so a line comes early: when a
+; byte starts, each model's slots base xor 1..15 (its first four bits: one 64-byte line):
+; without it `./gemma -h` starts ~19% slower. (A prefetch of the next bit's line in the
+; models' loop too took 12 bytes there and 4 for the bit loop's jump back, far then, for
+; ~1.5% of start-up: AMD EPYC, AVX-512 host.)
 ; The range decoder: r9d range, r10d code (the stream's bytes read so far minus the low end
 ; of the range), starting at 1 and 0, so that the first bit's renormalisation reads three
 ; bytes. Above the records: [rsp+r12] out, then the field machine's state: [rsp+r12+8] the
@@ -107,6 +109,7 @@ unpack:
         lodsb
         shl     r10d, 8
         mov     r10b, al
+.next_bit:
         jmp     .bit
 .coded_bit:                             ; (rsi and rdi kept: esi and edi serve the mix)
         push    rsi
@@ -126,10 +129,6 @@ unpack:
         neg     cl
         adc     byte [rax], 0           ; n / 2 + 1, or 0
         mov     eax, [rsp+rbp-12+16]
-        movzx   ecx, bh                 ; c0
-        add     ecx, ecx
-        xor     ecx, eax
-        prefetcht0 [r11+rcx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
         xor     al, bh
         lea     rax, [r11+rax*4]        ; this bit's slot
         mov     [rsp+rbp-24+16], rax
@@ -160,7 +159,7 @@ unpack:
         cmovnc  r10d, eax               ; 0: code -= bound, range -= bound
         cmovc   r9d, edx                ; 1: range = bound
         adc     bh, bh                  ; c0 = 2 c0 + bit; CF: the byte is complete
-        jnc     .bit
+        jnc     .next_bit               ; (a short jump: .bit is too far)
         movzx   eax, bh
         stosb
         shl     rbx, 8                  ; the byte into lane 2, the oldest one out; bh: its field

@@ -220,19 +220,20 @@ unpack:
         jb      .byte
         add     rsp, r12                ; drop the records
         pop     rcx                     ; out
-        pop     rax                     ; (the machine)
+        pop     rdx                     ; (the machine)
         sub     rdi, 5                  ; the last byte whose dword ends in out (n > 5)
+        mov     al, PACK_CALL
+        std                             ; (scasb walks down)
 .call:                                  ; the call filter, down to out's first byte: a call's
-        cmp     byte [rdi], PACK_CALL   ; target offset (below 2^16) back to its rel32
+        scasb                           ; target offset (below 2^16) back to its rel32 (rdi:
+        jne     .next                   ; the byte before)
+        cmp     word [rdi+4], 0
         jne     .next
-        cmp     word [rdi+3], 0
-        jne     .next
-        lea     eax, [rdi+5]
-        sub     eax, ecx                ; the call's end, an offset in out
-        sub     [rdi+1], eax
+        lea     edx, [rdi+6]
+        sub     edx, ecx                ; the call's end, an offset in out
+        sub     [rdi+2], edx
 .next:
-        dec     rdi
         cmp     rdi, rcx
         jae     .call
+        cld
         ret
-

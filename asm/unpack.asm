@@ -37,8 +37,8 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; Records on the stack, 32 bytes per model i, the first model's highest (the loops walk down
 ; from it, rbp the record's offset + 32: from 32 N down to 32): [+0] R_i = 0xFF in the lanes (bytes) of rbx the mask chooses (bit k: lane k):
 ; 0 the byte's field, 1 its opcode, 2..7 the history bytes; [+8] the slot of the
-; previous bit; [+16] the check << 16 (a new context's slot: its check, no counts); [+20]
-; the slot base of the byte's context; [+24] the shift. rbx holds history bytes 0..5 (the
+; previous bit; [+16] the check (a word: a new context's slot is its check << 16, no
+; counts), [+18] the slot base of the byte's context (a dword); [+24] the shift. rbx holds history bytes 0..5 (the
 ; last first) in lanes 2..7, c0 in bh and the byte's field in bl; when a byte starts, bh is
 ; the opcode while rbx & R_i plus the record's offset, model i's key, is hashed. The loop over
 ; the models first teaches each model's previous slot the previous bit (r8 = -bit; the first
@@ -93,10 +93,9 @@ unpack:
         and     rax, [rsp+rbp-32]
         lea     rax, [rax+rbp-32]       ; the key
         imul    rax, [PACK_HASH_AT]     ; (PACK_HASH, kept in the headers: stub.asm)
-        shr     rax, 48 - PACK_TABLE_BITS - 16
-        xor     ax, ax                  ; the slot base (the hash's top bits) << 32 | the
-        mov     [rsp+rbp-16], rax       ; check (the 16 bits below them) << 16
-        shr     rax, 32
+        shr     rax, 64 - PACK_TABLE_BITS - 16  ; the slot base (the hash's top bits) << 16
+        mov     [rsp+rbp-16], rax       ; | the check (the 16 bits below them)
+        shr     rax, 16
         prefetcht0 [r11+rax*4]          ; the line of the byte's first four bits' slots
         sub     ebp, 32
         jnz     .hash
@@ -128,14 +127,15 @@ unpack:
         shr     byte [rax], 1
         neg     cl
         adc     byte [rax], 0           ; n / 2 + 1, or 0
-        mov     eax, [rsp+rbp-12+16]
+        mov     eax, [rsp+rbp-14+16]    ; the slot base
         xor     al, bh
         lea     rax, [r11+rax*4]        ; this bit's slot
         mov     [rsp+rbp-24+16], rax
-        mov     ecx, [rsp+rbp-14+16]    ; (cx: the check)
-        cmp     [rax+2], cx             ; ZF: the slot holds this context
+        movzx   esi, word [rsp+rbp-16+16]       ; the check
+        cmp     [rax+2], si             ; ZF: the slot holds this context
         mov     ecx, [rax]
-        cmovne  ecx, [rsp+rbp-16+16]    ; or a new one: no counts, its check
+        rol     esi, 16                 ; (ZF kept)
+        cmovne  ecx, esi                ; or a new one: no counts, its check
         mov     [rax], ecx
         movzx   esi, ch                 ; n1
         movzx   eax, cl                 ; n0

@@ -37,29 +37,31 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; Records on the stack, 32 bytes per model i, the first model's highest (the loops walk down
 ; from it, rbp the record's offset + 32: from 32 N down to 32): [+0] R_i = 0xFF in the lanes (bytes) of rbx the mask chooses (bit k: lane k):
 ; 0 the byte's field, 1 its opcode, 2..7 the history bytes; [+8] the slot of the
-; previous bit; [+16] the check << 16 (a new context's slot: its check, no counts); [+20]
-; the slot base of the byte's context; [+24] the shift. rbx holds history bytes 0..5 (the
+; previous bit; [+16] the check (a word: a new context's slot is its check << 16, no
+; counts), [+18] the slot base of the byte's context (a dword); [+24] the shift. rbx holds history bytes 0..5 (the
 ; last first) in lanes 2..7, c0 in bh and the byte's field in bl; when a byte starts, bh is
 ; the opcode while rbx & R_i plus the record's offset, model i's key, is hashed. The loop over
 ; the models first teaches each model's previous slot the previous bit (r8 = -bit; the first
 ; bit's loop teaches slot 0 a 0), then reads its new slot.
-; Lookups in the 1 MiB table are the decoder's hot spot, so the lines come early: when a
-; byte starts, each model's slots base xor 1..15 (its first four bits: one 64-byte line);
-; during each bit, the next bit's two candidate slots (one line). ~15% off `./gemma -h`.
+; Lookups in the 1 MiB table are the decoder's hot spot, so a line comes early: when a
+; byte starts, each model's slots base xor 1..15 (its first four bits: one 64-byte line):
+; without it `./gemma -h` starts ~19% slower. (A prefetch of the next bit's line in the
+; models' loop too took 12 bytes there and 4 for the bit loop's jump back, far then, for
+; ~1.5% of start-up: AMD EPYC, AVX-512 host.)
 ; The range decoder: r9d range, r10d code (the stream's bytes read so far minus the low end
 ; of the range), starting at 1 and 0, so that the first bit's renormalisation reads three
-; bytes. The field machine's state: [rsp+r12+8] the plan (the codes of the instruction's
-; bytes to come, a nibble each: a dword), [rsp+r12+12] the opcode.
+; bytes. Above the records: [rsp+r12] out, then the field machine's state: [rsp+r12+8] the
+; plan (the codes of the instruction's bytes to come, a nibble each: a dword), [rsp+r12+12]
+; the opcode. r13: the end of out.
 ;   in: rdi out (zero), rsi src, rdx n (>= PACK_TABLES + 1), rcx scratch (PACK_SCRATCH
 ;   bytes, zero, 4-aligned)
-;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r15 (not
+;   out: out, r11 = scratch   clobbers: rax rbx rcx rdx rsi rdi rbp r8-r13 r15 (not
 ;   SysV: the stub keeps none)
 unpack:
         mov     r11, rcx                ; the table
-        push    rdi                     ; out: the field tables; for the call filter
         push    0                       ; the plan (dword), the opcode
-        add     rdx, rdi
-        push    rdx                     ; the end of out: [rsp + r12] below the records
+        push    rdi                     ; out: the field tables; for the call filter
+        lea     r13, [rdx+rdi]          ; the end of out
         lodsb
         movzx   r8d, al                 ; N
         imul    r12d, r8d, 32           ; the records' bytes
@@ -91,10 +93,9 @@ unpack:
         and     rax, [rsp+rbp-32]
         lea     rax, [rax+rbp-32]       ; the key
         imul    rax, [PACK_HASH_AT]     ; (PACK_HASH, kept in the headers: stub.asm)
-        shr     rax, 48 - PACK_TABLE_BITS - 16
-        xor     ax, ax                  ; the slot base (the hash's top bits) << 32 | the
-        mov     [rsp+rbp-16], rax       ; check (the 16 bits below them) << 16
-        shr     rax, 32
+        shr     rax, 64 - PACK_TABLE_BITS - 16  ; the slot base (the hash's top bits) << 16
+        mov     [rsp+rbp-16], rax       ; | the check (the 16 bits below them)
+        shr     rax, 16
         prefetcht0 [r11+rax*4]          ; the line of the byte's first four bits' slots
         sub     ebp, 32
         jnz     .hash
@@ -107,49 +108,49 @@ unpack:
         lodsb
         shl     r10d, 8
         mov     r10b, al
+.next_bit:
         jmp     .bit
-.coded_bit:
+.coded_bit:                             ; (rsi and rdi kept: esi and edi serve the mix)
+        push    rsi
+        push    rdi                     ; (the records 16 bytes up from rsp)
         push    PACK_PRIOR              ; num = PRIOR + sum n1 << shift
-        pop     r13
-        push    2*PACK_PRIOR            ; den = 2 PRIOR + sum (n0 + n1) << shift
-        pop     r14
+        pop     rdx
+        mov     edi, edx                ; den0 = PRIOR + sum n0 << shift: den = den0 + num
         mov     ebp, r12d
 .model:
-        mov     rax, [rsp+rbp-24]       ; the previous bit's slot
+        mov     rax, [rsp+rbp-24+16]    ; the previous bit's slot
         sub     rax, r8                 ; -> the count of that bit (r8 = -bit)
         add     byte [rax], 1
         sbb     byte [rax], 0           ; at most 255
         xor     al, 1                   ; -> the other count n (slots are 4-aligned)
-        mov     dl, [rax]
+        mov     cl, [rax]
         shr     byte [rax], 1
-        neg     dl
+        neg     cl
         adc     byte [rax], 0           ; n / 2 + 1, or 0
-        mov     eax, [rsp+rbp-12]
-        movzx   edx, bh                 ; c0
-        add     edx, edx
-        xor     edx, eax
-        prefetcht0 [r11+rdx*4]          ; the next bit's slot: 2 c0 or 2 c0 + 1, on one line
+        mov     eax, [rsp+rbp-14+16]    ; the slot base
         xor     al, bh
         lea     rax, [r11+rax*4]        ; this bit's slot
-        mov     [rsp+rbp-24], rax
-        mov     ecx, [rsp+rbp-14]       ; (cx: the check)
-        cmp     [rax+2], cx             ; ZF: the slot holds this context
+        mov     [rsp+rbp-24+16], rax
+        movzx   esi, word [rsp+rbp-16+16]       ; the check
+        cmp     [rax+2], si             ; ZF: the slot holds this context
         mov     ecx, [rax]
-        cmovne  ecx, [rsp+rbp-16]       ; or a new one: no counts, its check
+        rol     esi, 16                 ; (ZF kept)
+        cmovne  ecx, esi                ; or a new one: no counts, its check
         mov     [rax], ecx
-        movzx   edx, ch                 ; n1
-        movzx   eax, cl
-        add     eax, edx                ; n0 + n1
-        mov     cl, [rsp+rbp-8]
-        shl     edx, cl
-        add     r13d, edx
+        movzx   esi, ch                 ; n1
+        movzx   eax, cl                 ; n0
+        mov     cl, [rsp+rbp-8+16]
+        shl     esi, cl
+        add     edx, esi
         shl     eax, cl
-        add     r14d, eax
+        add     edi, eax
         sub     ebp, 32
         jnz     .model
-        mov     edx, r13d
+        add     edi, edx                ; den
         xor     eax, eax
-        div     r14d                    ; p = num 2^32 / den < 2^32
+        div     edi                     ; p = num 2^32 / den < 2^32
+        pop     rdi
+        pop     rsi
         mul     r9d                     ; bound = range p / 2^32 < range
         sub     r9d, edx
         mov     eax, r10d
@@ -158,13 +159,13 @@ unpack:
         cmovnc  r10d, eax               ; 0: code -= bound, range -= bound
         cmovc   r9d, edx                ; 1: range = bound
         adc     bh, bh                  ; c0 = 2 c0 + bit; CF: the byte is complete
-        jnc     .bit
+        jnc     .next_bit               ; (a short jump: .bit is too far)
         movzx   eax, bh
         stosb
         shl     rbx, 8                  ; the byte into lane 2, the oldest one out; bh: its field
 .fields:                                ; the field machine (pack_fields.Fields.step): al byte
-        lea     rbp, [rsp+r12+8]        ; [rbp] the plan, [rbp+4] the opcode, [rbp+8] out
-        mov     edx, [rbp]
+        lea     rbp, [rsp+r12]          ; [rbp] out, [rbp+8] the plan, [rbp+12] the opcode
+        mov     edx, [rbp+8]
         shr     edx, 4                  ; the plan after this byte
         movzx   ecx, bh                 ; the byte's code: below PACK_MODRM an opcode,
         cmp     cl, PACK_MODRM          ; PACK_MODRM a ModRM (both look their entry up:
@@ -187,10 +188,10 @@ unpack:
         and     al, PACK_MODRM_REG
         jmp     .entry
 .opcode:                                ; an opcode (of map cl): its entry
-        mov     [rbp+4], al             ; the instruction's opcode
+        mov     [rbp+12], al            ; the instruction's opcode
 .entry:
         mov     ah, cl
-        add     rax, [rbp+8]
+        add     rax, [rbp]
         movzx   eax, byte [rax]
 .append:                                ; rdx <- the codes of eax (a nibble each), then rdx's
         mov     ecx, eax
@@ -202,10 +203,10 @@ unpack:
 .or:
         or      edx, eax
 .field:
-        mov     [rbp], edx
+        mov     [rbp+8], edx
         and     dl, 15
         mov     bl, dl                  ; the next byte's code
-        mov     bh, [rbp+4]             ; and its instruction's opcode, for the hashes
+        mov     bh, [rbp+12]            ; and its instruction's opcode, for the hashes
 .fielded:
         dec     r15d
         jnz     .more
@@ -215,22 +216,24 @@ unpack:
         rep     stosd                   ; last byte, a ModRM of entry 0, left eax and ecx 0
         pop     rdi                     ; in .append)
 .more:
-        cmp     rdi, [rsp+r12]
+        cmp     rdi, r13
         jb      .byte
-        lea     rsp, [rsp+r12+16]       ; drop the records, the end and the machine
+        add     rsp, r12                ; drop the records
         pop     rcx                     ; out
+        pop     rdx                     ; (the machine)
         sub     rdi, 5                  ; the last byte whose dword ends in out (n > 5)
+        mov     al, PACK_CALL
+        std                             ; (scasb walks down)
 .call:                                  ; the call filter, down to out's first byte: a call's
-        cmp     byte [rdi], PACK_CALL   ; target offset (below 2^16) back to its rel32
+        scasb                           ; target offset (below 2^16) back to its rel32 (rdi:
+        jne     .next                   ; the byte before)
+        cmp     word [rdi+4], 0
         jne     .next
-        cmp     word [rdi+3], 0
-        jne     .next
-        lea     eax, [rdi+5]
-        sub     eax, ecx                ; the call's end, an offset in out
-        sub     [rdi+1], eax
+        lea     edx, [rdi+6]
+        sub     edx, ecx                ; the call's end, an offset in out
+        sub     [rdi+2], edx
 .next:
-        dec     rdi
         cmp     rdi, rcx
         jae     .call
+        cld
         ret
-

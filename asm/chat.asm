@@ -11,16 +11,17 @@ TURN_MAX        = 1 shl 25      ; a turn's text: the strings (N_STRINGS * STRING
 
 ; chat_next, chat_refused, chat: the conversation (setup's tail with -cnv), one routine with
 ; three entries. chat (from main.asm's generate, once): the turns' memory, the first turn from
-; -p or -f. chat_next (from generate, after each reply and its newline): the next line of
-; standard input. chat_refused (from fatal_status: a turn refused, its message out, rsp as at
-; chat_next): the position back (tokenize overwrote r15) and the header (fatal_here rbx),
-; then chat_next. Each turn: the text trimmed of ASCII whitespace (skipped when empty), then
-; with the strings around it: the first turn SYS_BEGIN sys SYS_END text USER_END with -sys,
-; else USER_BEGIN text USER_END; every later turn REPLY_END USER_BEGIN text USER_END. Its ids
-; (BOS only on the first) follow the id that ended the last reply when -n ended it (pending),
-; else none; generate.run feeds them from position r15 and samples the reply. A turn refused
-; (too long, a NUL byte) leaves the conversation as it was.
-;   in: rbx header, rbp front_base, r15d the position (0 at chat)   out: never returns
+; -p or -f. chat_next (from generate, after each reply and its newline, flushed): the next
+; line of standard input. chat_refused (from fatal_status: a turn refused, its message out,
+; rsp as at chat_next): the position back (tokenize overwrote r15) and the header (fatal_here
+; rbx), then chat_next. Each turn: the text trimmed of ASCII whitespace (skipped when
+; empty), then with the strings around it: the first turn SYS_BEGIN sys SYS_END text USER_END
+; with -sys, else USER_BEGIN text USER_END; every later turn REPLY_END USER_BEGIN text
+; USER_END. Its ids (BOS only on the first) follow the id that ended the last reply when -n
+; ended it (pending), else none; generate.run feeds them from position r15 and samples the
+; reply. A turn refused (too long, a NUL byte) leaves the conversation as it was.
+;   in: rbx header, rbp front_base, r15d the position (0 at chat), out_buf empty (nothing
+;   is put between the entries: the marker and refusals go to stderr)   out: never returns
 ;   (exit 0 at the end of the input; a full context: main.asm's notice, exit 0)
 chat_refused:
         mov     r15d, [rbp+V_POS]
@@ -28,7 +29,6 @@ chat_refused:
 chat_next:
         mov     [rbp+V_POS], r15d
         mov     [rbp+V_CHAT_RSP], rsp   ; (fatal_here: a refusal comes back to chat_refused)
-        call    flush
         xor     edi, edi                ; standard input a terminal: a marker on stderr
         mov     esi, TCGETS
         lea     edx, [rbp+V_OUT_BUF]    ; (its struct termios: out_buf is empty)
@@ -106,17 +106,16 @@ chat:
         pop     rsi
 .lead:                                  ; the text trimmed of ASCII whitespace (\t \n \v
         lodsb                           ; \f \r, space) at both ends
+        test    al, al
+        jz      chat_next               ; empty: skipped
         cmp     al, ' '
         je      .lead
         sub     al, 9
         cmp     al, 5
         jb      .lead
         dec     rsi
-        mov     rdx, rdi
         call    put_text
-.trail:
-        cmp     rdi, rdx
-        je      chat_next               ; empty: skipped
+.trail:                                 ; (it stops at the text's first byte at the latest)
         mov     al, [rdi-1]
         cmp     al, ' '
         je      .space

@@ -63,7 +63,7 @@ forward:
         add     rdx, [r13+OP_W]
         mov     [rbp+FV_W], rdx
         movzx   eax, word [r14+6]
-        add     eax, forward            ; the handler (addresses are below 2^32)
+        add     eax, h_embed            ; the handler (addresses are below 2^32)
         mov     rdi, [rbp+FV_P]
         mov     rsi, [rbp+FV_P+8]
         test    byte [r14+5], OPT_TOKEN

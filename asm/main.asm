@@ -68,17 +68,7 @@ option_value:
         jz      err_missing_value
         test    al, al                  ; K_STR
         jz      .store
-        push    rax                     ; kind
         call    parse_value
-        pop     rcx
-        cmp     byte [rsi], 0           ; trailing characters
-        jne     err_bad_value
-        shr     ecx, 3                  ; minimum: 0 or 1
-        cmp     rax, rcx
-        jb      err_bad_value
-        movsxd  rcx, dword [rdi+1]      ; maximum (0xFFFFFFFF: any u64)
-        cmp     rax, rcx
-        ja      err_bad_value
         xchg    rsi, rax
 .store:
         mov     [r12+rbp], rsi
@@ -111,11 +101,6 @@ skip_entry:                             ; the rest of the name
 err_missing_value:
         call    fatal_usage_arg_here
         db      'no value for ', 0
-err_bad_c:
-        mov     ebx, opt_name_c
-err_bad_value:
-        call    fatal_arg_here
-        db      'bad value for ', 0
 err_stray_argument:
         call    fatal_usage_arg_here
         db      'unexpected argument ', 0
@@ -249,7 +234,7 @@ PROMPT_FILE_MAX = 1 shl 24
         cmp     al, ' '
         ja      .put                    ; a digit
         je      .id                     ; a space: the next id
-        jmp     exit_ok                 ; the newline
+        jmp     generate.out            ; the newline: out, then exit 0
 .no_tokens:
         mov     rdi, [rbp+V_LOGITS]
         test    rdi, rdi
@@ -333,16 +318,16 @@ generate:                               ; (r15 = 0: tokenize)
 .text_end:                              ; the generated text, even none, ends with one newline
         mov     al, 10
         call    put_byte
+.out:                                   ; (the --tokens listing's end too)
+        call    flush                   ; (out before the next turn's marker or the notice)
         cmp     byte [rbp+V_CNV], 0
         je      exit_ok
         cmp     r15d, [rbp+V_CTX_LEN]   ; a conversation (chat.asm): the next turn, but at
                                         ; a full context
         jb      chat_next
-        call    flush
         mov     esi, msg_full
         call    put_err
-exit_ok:
-        call    flush
+exit_ok:                                ; (every path here has flushed out_buf, or put nothing)
         xor     edi, edi
         jmp     sys_exit
 
@@ -359,9 +344,9 @@ parse_digits:
         cmp     ecx, 9
         ja      .end
         mul     r11
-        jc      err_bad_number
+        jc      err_bad_value
         add     rax, rcx
-        jc      err_bad_number
+        jc      err_bad_value
         inc     rsi
         jmp     .digit
 .end:
@@ -370,24 +355,20 @@ parse_digits:
         neg     ecx
         ret
 
-; parse_value: the value of a K_INT or K_FLOAT option (the kind before the entry's slot byte).
-; K_INT: a decimal u64. K_FLOAT: a decimal number: digits, optionally '.' and digits (at
-; least one digit in all, at most 2^63 - 1 as an integer; no exponent: its 34 packed bytes
-; went to conversation mode); value = integer * 10^-(digits after the point) in x87 extended
-; precision, rounded to float32.
-;   in: rsi string, rdi -> the entry's slot byte   out: rax value (float32 bits zero-extended),
-;   rsi -> the first byte after it   (err_bad_value when malformed or beyond a u64)
-;   clobbers: rcx rdx r8 r11 (x87 left empty)
+; parse_value: the value of a K_INT or K_FLOAT option (the kind before the entry's slot byte),
+; checked against the entry: nothing after it, at least the minimum (K_MIN1), at most the
+; entry's maximum. K_INT: a decimal u64. K_FLOAT: a decimal number: digits, optionally '.'
+; and digits (at least one digit in all, at most 2^63 - 1 as an integer; no exponent: its 34
+; packed bytes went to conversation mode); value = integer * 10^-(digits after the point) in
+; x87 extended precision, rounded to float32.
+;   in: rsi string, rdi -> the entry's slot byte   out: rax value (float32 bits zero-extended)
+;   (err_bad_value when malformed, beyond a u64 or out of the entry's range)
+;   clobbers: rcx rdx rsi r8 r11 (x87 left empty)
 parse_value:
         xor     eax, eax
         call    parse_digits
         test    byte [rdi-1], K_FLOAT - K_INT
-        jnz     .float
-        jrcxz   err_bad_number          ; no digits
-        ret
-err_bad_number:                         ; within short-jump reach of the parsers
-        jmp     err_bad_value
-parse_value.float:
+        jz      .digits
         xor     r8d, r8d                ; decimal exponent
         cmp     byte [rsi], '.'
         jne     .mantissa_done
@@ -396,24 +377,37 @@ parse_value.float:
         call    parse_digits
         sub     r8d, ecx
         pop     rdx
-        or      ecx, edx                ; digits in all?
+        or      ecx, edx                ; digits in all
 .mantissa_done:
-        jrcxz   err_bad_number
         test    rax, rax
-        js      err_bad_number          ; fild reads it signed
+        js      err_bad_value           ; fild reads it signed
         push    rax
-.scale:
         fild    qword [rsp]             ; the integer
         mov     [rsp], r8               ; (zero-extended: the upper half of the result)
         fild    dword [rsp]
         fldl2t
         fmulp
-        call    exp2_x87                ; 10^exponent
+        call    exp2_x87                ; 10^exponent (keeps rcx)
         fmulp
         fstp    dword [rsp]
         pop     rax
-.ret:
+.digits:
+        jrcxz   err_bad_value           ; no digits
+        cmp     byte [rsi], 0           ; trailing characters
+        jne     err_bad_value
+        movzx   ecx, byte [rdi-1]
+        shr     ecx, 3                  ; minimum: 0 or 1
+        cmp     rax, rcx
+        jb      err_bad_value
+        movsxd  rcx, dword [rdi+1]      ; maximum (0xFFFFFFFF: any u64)
+        cmp     rax, rcx
+        ja      err_bad_value
         ret
+err_bad_c:
+        mov     ebx, opt_name_c
+err_bad_value:                          ; (in short-jump reach of the parsers)
+        call    fatal_arg_here
+        db      'bad value for ', 0
 
 
 ; The options: name (bytes >= ' '), kind (< ' ': it ends the name), slot (offset from

@@ -135,8 +135,7 @@ check_tables:
         lea     rsi, [rbx+HDR_SLOTS_OFF]
         push    qword [rsi+HDR_WEIGHTS_SIZE-HDR_SLOTS_OFF]      ; the sections' sizes, the
         push    qword [rsi+HDR_BLOB_SIZE-HDR_SLOTS_OFF]         ; last first
-        mov     eax, [rbx+HDR_N_MERGES]
-        shl     rax, MERGE_SHIFT        ; MERGE_REC bytes each
+        imul    eax, [rbx+HDR_N_MERGES], MERGE_REC      ; (n_merges <= 2^24: no overflow)
         push    rax
         mov     eax, [rbx+HDR_N_USER]
         shl     rax, 2

@@ -4,15 +4,19 @@
 
 ; op_table: 8 bytes per opcode (OPC_EMBED first): the width codes of the slot operands s0 ..
 ; s3 (OPW_*, 0: the op has no such operand), the kind of its weight (WK_*, 0: none), OPT_*,
-; and its handler's address minus forward's (a word).
+; and its handler's address minus h_embed's (a word: below 256).
 OPW_N           = 1             ; a row of n floats
 OPW_M           = 2             ; m
 OPW_NM          = 3             ; n m
-OPW_NK          = 4             ; n k
+OPW_NK          = 4             ; n k (op_width reads OP_N, OP_M, OP_K by these values: the
+                                ; fields follow each other in the record)
 OPW_OPTIONAL    = 8             ; + slot 0 (none) allowed
 OPW_KV          = 16            ; + a CACHE slot that an earlier op wrote (its s0)
 OPW_EMPTY       = 32            ; + the row may be empty (then the op does not touch it)
 OPW_ALIGN4      = 64            ; + a multiple of 4 floats (GEGLU's four values a pass)
+OPW_APART       = 128           ; + a slot no operand before it names (MATMUL's and ATTN's
+                                ; operands: they read a slot while they write another, on
+                                ; several threads)
 WK_VEC          = 1             ; [n] F32
 WK_HALF         = 2             ; [n/2] F32 (n even)
 WK_MAT          = 3             ; [m, n] F16 or Q8_0
@@ -24,23 +28,23 @@ SLOT_WRITTEN    = 2             ; slot_cache: an earlier op wrote the slot (chec
 
 op_table:
         db      OPW_N, 0, 0, 0, WK_TABLE, OPT_TOKEN                     ; EMBED
-        dw      h_embed - forward
+        dw      h_embed - h_embed
         db      OPW_NM, OPW_NM, 0, 0, WK_VEC, 0                         ; NORM
-        dw      h_norm - forward
-        db      OPW_M, OPW_N, OPW_M+OPW_OPTIONAL+OPW_ALIGN4, 0, WK_MAT, 0       ; MATMUL
-        dw      h_matmul - forward
+        dw      h_norm - h_embed
+        db      OPW_M, OPW_N+OPW_APART, OPW_M+OPW_OPTIONAL+OPW_ALIGN4+OPW_APART, 0, WK_MAT, 0   ; MATMUL
+        dw      h_matmul - h_embed
         db      OPW_NM, OPW_NK+OPW_EMPTY, 0, 0, WK_HALF, OPT_TOKEN      ; ROPE
-        dw      h_rope - forward
-        db      OPW_NM, OPW_NM, OPW_NK+OPW_KV, OPW_NK+OPW_KV, 0, 0      ; ATTN
-        dw      h_attn - forward
+        dw      h_rope - h_embed
+        db      OPW_NM, OPW_NM+OPW_APART, OPW_NK+OPW_KV+OPW_APART, OPW_NK+OPW_KV+OPW_APART, 0, 0        ; ATTN
+        dw      h_attn - h_embed
         db      OPW_N+OPW_ALIGN4, OPW_N, 0, 0, 0, 0                     ; GEGLU
-        dw      h_geglu - forward
+        dw      h_geglu - h_embed
         db      OPW_N, 0, 0, 0, 0, 0                                    ; SCALE
-        dw      h_scale - forward
+        dw      h_scale - h_embed
         db      OPW_N, OPW_N, 0, 0, 0, 0                                ; ADD
-        dw      h_add - forward
+        dw      h_add - h_embed
         db      0, OPW_N, 0, 0, WK_OUT, 0                               ; LOGITS
-        dw      h_logits - forward
+        dw      h_logits - h_embed
 
 ; op_width: operand r15 of the op: its width code (op_table) and the floats of its row, from
 ; the code and the op's n, m, k.
@@ -53,17 +57,13 @@ op_width:
         mov     ecx, eax
         and     ecx, 7
         jz      .ret
-        mov     edx, [r13+OP_N]
-        cmp     cl, OPW_M
-        jne     .first
-        mov     edx, [r13+OP_M]
-.first:                                 ; edx: n (or m)
         cmp     cl, OPW_NM
-        jb      .ret                    ; n, m
-        mov     ecx, [r13+OP_M]
-        je      .times                  ; n m
-        mov     ecx, [r13+OP_K]         ; n k
-.times:
+        jae     .product
+        mov     edx, [r13+OP_N-4+rcx*4] ; OPW_N: n, OPW_M: m (ZF clear)
+        ret
+.product:
+        mov     edx, [r13+OP_N]
+        mov     ecx, [r13+OP_M-4*OPW_NM+rcx*4]  ; OPW_NM: m, OPW_NK: k (OP_M + 4 = OP_K)
         imul    rdx, rcx                ; (n, m, k < 2^32: exact)
         test    eax, eax                ; (ZF clear)
 .ret:
@@ -95,8 +95,9 @@ weight_row:
 ; slot's width 1 .. MAX_WIDTH and flags known (copied to slot_cache); every op: opcode known;
 ; each slot operand 1 .. n_slots (0 only where optional), its row (op_width: n, m and k
 ; below 2^32, so the products are exact) within the slot's width, not empty (but ROPE's s1),
-; a multiple of 4 floats where GEGLU runs on it (a MATMUL's gate s2, GEGLU's s0); ATTN's K
-; and V CACHE slots that an earlier op wrote; the weight inside the weights region, at a
+; a multiple of 4 floats where GEGLU runs on it (a MATMUL's gate s2, GEGLU's s0), a slot of
+; its own where the op reads one slot while it writes another (MATMUL's and ATTN's operands);
+; ATTN's K and V CACHE slots that an earlier op wrote; the weight inside the weights region, at a
 ; multiple of TENSOR_ALIGN, of a type its kind allows (Q8_0 only on rows of a multiple of
 ; QK8_0; ROPE's n even); EMBED's columns j + n <= k <= MAX_WIDTH (Q8_0: j, n multiples of
 ; QK8_0); ATTN's k dividing m; LOGITS the last op, and only there. After it, no op reaches
@@ -148,6 +149,15 @@ check_program:
         test    dl, 3
         jnz     .bad
 .kv:
+        test    al, OPW_APART
+        jz      .cache
+        lea     edi, [r15+4]            ; the operands before it: other slots
+.apart:
+        cmp     cl, [r13+OP_S0-1+rdi]
+        je      .bad
+        dec     edi
+        jnz     .apart
+.cache:
         test    al, OPW_KV
         jz      .next
         cmp     byte [slot_cache+rcx], SLOT_CACHE+SLOT_WRITTEN
@@ -175,14 +185,12 @@ check_program:
 .logits:
         cmp     al, OPC_LOGITS
         jne     .weight
-        cmp     r12d, 1                 ; the last op
-.test:
+        dec     r12d                    ; the last op (r12d = 1; 0 now: .ok's dec makes
+.test:                                  ; it negative, which ends the loop)
         jne     .bad
 
 .weight:
         mov     al, [r14+4]             ; the weight's kind
-        test    al, al
-        jz      .ok
         mov     edx, [r13+OP_WTYPE]
         mov     ecx, [r13+OP_N]
         push    1
@@ -193,6 +201,8 @@ check_program:
         shr     ecx, 1                  ; [n/2]
         jc      .bad                    ; (n odd)
 .vector:
+        test    al, al                  ; (kind 0: no weight, nothing to check; here the
+        jz      .ok                     ; jump is a short one)
         test    edx, edx                ; F32
         jz      .room
 .bad2:
@@ -207,14 +217,9 @@ check_program:
         or      [rbp+V_COLS], ecx       ; (a product's n: the kernels' choice)
         jmp     .typed
 .table:                                 ; EMBED: columns j .. j+n-1 of k (ecx = n)
-        mov     eax, [r13+OP_J]
-        lea     rsi, [rax+rcx]          ; j + n (64 bits: no wrap)
-        or      ecx, eax
-        cmp     edx, WT_Q8_0
-        jne     .k
-        test    cl, QK8_0-1             ; j, n: whole Q8_0 blocks (k below)
-        jnz     .bad2
-.k:
+        mov     r15d, [r13+OP_J]
+        lea     rsi, [r15+rcx]          ; j + n (64 bits: no wrap)
+        or      r15d, ecx               ; j | n: whole Q8_0 blocks, with k (.typed)
         mov     ecx, [r13+OP_K]         ; [vocab, k]
         cmp     rsi, rcx
         ja      .bad2                   ; j + n <= k
@@ -225,7 +230,8 @@ check_program:
         cmp     edx, WT_Q8_0-1
         ja      .bad2                   ; neither F16 nor Q8_0
         jb      .room
-        test    cl, QK8_0-1
+        or      r15d, ecx               ; (r15 = 0 but after .table: the operands' loop
+        test    r15b, QK8_0-1           ; ends there)
         jnz     .bad2
 .room:
         call    weight_row
@@ -241,9 +247,8 @@ check_program:
 .ok:
         add     r13, OP_REC
         dec     r12d
-        jnz     .op
-        cmp     byte [r13+OP_OP-OP_REC], OPC_LOGITS
-        jne     .bad2                   ; the last op is not LOGITS
+        jg      .op
+        jz      .bad2                   ; the last op is not LOGITS (0, not -1)
         ret
 
 ; model_setup: validate the program (check_program), then give each slot its buffer: a

@@ -247,21 +247,19 @@ tokenize:
         movups  [r15], xmm0
         mov     r10, r15
 .down:                                  ; r10 -> the entry going down, entry i
-        mov     rax, r10
-        sub     rax, r15
-        lea     r9, [r10+rax+CAND]      ; its first child, entry 2i + 1
+        lea     r9, [r10+r10+CAND]
+        sub     r9, r15                 ; its first child, entry 2i + 1
         cmp     r9, r13
         jae     .popped
-        mov     r11, r10
-        lea     rax, [r9+CAND]          ; the second
-        cmp     rax, r13
-        jae     .one_child
+        push    r10                     ; (before and order are leaves: any rsp will do)
         mov     r10, r9
-        mov     r9, rax
+        add     r9, CAND                ; the second
+        cmp     r9, r13
+        jae     .one_child              ; (CF clear)
         call    before                  ; the second goes before the first?
-        cmovnc  r9, r10                 ; r9 -> the child that goes first (the first on a tie)
 .one_child:
-        mov     r10, r11
+        cmovnc  r9, r10                 ; r9 -> the child that goes first (the first on a tie)
+        pop     r10
         call    order                   ; swapped when the child goes first
         mov     r10, r9
         jc      .down

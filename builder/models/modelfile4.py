@@ -228,6 +228,9 @@ RULES: dict[Op, Rule] = {
 }
 SLOT_OPERANDS = ("s0", "s1", "s2", "s3")
 ALIGN4 = {(Op.MATMUL, "s2"), (Op.GEGLU, "s0")}  # rows GEGLU takes four floats a pass
+# ops whose slot operands are distinct slots: they read one while they write another, the rows
+# split over threads (a product's s1 while its s0 and gate, the attention's K and V while its s0)
+DISTINCT = {Op.MATMUL, Op.ATTN}
 
 
 def weight_bytes(shape: tuple[int, ...], wtype: int) -> int:
@@ -273,6 +276,7 @@ def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int, wri
     if o.op not in KNOWN_OPS:
         raise ModelFormatError(f"unknown opcode {o.op} (known: 1 .. {max(Op)})")
     rule = RULES[Op(o.op)]
+    named: list[int] = []
     for f, width, kv in rule.slots(o):
         s = getattr(o, f)
         if not 1 <= s <= len(slots):
@@ -284,6 +288,9 @@ def check_op(o: OpRec, slots: Sequence[Slot], vocab: int, weights_size: int, wri
             raise ModelFormatError(f"{f} is 0 wide")
         if (o.op, f) in ALIGN4 and width % 4:
             raise ModelFormatError(f"{f} is {width} wide, not a multiple of 4")
+        if o.op in DISTINCT and s in named:
+            raise ModelFormatError(f"{f} names slot {s}, as an operand before it does ({o.name}'s are distinct)")
+        named.append(s)
         if kv and not slot.flags & CACHE:
             raise ModelFormatError(f"{f} (slot {s}) must be a CACHE slot")
         if kv and written is not None and s not in written:

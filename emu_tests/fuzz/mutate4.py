@@ -9,8 +9,9 @@ returns the systematic families on each base, then seeded random mutations up to
   known one;
 - operands: each slot operand set to 0 (none), past the slots, to a slot too narrow for it, to
   CACHE and plain slots wide enough, ATTN's K or V to a plain slot and to a cache no earlier op
-  writes, the destination of an op that writes a K or V elsewhere; MATMUL's gate (s2) turned
-  off, and on; each slot field an op does not use set;
+  writes, the destination of an op that writes a K or V elsewhere, a MATMUL's or ATTN's to a
+  slot another of its operands names; MATMUL's gate (s2) turned off, and on; each slot field
+  an op does not use set;
 - widths: each op's n, m, k, j set to edge values;
 - op flags: each op's flags set to 0, ACC, an unknown bit, every bit; every op's fields it
   does not read set to junk at once;
@@ -44,9 +45,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from builder.models.modelfile import HEADER_SIZE
-from builder.models.modelfile4 import (ACC, CACHE, HEADER_END, HEADER_FIELDS, MAX_WIDTH, N_STRINGS, OP_FIELDS, OP_REC,
-                                       RULES, SLOT_OPERANDS, SLOT_REC, STRING_MAX, STRING_REC, ModelFile4, Op, OpRec,
-                                       WType, weight_bytes)
+from builder.models.modelfile4 import (ACC, CACHE, DISTINCT, HEADER_END, HEADER_FIELDS, MAX_WIDTH, N_STRINGS,
+                                       OP_FIELDS, OP_REC, RULES, SLOT_OPERANDS, SLOT_REC, STRING_MAX, STRING_REC,
+                                       ModelFile4, Op, OpRec, WType, weight_bytes)
 from linker.layout import align_up
 
 from .model import write_case
@@ -191,6 +192,9 @@ class _Maker4:
             return "a plain slot", True
         if not kv_written(ops[:i] + [replace(ops[i], **{f: s})] + ops[i + 1:]):
             return "a cache no earlier op writes" if kv else "a K or V it wrote then unwritten", True
+        o = ops[i]
+        if o.op in DISTINCT and s in {getattr(o, g) for g, _, _ in RULES[Op(o.op)].slots(o) if g != f}:
+            return "another of its operands' slot", True
         return f"{'a CACHE' if flags & CACHE else 'a plain'} slot wide enough", False
 
     def operands(self) -> list[Case]:

@@ -523,3 +523,30 @@ def test_regression_F8_vocab_below_2_to_24(engine, base_model, tmp_path, vocab):
     assert (p.returncode, p.stderr, p.stdout) == (1, b"gemma: bad header\n", b""), f"status {p.returncode}"
     with pytest.raises(ModelFormatError, match="vocab = 16777216 is out of range"):
         ModelFile4(model)
+
+
+@pytest.mark.parametrize("case, edits", [
+    ("product into its input", {2: dict(s0=2), 5: dict(s0=2), 6: dict(s1=2)}),   # q = W q: RoPE, ATTN read it
+    ("gate is the input", {10: dict(s1=4)}),
+    ("attention into its K", {6: dict(s0=6), 7: dict(s1=6)}),                      # o in the K cache, read on
+    ("attention into its V", {6: dict(s0=7), 7: dict(s1=7)}),
+])
+def test_regression_F9_products_and_attention_name_distinct_slots(engine, models, tmp_path, case, edits):
+    """F9 (an audit of the checks against what the handlers assume): a MATMUL whose s0 or gate
+    is its input s1, an ATTN whose s0 is its K or V cache, were valid (tiny_wide's ops edited,
+    every width inside its slot): the threads write rows of one while others still read them
+    (and one thread's later rows read its own results), so the logits were not the program
+    interpreter's (off by 5-8 on a 40-token prompt, every path) and changed from run to run.
+    Now those ops' operands must be distinct slots: a one-line refusal, as the reader's."""
+    base = Base.load(models["tiny_wide"])
+    data = bytearray(models["tiny_wide"].read_bytes())
+    for i, fields in edits.items():
+        at = base.header["program_off"] + OP_REC * i
+        data[at:at + OP_REC] = dataclasses.replace(base.ops[i], **fields).pack()
+    model = tmp_path / "m.bin"
+    model.write_bytes(bytes(data))
+    p = subprocess.run([engine, "-m", model, "-p", "\x01\x02\x03" * 13, "-n", "1"], capture_output=True,
+                       timeout=TIMEOUT)
+    assert (p.returncode, p.stderr, p.stdout) == (1, b"gemma: bad program\n", b""), case
+    with pytest.raises(ModelFormatError, match="as an operand before it does"):
+        ModelFile4(model)

@@ -118,10 +118,11 @@ def test_geglu_table_offsets(gemma):
 
 def test_op_table_is_the_readers_rules(gemma):
     """program.asm's op_table (each opcode's slot operands as width codes and flags, its
-    weight's kind), read from the shipped image, states what modelfile4.RULES and ALIGN4 say:
-    on an op of distinct n, m, k (3, 5, 7) and slots 1 .. 4, the same operands, widths, CACHE
-    requirements, GEGLU alignment and weight shape; only MATMUL's gate may be slot 0 and only
-    ROPE's s1 may be empty."""
+    weight's kind), read from the shipped image, states what modelfile4.RULES, ALIGN4 and DISTINCT
+    say: on an op of distinct n, m, k (3, 5, 7) and slots 1 .. 4, the same operands, widths, CACHE
+    requirements, GEGLU alignment and weight shape; only MATMUL's gate may be slot 0, only
+    ROPE's s1 may be empty, and exactly the DISTINCT ops' operands after s0 must name a slot no
+    operand before them names."""
     image = load_elf(gemma.elf, gemma.symbols)
     table = image.read(gemma.symbols["op_table"]["address"], 8 * len(ENGINE_OPS))
     n, m, k, vocab = 3, 5, 7, 11
@@ -140,5 +141,7 @@ def test_op_table_is_the_readers_rules(gemma):
         empty = {f"s{i}" for i, c in enumerate(row[:4]) if c & constant("OPW_EMPTY")}
         assert optional == ({"s2"} if op == modelfile4.Op.MATMUL else set()), op.name
         assert empty == ({"s1"} if op == modelfile4.Op.ROPE else set()), op.name
+        apart = {f"s{i}" for i, c in enumerate(row[:4]) if c & constant("OPW_APART")}
+        assert apart == (set(want) - {"s0"} if op in modelfile4.DISTINCT else set()), op.name
         shape = rule.weight(o, vocab) if rule.weight else None
         assert kinds[row[4]] == shape, f"{op.name}: op_table's weight {kinds[row[4]]}, modelfile4 {shape}"

@@ -253,6 +253,14 @@ REFUSED = [  # (op to edit (opcode, which), fields, what the message says): one 
     # a gated MATMUL's m (its gate's rows) and GEGLU's n are multiples of 4
     (GEGLU_MM, dict(m=126), "s2 is 126 wide, not a multiple of 4"),
     ((Op.GEGLU,), dict(n=14), "s0 is 14 wide, not a multiple of 4"),
+    # MATMUL's and ATTN's operands are distinct slots (threads write one while others read another)
+    (MATMUL, dict(s0=2), "s1 names slot 2, as an operand before it does"),
+    (GEGLU_MM, dict(s2=2), "s2 names slot 2, as an operand before it does"),
+    (GEGLU_MM, dict(s2=5), "s2 names slot 5, as an operand before it does"),
+    ((Op.ATTN,), dict(s1=2), "s1 names slot 2, as an operand before it does"),
+    ((Op.ATTN,), dict(m=1, s0=9), "s2 names slot 9, as an operand before it does"),
+    ((Op.ATTN,), dict(m=1, s0=10), "s3 names slot 10, as an operand before it does"),
+    ((Op.ATTN,), dict(s3=9), "s3 names slot 9, as an operand before it does"),
     # ATTN's K and V are CACHE slots an earlier op wrote
     ((Op.ATTN,), dict(s2=1), "s2 (slot 1) must be a CACHE slot"),
     ((Op.ATTN,), dict(s3=5), "s3 (slot 5) must be a CACHE slot"),
@@ -365,7 +373,7 @@ ALLOWED = [  # mutations the rules allow: the reader must accept them
     # MATMUL's GEGLU gate is s2: off, or on at a slot m wide
     (GEGLU_MM, dict(s2=0)),
     (MATMUL, dict(s2=4)),
-    (MATMUL, dict(s0=2)),                       # another slot wide enough
+    (MATMUL, dict(s0=4)),                       # another slot wide enough
     (ROPE_KV, dict(k=0)),                       # q alone: s1 (still K) is not touched
     (ROPE_Q, dict(s1=18)),                      # ... and may name any slot
     ((Op.ATTN,), dict(j=0xFFFFFFFF)),           # any window

@@ -73,6 +73,9 @@ chat_next:
         mov     byte [rsi], 0
         cmp     rsi, r13
         jae     tokenize.err_long_prompt        ; (refused: fatal_here)
+        pop     rdi
+        push    rdi
+        call    no_nul
         pop     rsi
         jmp     chat.turn
 chat:

@@ -140,7 +140,7 @@ setup:
 ; The prompt: with -f FILE the file's bytes ("-": standard input's), one trailing newline
 ; dropped (as llama.cpp does), in fresh zeroed memory (so zero-terminated, with a zero byte
 ; before it too: the newline check needs no bounds test), at opt_prompt (without -f, -p's
-; text stays there). Fatal "cannot read FILE", or "prompt too long" at PROMPT_FILE_MAX bytes
+; text stays there). Fatal "cannot read FILE", "NUL in prompt", or "prompt too long" at PROMPT_FILE_MAX bytes
 ; (the tokenizer's sizes then stay below 2^31); a usage error when -p was given too.
 PROMPT_FILE_MAX = 1 shl 24
         mov     rbx, [rbp+V_FILE]
@@ -179,6 +179,8 @@ PROMPT_FILE_MAX = 1 shl 24
         jnz     .read
         jmp     tokenize.err_long_prompt
 .end:
+        mov     rdi, [rbp+V_PROMPT]
+        call    no_nul
         cmp     byte [rsi-1], 10
         jne     .prompt_read
         mov     [rsi-1], al             ; 0

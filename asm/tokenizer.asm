@@ -325,6 +325,21 @@ tokenize:
 .err_long_prompt:
         call    fatal_here
         db      'prompt too long', 0
+
+; no_nul: refuse a text that holds a NUL byte before its end ("NUL in prompt"; in a
+; conversation's turn: that turn, fatal_here).
+;   in: rdi the text, rsi its end (a zero byte there)   out: -   clobbers: rax rcx rdi
+no_nul:
+        xor     eax, eax
+        mov     ecx, esi
+        sub     ecx, edi
+        inc     ecx                     ; its bytes and the end's zero (< 2^25)
+        repne   scasb
+        jrcxz   .ret                    ; the first zero is the end's
+        call    fatal_here
+        db      'NUL in prompt', 0
+.ret:
+        ret
 space_piece:
         db      0xE2, 0x96, 0x81        ; U+2581, the piece of a space
 

@@ -55,6 +55,7 @@ LONG = (b"Tell me a story about a small robot who learns to paint the sea at nig
         b"robot.")                                # more than 64 ids in every fixture
 USAGE = b"gemma: -cnv: no --tokens, -n 0 or -f -\n"
 TOO_LONG = b"gemma: prompt too long\n"
+NUL = b"gemma: NUL in prompt\n"
 FULL = b"gemma: context full (-c)\n"
 
 
@@ -334,25 +335,28 @@ def test_what_stays_allowed_with_cnv(gemma, mqa, tmp_path):
         assert r.status == 0 and r.stderr == b"", (args, r)
 
 
-def test_nul_byte_ends_the_turn(gemma, mqa):
-    """A NUL byte in a line ends its turn's text there (the rest of the line is dropped; an
-    empty rest skips the turn), as a NUL ends a -f prompt (docs/chat.md)."""
+def test_nul_byte_refuses_the_turn(gemma, mqa):
+    """A line holding a NUL byte is refused (one line on stderr each) and the conversation goes
+    on as if it had not been typed (docs/chat.md)."""
     model, t = mqa
-    for raw, clean in [(b"A\0B\nHi\nBye\n", lines(b"A", b"Hi", b"Bye")),
-                       (b"Hi\n\0\nBye\n", lines(b"Hi", b"Bye")),
-                       (b"Hi\nA\0\nBye\n\0B\n", lines(b"Hi", b"A", b"Bye"))]:
-        same_run(chat(gemma, model, ["-n", N], raw, t), chat(gemma, model, ["-n", N], clean, t),
-                 repr(raw))
+    want = chat(gemma, model, ["-n", N], lines(b"Hi", b"Bye"), t)
+    for raw, refused in [(b"A\0B\nHi\nBye\n", 1), (b"Hi\n\0\nBye\n", 1),
+                         (b"Hi\nA\0\nBye\n\0B\n", 2), (b"Hi\n \0 \r\nBye\n", 1)]:
+        got = chat(gemma, model, ["-n", N], raw, t)
+        assert got.stderr == NUL * refused, (raw, got.stderr)
+        got.stderr = b""
+        same_run(got, want, repr(raw))
 
 
 @pytest.mark.parametrize("cnv", [["-cnv"], []])
-def test_nul_byte_ends_the_prompt_file(gemma, mqa, tmp_path, cnv):
-    """-f FILE holding a NUL byte: the prompt ends there, with or without -cnv."""
+def test_nul_byte_refuses_the_prompt_file(gemma, mqa, tmp_path, cnv):
+    """-f FILE holding a NUL byte is refused (exit 1, one line), with or without -cnv; a file
+    whose last byte is a NUL too."""
     model, t = mqa
-    (tmp_path / "nul.txt").write_bytes(b"Hi\0there\n")
-    got = run(gemma.binary, model, [*cnv, "-f", tmp_path / "nul.txt", "-n", N], b"", t.vocab)
-    want = run(gemma.binary, model, [*cnv, "-p", "Hi", "-n", N], b"", t.vocab)
-    same_run(got, want, "-f with a NUL byte")
+    for data in (b"Hi\0there\n", b"\0", b"Hi\0"):
+        (tmp_path / "nul.txt").write_bytes(data)
+        got = run(gemma.binary, model, [*cnv, "-f", tmp_path / "nul.txt", "-n", N], b"Bye\n", t.vocab)
+        assert (got.status, got.stdout, got.stderr) == (1, b"", NUL), (data, got)
 
 
 def test_first_turn_too_long_is_an_error(gemma, mqa):

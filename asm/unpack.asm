@@ -38,8 +38,9 @@ PACK_DISP32     = 13                    ; byte (disp, imm, rel), 10..12 its othe
 ; from it, rbp the record's offset + 32: from 32 N down to 32): [+0] R_i = 0xFF in the lanes (bytes) of rbx the mask chooses (bit k: lane k):
 ; 0 the byte's field, 1 its opcode, 2..7 the history bytes; [+8] the slot of the
 ; previous bit; [+16] the check (a word: a new context's slot is its check << 16, no
-; counts), [+18] the slot base of the byte's context (a dword); [+24] the shift. rbx holds history bytes 0..5 (the
-; last first) in lanes 2..7, c0 in bh and the byte's field in bl; when a byte starts, bh is
+; counts), [+18] the slot base of the byte's context (a dword); [+24] the shift. rbx holds
+; history bytes 0..5 (the last first) in lanes 2..7, c0 in bh and the byte's field in bl;
+; when a byte starts, bh is
 ; the opcode while rbx & R_i plus the record's offset, model i's key, is hashed. The loop over
 ; the models first teaches each model's previous slot the previous bit (r8 = -bit; the first
 ; bit's loop teaches slot 0 a 0), then reads its new slot.

@@ -140,8 +140,9 @@ setup:
 ; The prompt: with -f FILE the file's bytes ("-": standard input's), one trailing newline
 ; dropped (as llama.cpp does), in fresh zeroed memory (so zero-terminated, with a zero byte
 ; before it too: the newline check needs no bounds test), at opt_prompt (without -f, -p's
-; text stays there). Fatal "cannot read FILE", "NUL in prompt", or "prompt too long" at PROMPT_FILE_MAX bytes
-; (the tokenizer's sizes then stay below 2^31); a usage error when -p was given too.
+; text stays there). Fatal "cannot read FILE", "NUL in prompt" (no_nul), or "prompt too long"
+; at PROMPT_FILE_MAX bytes (the tokenizer's sizes then stay below 2^31); a usage error when -p
+; was given too.
 PROMPT_FILE_MAX = 1 shl 24
         mov     rbx, [rbp+V_FILE]
         test    rbx, rbx

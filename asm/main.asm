@@ -210,7 +210,7 @@ PROMPT_FILE_MAX = 1 shl 24
 ; The --tokens listing, "id id ... id\n", then exit 0. r12 -> ids, r13d = count (>= 1).
         push    r12
         pop     rsi
-.id:
+.id:                                    ; (the context's notice: rsi -> its position)
         lodsd
         push    ' ' - '0'               ; the separator, below the digits
         dec     r13d
@@ -326,8 +326,19 @@ generate:                               ; (r15 = 0: tokenize)
         cmp     r15d, [rbp+V_CTX_LEN]   ; a conversation (chat.asm): the next turn, but at
                                         ; a full context
         jb      chat_next
-        mov     esi, msg_full
-        call    put_err
+        mov     esi, msg_full           ; the notice: "gemma: context full (-c) at N", N the
+        call    put_err                 ; position, listed by --tokens' code into stdout made
+        push    r15                     ; stderr (dup2; edi = STDERR), then out and exit 0
+        push    1                       ; one id, N
+        pop     r13
+        dec     byte [rbp+V_CNV]
+        push    STDOUT
+        pop     rsi
+        mov     al, SYS_dup2
+        call    sys_call
+        push    rsp
+        pop     rsi                     ; -> N
+        jns     setup.id                ; (no stderr: no N either)
 exit_ok:                                ; (every path here has flushed out_buf, or put nothing)
         xor     edi, edi
         jmp     sys_exit

@@ -9,6 +9,7 @@ SYS_fstat       = 5
 SYS_mmap        = 9
 SYS_rt_sigprocmask = 14
 SYS_madvise     = 28
+SYS_dup2        = 33
 SYS_clone       = 56
 SYS_futex       = 202
 SYS_sched_getaffinity = 204

@@ -5,7 +5,7 @@
 msg_marker:
         db      '> ', 0
 msg_full:
-        db      'gemma: context full (-c)', 10, 0
+        db      'gemma: context full (-c) at ', 0
 msg_usage:
         db      'usage: gemma -m MODEL [-p PROMPT | -f FILE] [-cnv [-sys TEXT]] [-n N] [--temp T] [--top-p P]', 10
         db      '  [-s SEED] [-t THREADS] [-c CTX] [--tokens] [--logits FILE] [--baseline] [--avx2] [-h]'

@@ -56,7 +56,9 @@ LONG = (b"Tell me a story about a small robot who learns to paint the sea at nig
 USAGE = b"gemma: -cnv: no --tokens, -n 0 or -f -\n"
 TOO_LONG = b"gemma: prompt too long\n"
 NUL = b"gemma: NUL in prompt\n"
-FULL = b"gemma: context full (-c)\n"
+def context_full(position: int) -> bytes:
+    """The notice of a context full at `position` (= -c)."""
+    return b"gemma: context full (-c) at %d\n" % position
 
 
 @dataclass(frozen=True)
@@ -378,7 +380,7 @@ def test_turn_that_does_not_fit_is_refused(gemma, mqa):
     assert c.ends == ["n", "n"]
     start, ids = c.starts[1], c.turn_ids[1]          # turn 2: the -n id and its own ids
     exact = chat(gemma, model, ["-n", N, "-c", start + ids], lines(b"Hi", b"Bye", b"More"), t)
-    assert (exact.status, exact.stderr) == (0, FULL)
+    assert (exact.status, exact.stderr) == (0, context_full(start + ids))
     assert exact.digests == full.digests[:start + ids]
     assert exact.stdout == t.decode(c.replies[0]) + b"\n" + t.decode(c.replies[1][:1]) + b"\n"
     short = chat(gemma, model, ["-n", N, "-c", start + ids - 1], lines(b"Hi", b"Bye"), t)
@@ -405,7 +407,7 @@ def test_context_filling_during_a_reply(gemma, mqa):
     assert c.ends == ["n"]
     ctx = t.first_ids(b"Hi", None) + 6
     got = chat(gemma, model, ["-n", 40, "-c", ctx], lines(b"Hi", b"Bye"), t)
-    assert (got.status, got.stderr) == (0, FULL)
+    assert (got.status, got.stderr) == (0, context_full(ctx))
     assert got.digests == free.digests[:ctx]
     assert got.stdout == t.decode(c.replies[0][:7]) + b"\n"
 

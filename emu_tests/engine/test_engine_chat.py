@@ -56,6 +56,8 @@ LONG = (b"Tell me a story about a small robot who learns to paint the sea at nig
 USAGE = b"gemma: -cnv: no --tokens, -n 0 or -f -\n"
 TOO_LONG = b"gemma: prompt too long\n"
 NUL = b"gemma: NUL in prompt\n"
+
+
 def context_full(position: int) -> bytes:
     """The notice of a context full at `position` (= -c)."""
     return b"gemma: context full (-c) at %d\n" % position
@@ -410,6 +412,15 @@ def test_context_filling_during_a_reply(gemma, mqa):
     assert (got.status, got.stderr) == (0, context_full(ctx))
     assert got.digests == free.digests[:ctx]
     assert got.stdout == t.decode(c.replies[0][:7]) + b"\n"
+    # The notice's position is listed through stdout made stderr (dup2): it must never reach
+    # the transcript. Stderr closed: the model file takes descriptor 2, so the notice's writes
+    # fail (status 1); stdin and stderr closed (the model takes 0, the first turn from -p): 2
+    # stays closed, dup2 fails, the position is not listed (status 0).
+    argv = [str(gemma.binary), "-m", str(model), "-cnv", "-n", "40", "-c", str(ctx)]
+    for redirect, status in (("2>&-", 1), ("2>&- <&-", 0)):
+        closed = subprocess.run(["sh", "-c", f'exec "$@" {redirect}', "sh", *argv, "-p", "Hi"],
+                                stdout=subprocess.PIPE, timeout=120)
+        assert (closed.returncode, closed.stdout) == (status, got.stdout), redirect
 
 
 def test_turn_of_16_mib_is_refused(gemma, mqa):

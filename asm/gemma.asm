@@ -25,13 +25,13 @@ include 'forward.asm'           ; forward: the op program's interpreter
 include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
 include 'chat.asm'              ; -cnv: turns from stdin in the model's template
 include 'sys.asm'               ; the only file that holds `syscall`
+include 'math.asm'              ; exp, and the rest of the float math
 include 'format.asm'            ; the model file's layout (constants only)
 include 'main.asm'              ; start-up, command line, generation loop
+include 'text.asm'              ; read-only strings
 include 'model.asm'             ; open, map and validate the model file
 include 'output.asm'            ; ids -> text on stdout; --tokens; write_all
-include 'text.asm'              ; read-only strings
 include 'tokenizer.asm'         ; text -> ids
-include 'math.asm'              ; exp, and the rest of the float math
 include 'sample.asm'            ; logits -> next id
 include 'kernels.asm'           ; the neural-net operations
 include 'fast.asm'              ; the AVX + FMA + F16C matrix product (W-fast)

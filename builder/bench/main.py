@@ -2,8 +2,8 @@
 against this machine's memory bandwidth and against llama.cpp on the same weights, in one run.
 
 Steps: time the start-up of the packed engine against its image, BINARY.elf beside it, on the
-tiny preset's model (builder.bench.startup: the report's start-up block; --startup-only does
-this alone); make (once, cached outside the repo: ~/.cache/gemma-bench/, or --cache) the synthetic
+tiny preset's model (builder.bench.startup: the report's start-up block, with --compare B's
+too, in the same rounds; --startup-only does this alone); make (once, cached outside the repo: ~/.cache/gemma-bench/, or --cache) the synthetic
 model of --preset and its GGUF twin with `python -m builder synth`, for each --type (f16: an
 F16 twin; q8_0: a Q8_0 model file and a Q8_0 twin holding the same blocks); read the files
 afresh so they sit in the page cache (neither engine then waits for the disk: the table shows major
@@ -449,11 +449,16 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def startup(cfg: Config, engine: Path) -> Startup:
+def startup(cfg: Config, engine: Path) -> tuple[Startup, Startup | None]:
     """The start-up cost of the packed engine against its image (builder.bench.startup), on
-    the tiny preset's model (made once in the cache, whatever the run's own model)."""
+    the tiny preset's model (made once in the cache, whatever the run's own model); with
+    --compare B's too, in the same rounds, on the tiny model in its version (else None)."""
     tiny = replace(cfg, preset="tiny", model=None, real=False)
-    return bench_startup.measure(engine, lambda: model_paths(tiny)[0], cfg.engine_args)
+    programs = [(engine, lambda: model_paths(tiny)[0])]
+    if cfg.compare:
+        programs.append((cfg.compare.resolve(), lambda: model_paths(tiny, "f16", cfg.compare_format)[0]))
+    start, *b = bench_startup.measure(programs, cfg.engine_args)
+    return start, b[0] if b else None
 
 
 @dataclass
@@ -508,7 +513,7 @@ def bench(cfg: Config) -> Result:
         raise BenchError(f"--compare: {cfg.compare} is not an executable file")
     other = image if cfg.compare_image else cfg.compare.resolve() if cfg.compare else None
     programs = [engine, other] if other else [engine]
-    start = startup(cfg, engine)
+    start, start_b = startup(cfg, engine)
     pairs = [model_paths(cfg)] if cfg.model else [model_paths(cfg, w) for w in cfg.types]
     # each program's model file for each of the engine's: B's own with --compare-format
     files = [{m: m for m, _ in pairs}] * 2
@@ -584,7 +589,7 @@ def bench(cfg: Config) -> Result:
                   {t: max(bw_runs[t]) for t in threads}, bw_runs, {t: bw_loop[t][1] for t in threads},
                   peaks, fma_level if peaks else "", source or llama_missing(cfg, all_ggufs),
                   [load, load_average()], cfg.repeat, start, str(other or ""),
-                  "B" if cfg.compare else "image")
+                  "B" if cfg.compare else "image", start_b)
 
 
 def _types(values: list[str]) -> list[str]:
@@ -684,7 +689,8 @@ def main(argv: list[str]) -> int:
                         "GGUF), cached with the others; not with --model")
     p.add_argument("--startup-only", action="store_true",
                    help="time only the packed engine's start-up against its image (-h and a "
-                        "one-token run of the tiny model; a few seconds; every run does it too)")
+                        "one-token run of the tiny model; a few seconds; every run does it too); "
+                        "with --compare, B's too, in the same rounds, and the ratio of the costs")
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     p.add_argument("--plot", type=Path, help="draw tokens/s against threads (needs matplotlib)")
     a = p.parse_args(argv)
@@ -697,10 +703,9 @@ def main(argv: list[str]) -> int:
             raise BenchError("--real and --model exclude each other")
         if a.n < 2 or a.repeat < 1:
             raise BenchError("-n must be at least 2, --repeat at least 1")
-        if a.startup_only and (a.model or a.gguf or a.real or a.type or a.plot or a.compare_image
-                               or a.compare):
-            raise BenchError("--startup-only times the engine alone (on the tiny model): "
-                             "no --model, --gguf, --real, --type, --plot, --compare-image or --compare")
+        if a.startup_only and (a.model or a.gguf or a.real or a.type or a.plot or a.compare_image):
+            raise BenchError("--startup-only times the engine (and --compare's B) on the tiny model: "
+                             "no --model, --gguf, --real, --type, --plot or --compare-image")
         if a.compare_format != VERSION and not a.compare:
             raise BenchError("--compare-format goes with --compare (the version B reads)")
         if a.compare_format != VERSION and a.model:
@@ -715,10 +720,13 @@ def main(argv: list[str]) -> int:
                      _types(a.type or ["f16"]), a.real, a.compare_image, a.compare, a.compare_format)
         if a.startup_only:
             load, machine, engine = load_average(), Machine.here(), engine_path(cfg)
-            start = startup(cfg, engine)
+            if cfg.compare and not (cfg.compare.is_file() and os.access(cfg.compare, os.X_OK)):
+                raise BenchError(f"--compare: {cfg.compare} is not an executable file")
+            start, start_b = startup(cfg, engine)
             out = {"machine": asdict(machine), "engine": shlex.join([str(engine), *cfg.engine_args]),
-                   "load": [load, load_average()], "startup": asdict(start)}
-            print(startup_report(machine, out["engine"], out["load"], start))
+                   "load": [load, load_average()], "startup": asdict(start)} | \
+                ({"startup_b": asdict(start_b)} if start_b else {})
+            print(startup_report(machine, out["engine"], out["load"], start, start_b))
         else:
             res = bench(cfg)
             out = asdict(res)

@@ -143,6 +143,7 @@ class Result:
     image: str = ""  # --compare-image: the image timed beside the engine (--compare: the other
     #                  engine), else ""
     image_label: str = "image"  # what the rows call it: "image", or "B" for --compare
+    startup_b: Startup | None = None  # --compare: B's start-up against its image, in the same rounds
 
     def efficiency(self, f: Figures, bytes_per_token: int) -> float:
         """Decode bytes/s over the bandwidth: at most 1 when the bandwidth is a ceiling."""
@@ -217,25 +218,37 @@ def _aligned(rows: list[tuple[str, list[str]]]) -> list[str]:
     return [f"{name:<{width}}  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols)) for name, cells in rows]
 
 
-def startup_lines(s: Startup) -> list[str]:
+def startup_lines(s: Startup, b: Startup | None = None) -> list[str]:
     """The start-up block: a line saying what was timed (or why not), then a row per command
     line: the median wall times of the packed program and its image, the difference with its
-    standard error, and the runs of each."""
-    head = f"start-up: n/a: {s.missing}" if s.missing else \
-        f"start-up: {s.packed} against its image {s.image}, run alternately; median wall times"
+    standard error, and the runs of each. With B's (--compare), B's block after it (rows
+    "start-up B ..."), then per command line the ratio of the two costs, engine / B (n/a
+    where either is missing or B's is not positive)."""
+    def block(s: Startup, who: str) -> list[str]:
+        head = f"start-up{who}: n/a: {s.missing}" if s.missing else \
+            f"start-up{who}: {s.packed} against its image {s.image}, run alternately; median wall times"
+        return [head] + _aligned([(f"start-up{who} ms", ["packed", "image", "packed - image", "runs"])] + [
+            (f"start-up{who} {r.what}", [ms(r.packed_ms), ms(r.image_ms),
+                                         "n/a" if r.cost_ms is None else f"{_num(r.cost_ms)} ± {_num(r.error_ms)}",
+                                         str(r.runs) if r.runs else "n/a"]) for r in s.rows])
 
     def ms(x: float | None) -> str:
         return "n/a" if x is None else _num(x)
 
-    return [head] + _aligned([("start-up ms", ["packed", "image", "packed - image", "runs"])] + [
-        (f"start-up {r.what}", [ms(r.packed_ms), ms(r.image_ms),
-                                "n/a" if r.cost_ms is None else f"{_num(r.cost_ms)} ± {_num(r.error_ms)}",
-                                str(r.runs) if r.runs else "n/a"]) for r in s.rows])
+    if b is None:
+        return block(s, "")
+    return block(s, "") + block(b, " B") + _aligned([
+        (f"start-up cost gemma/B {r.what}",
+         ["n/a" if r.cost_ms is None or q.cost_ms is None or q.cost_ms <= 0 else _num(r.cost_ms / q.cost_ms, 3)])
+        for r, q in zip(s.rows, b.rows)])
 
 
-def startup_report(machine: Machine, engine: str, load: list[float], s: Startup) -> str:
-    """`bench --startup-only`: the machine, the engine, the load, the start-up block."""
-    return "\n".join([_machine(machine), f"engine: {engine}", _load(load, machine.cpus), *startup_lines(s)])
+def startup_report(machine: Machine, engine: str, load: list[float], s: Startup,
+                   b: Startup | None = None) -> str:
+    """`bench --startup-only`: the machine, the engine, the load, the start-up block (with
+    --compare: B's line, its block and the ratios)."""
+    return "\n".join([_machine(machine), f"engine: {engine}"] + ([f"B: {b.packed} (--compare)"] if b else []) +
+                     [_load(load, machine.cpus), *startup_lines(s, b)])
 
 
 def table(res: Result) -> str:
@@ -332,7 +345,7 @@ def table(res: Result) -> str:
         ]
         for mine in (res.engines[i] for i in p.engines):
             rows += _ratios(mine.label, mine.figures, name, [ll[t] for t in threads])
-    return "\n".join(lines + _aligned(rows) + startup_lines(res.startup))
+    return "\n".join(lines + _aligned(rows) + startup_lines(res.startup, res.startup_b))
 
 
 def _files(res: Result) -> list[Engine]:

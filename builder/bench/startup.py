@@ -2,11 +2,13 @@
 on every run, as the packed program's wall time less its image's (BINARY.elf, written beside
 it by every build; the same engine unpacked, which runs too) on the same command line.
 
-`measure(packed, tiny, extra) -> Startup` times two command lines: `-h` (usage, then exit:
-start-up alone) and a one-token run of the tiny preset's model (`-m MODEL -p Hello -n 1 --temp
-0` and the bench's --engine-args, with the engine's default thread count, as users run it:
-start-up, mapping the model, one forward pass). For each, the two programs run alternately,
-packed, image, packed, image, ... (so drift in the machine's load hits both alike), each run's
+`measure([(packed, tiny), ...], extra) -> [Startup, ...]` times two command lines: `-h`
+(usage, then exit: start-up alone) and a one-token run of the tiny preset's model (`-m MODEL
+-p Hello -n 1 --temp 0` and the bench's --engine-args, with the engine's default thread count,
+as users run it: start-up, mapping the model, one forward pass). For each, the two programs
+run alternately, packed, image, packed, image, ... (so drift in the machine's load hits both
+alike; with a second packed program, bench --compare's B, its pair runs after the first's in
+every round), each run's
 wall time taken from spawn to exit (posix_spawn, output to /dev/null; the spawning costs both
 programs the same). The cost is the difference of the two medians: the median ignores the runs
 another process delayed, as long as those are under half, and is stable where a minimum is
@@ -71,25 +73,32 @@ def _median_error(xs: list[float]) -> float:
     return 1.2533 * (q3 - q1) / 1.349 / math.sqrt(len(xs))
 
 
-def measure(packed: Path, tiny: Callable[[], Path], extra: list[str]) -> Startup:
-    """Time packed against its image on each command line (see the module docstring); tiny()
-    gives the tiny model (made when missing). Every row n/a, with the reason, when there is
-    no image beside packed."""
-    image = image_of(packed)
-    if not image.is_file():
-        return Startup(str(packed), "", f"no image {image} beside the engine (a build writes one)",
-                       [StartupRow(what, "", 0, None, None, None, None) for what in RUNS])
-    commands = {HELP: ["-h"], ONE_TOKEN: ["-m", str(tiny()), "-p", PROMPT, "-n", "1", "--temp", "0", *extra]}
-    rows = []
+def measure(programs: list[tuple[Path, Callable[[], Path]]], extra: list[str]) -> list[Startup]:
+    """Time each packed program against its image on each command line (see the module
+    docstring), one Startup per program: with several (bench --compare: the engine and B),
+    every round runs each of them and its image in turn, so that drift in the machine's load
+    hits all alike and their costs compare. Each program's tiny() gives the tiny model it
+    reads (made when missing). A program with no image beside it is not run: its rows n/a,
+    with the reason."""
+    timed = [(packed, image_of(packed), tiny) for packed, tiny in programs if image_of(packed).is_file()]
+    commands = {packed: {HELP: ["-h"], ONE_TOKEN: ["-m", str(tiny()), "-p", PROMPT, "-n", "1", "--temp", "0",
+                                                   *extra]} for packed, _, tiny in timed}
+    rows: dict[Path, list[StartupRow]] = {packed: [] for packed, _, _ in timed}
     with tempfile.TemporaryFile() as err, \
-            tqdm(total=2 * sum(RUNS.values()), desc="start-up runs", leave=False) as bar:
-        for what, args in commands.items():
-            times: dict[Path, list[float]] = {packed: [], image: []}
+            tqdm(total=2 * len(timed) * sum(RUNS.values()), desc="start-up runs", leave=False) as bar:
+        for what in RUNS:
+            times: dict[Path, list[float]] = {p: [] for packed, image, _ in timed for p in (packed, image)}
             for _ in range(RUNS[what]):
-                for program in (packed, image):
-                    times[program].append(_wall([str(program), *args], err))
-                    bar.update()
-            a, b = (1e3 * statistics.median(times[p]) for p in (packed, image))
-            error = 1e3 * math.hypot(_median_error(times[packed]), _median_error(times[image]))
-            rows.append(StartupRow(what, shlex.join(args), RUNS[what], a, b, a - b, error))
-    return Startup(str(packed), str(image), "", rows)
+                for packed, image, _ in timed:
+                    for program in (packed, image):
+                        times[program].append(_wall([str(program), *commands[packed][what]], err))
+                        bar.update()
+            for packed, image, _ in timed:
+                a, b = (1e3 * statistics.median(times[p]) for p in (packed, image))
+                error = 1e3 * math.hypot(_median_error(times[packed]), _median_error(times[image]))
+                rows[packed].append(StartupRow(what, shlex.join(commands[packed][what]), RUNS[what], a, b,
+                                               a - b, error))
+    return [Startup(str(packed), str(image_of(packed)), "", rows[packed]) if packed in rows else
+            Startup(str(packed), "", f"no image {image_of(packed)} beside the engine (a build writes one)",
+                    [StartupRow(what, "", 0, None, None, None, None) for what in RUNS])
+            for packed, _ in programs]

@@ -20,6 +20,7 @@ import shlex
 import struct
 import threading
 from dataclasses import asdict
+from pathlib import Path
 
 import capstone
 import numpy as np
@@ -185,17 +186,17 @@ def test_figures_are_positive_and_consistent(report):
                             g["decode_tps"] / ll["decode_tps"], abs_tol=6e-4)
 
 
-def check_startup(text: str, startup: dict, engine) -> None:
-    """The start-up block: the packed program against its image beside it, a row per command
-    line whose cells are the JSON's figures (packed, image, their difference ± its error,
-    runs), each median one of the runs' wall times."""
+def check_startup(text: str, startup: dict, engine, who: str = "") -> None:
+    """The start-up block (`who`: " B" for --compare's): the packed program against its image
+    beside it, a row per command line whose cells are the JSON's figures (packed, image, their
+    difference ± its error, runs), each median one of the runs' wall times."""
     assert (startup["packed"], startup["image"], startup["missing"]) == (str(engine), f"{engine}.elf", "")
-    assert f"start-up: {engine} against its image {engine}.elf, run alternately; median wall times" in text
+    assert f"start-up{who}: {engine} against its image {engine}.elf, run alternately; median wall times" in text
     rows = parse_table(text)
-    assert rows["start-up ms"] == ["packed", "image", "packed - image", "runs"]
+    assert rows[f"start-up{who} ms"] == ["packed", "image", "packed - image", "runs"]
     assert [r["what"] for r in startup["rows"]] == list(STARTUP_RUNS)
     for r in startup["rows"]:
-        cells = rows[f"start-up {r['what']}"]
+        cells = rows[f"start-up{who} {r['what']}"]
         assert r["runs"] == STARTUP_RUNS[r["what"]] and cells[3] == str(r["runs"])
         assert r["packed_ms"] > 0 and r["image_ms"] > 0 and r["error_ms"] >= 0
         assert math.isclose(r["cost_ms"], r["packed_ms"] - r["image_ms"])
@@ -229,6 +230,35 @@ def test_startup_only(gemma, tmp_path):
     assert lines[1] == f"engine: {gemma.binary} -s 7" and lines[2].startswith("load average (1 min)")
     assert list(parse_table(text)) == STARTUP_ROWS and len(lines) == 7
     check_startup(text, res["startup"], gemma.binary)
+
+
+def test_startup_only_with_compare(gemma, tmp_path):
+    """--startup-only --compare B: B (here a copy of the engine and of its image) timed in the
+    same rounds: B's line, B's block as the engine's, and per command line the ratio of the two
+    costs, engine / B, as in the JSON."""
+    other = tmp_path / "b" / "gemma"
+    other.parent.mkdir()
+    for src, dst in ((gemma.binary, other), (gemma.elf, Path(f"{other}.elf"))):
+        dst.write_bytes(src.read_bytes())
+        dst.chmod(0o755)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = bench.main(["--startup-only", "--cache", str(tmp_path), "--engine", str(gemma.binary),
+                         "--engine-args", "-s 7", "--compare", str(other), "--json", str(tmp_path / "out.json")])
+    text = out.getvalue()
+    assert rc == 0, text
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert sorted(res) == ["engine", "load", "machine", "startup", "startup_b"]
+    assert text.splitlines()[2] == f"B: {other} (--compare)"
+    check_startup(text, res["startup"], gemma.binary)
+    check_startup(text, res["startup_b"], other, " B")
+    rows = parse_table(text)
+    for a, b in zip(res["startup"]["rows"], res["startup_b"]["rows"]):
+        cell, = rows[f"start-up cost gemma/B {a['what']}"]
+        if b["cost_ms"] <= 0:
+            assert cell == "n/a"
+        else:
+            assert number(cell) == pytest.approx(a["cost_ms"] / b["cost_ms"], abs=6e-4)
 
 
 def test_startup_without_an_image_is_na(gemma, tmp_path):
@@ -753,7 +783,8 @@ def test_llama_bench_output_is_parsed():
     (["--type", "f16,q4_0"], "--type wants f16 or q8_0 (comma-separated or repeated), not 'q4_0'"),
     (["--model", "/nonexistent/m.bin", "--engine", "/bin/true"], "no such file: /nonexistent/m.bin"),
     (["--preset", "tiny", "--engine", "/bin/false"], "the engine's --tokens failed: exit status 1"),
-    (["--startup-only", "--type", "q8_0"], "--startup-only times the engine alone (on the tiny model): no"),
+    (["--startup-only", "--type", "q8_0"], "--startup-only times the engine (and --compare's B) on the tiny "
+                                           "model: no"),
     (["--preset", "tiny", "--engine", "/bin/true", "--compare-image"], "--compare-image: no image "),
     (["--preset", "tiny", "--engine", "/bin/true", "--compare", "/nonexistent/gemma"],
      "--compare: /nonexistent/gemma is not an executable file"),
@@ -762,7 +793,8 @@ def test_llama_bench_output_is_parsed():
     (["--model", "m.bin", "--compare", "/bin/true", "--compare-format", "2"],
      "--compare-format goes with a preset or --real"),
     (["--preset", "tiny", "--compare", "/bin/false", "--compare-format", "2", "--no-llama"], "B's --tokens failed"),
-    (["--startup-only", "--compare", "/bin/true"], "--startup-only times the engine alone"),
+    (["--startup-only", "--compare-image"], "--startup-only times the engine (and --compare's B)"),
+    (["--startup-only", "--compare", "/nonexistent/gemma"], "--compare: /nonexistent/gemma is not an executable file"),
 ])
 def test_errors_are_one_line(argv, message, capsys, tmp_path):
     assert bench.main(argv + ["--cache", str(tmp_path)]) == 1

@@ -138,9 +138,10 @@ sys_call:
 .ret:
         ret
 
-; alloc: a zeroed, private, anonymous read-write mapping.
+; alloc: a zeroed, private, anonymous read-write mapping (fd: r8 as it is, which Linux ignores
+; with MAP_ANONYMOUS, as the stub's mmap relies on too).
 ;   in: rdi bytes   out: rax address (fatal "out of memory" on failure), rsi = the bytes
-;   clobbers: rcx rdx rdi r8-r11
+;   clobbers: rcx rdx rdi r9-r11
 alloc:
         push    rdi
         pop     rsi
@@ -148,7 +149,6 @@ alloc:
         pop     rdx
         push    0x22                    ; MAP_PRIVATE | MAP_ANONYMOUS
         pop     rcx
-        or      r8, -1                  ; no file
         call    sys_mmap_0              ; addr 0, offset 0
         jns     sys_call.ret            ; (else -errno; addresses are below 2^47)
 

@@ -38,8 +38,8 @@ chat_next:
         mov     esi, msg_marker
         call    put_err
 .read:                                  ; the line, at rsi on, bytes one read each
-        mov     rsi, [rbp+V_PROMPT]
-        add     rsi, TURN_MAX + 1
+        mov     esi, TURN_MAX + 1
+        add     rsi, [rbp+V_PROMPT]
         push    rsi
         lea     r13, [rsi+LINE_MAX]
 .byte:

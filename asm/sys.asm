@@ -57,13 +57,11 @@ fatal_status:                           ; [rsp] the status, [rsp+8] -> the messa
                                         ; bytes)
         mov     esi, msg_newline
         call    put_err
+        mov     edi, r8d
         mov     rcx, [chat_rsp]         ; a conversation's turn being read or tokenized:
-        jrcxz   .exit                   ; that turn is refused, the next one read
+        jrcxz   sys_exit                ; that turn is refused, the next one read
         mov     rsp, rcx
         jmp     chat_refused
-.exit:
-        mov     edi, r8d
-        jmp     sys_exit
 
 ; put_err: write a zero-terminated string (at most 256 bytes of it) to stderr.
 ;   in: rsi string   out: edi = STDERR, rax bytes written or -errno   clobbers: rcx rdx r10 r11

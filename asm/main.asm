@@ -169,6 +169,7 @@ PROMPT_FILE_MAX = 1 shl 24
         lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
         lea     rsi, [rax+1]
         mov     [rbp+V_PROMPT], rsi
+        push    rsi                     ; (for no_nul)
 .read:
         xor     eax, eax                ; SYS_read (its only call: no wrapper)
         call    sys_call
@@ -180,7 +181,7 @@ PROMPT_FILE_MAX = 1 shl 24
         jnz     .read
         jmp     tokenize.err_long_prompt
 .end:
-        mov     rdi, [rbp+V_PROMPT]
+        pop     rdi
         call    no_nul
         cmp     byte [rsi-1], 10
         jne     .prompt_read

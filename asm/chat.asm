@@ -46,7 +46,7 @@ chat_next:
         mov     edi, [rbp+V_STDIN]      ; standard input (-1 when the model took it: no input)
         push    1
         pop     rdx
-        xor     eax, eax                ; SYS_read
+        mov     al, SYS_read
         call    sys_call
         jle     .input_end              ; (a failed read: the same)
         lodsb

@@ -36,10 +36,9 @@ chat_next:
         mov     al, SYS_ioctl
         call    sys_call
         jnz     .read
-        push    rdi
         mov     esi, msg_marker
         call    put_err
-        pop     rdi
+        xor     edi, edi                ; (a terminal: descriptor 0)
 .read:                                  ; the line, at rsi on, bytes one read each
         mov     esi, TURN_MAX + 1
         add     rsi, [rbp+V_PROMPT]

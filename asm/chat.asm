@@ -29,24 +29,25 @@ chat_refused:
 chat_next:
         mov     [rbp+V_POS], r15d
         mov     [rbp+V_CHAT_RSP], rsp   ; (fatal_here: a refusal comes back to chat_refused)
-        xor     edi, edi                ; standard input a terminal: a marker on stderr
-        mov     esi, TCGETS
+        mov     edi, [rbp+V_STDIN]      ; standard input (-1 when the model took it: no marker,
+                                        ; no input; kept across the reads)
+        mov     esi, TCGETS             ; a terminal: a marker on stderr
         lea     edx, [rbp+V_OUT_BUF]    ; (its struct termios: out_buf is empty)
         mov     al, SYS_ioctl
         call    sys_call
         jnz     .read
         mov     esi, msg_marker
         call    put_err
+        xor     edi, edi                ; (a terminal: descriptor 0)
 .read:                                  ; the line, at rsi on, bytes one read each
-        mov     rsi, [rbp+V_PROMPT]
-        add     rsi, TURN_MAX + 1
+        mov     esi, TURN_MAX + 1
+        add     rsi, [rbp+V_PROMPT]
         push    rsi
         lea     r13, [rsi+LINE_MAX]
-.byte:
-        mov     edi, [rbp+V_STDIN]      ; standard input (-1 when the model took it: no input)
         push    1
         pop     rdx
-        xor     eax, eax                ; SYS_read
+.byte:
+        mov     al, SYS_read
         call    sys_call
         jle     .input_end              ; (a failed read: the same)
         lodsb

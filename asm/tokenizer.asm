@@ -72,9 +72,10 @@ tokenize:
         jne     .copy
         test    byte [rbx+HDR_FLAGS], FLAG_MERGES
         jnz     .copy                   ; (symbol_piece makes a space symbol U+2581)
-        mov     ax, 0x96E2              ; U+2581 = E2 96 81
+space_piece = $ + 1                     ; (symbol_piece: the piece of a space, these bytes)
+        mov     eax, 0x8196E2           ; U+2581 = E2 96 81
         stosw
-        mov     al, 0x81
+        shr     eax, 16                 ; (al = 0x81)
 .copy:
         stosb
         test    al, al
@@ -340,8 +341,6 @@ no_nul:
         db      'NUL in prompt', 0
 .ret:
         ret
-space_piece:
-        db      0xE2, 0x96, 0x81        ; U+2581, the piece of a space
 
 ; add_pair: push the pair of symbol rdi and the next one onto the heap when the segment has a
 ; next one and the two merge (sentencepiece's MaybeAddNewSymbolPair).

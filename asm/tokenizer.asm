@@ -236,35 +236,12 @@ space_piece = $ + 1                     ; (symbol_piece: the piece of a space, t
         and     qword [r8+SYM_NEXT], 0
 
 ; Merging (sentencepiece's bpe_model.cc), every adjacent pair that merges on the heap: pop
-; the pair that goes first; skip it if stale, else merge it (the merged symbol takes the pair's
-; id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
+; the pair that goes first (pop_top); skip it if stale, else merge it (the merged symbol takes
+; the pair's id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
 .merge:
         cmp     r13, r15
         je      .emit
-        mov     rdi, [r15+CAND_LEFT]
-        mov     edx, [r15+CAND_LEN]
-        sub     r13, CAND
-        movups  xmm0, [r13]             ; the last entry to the top, then down
-        movups  [r15], xmm0
-        mov     r10, r15
-.down:                                  ; r10 -> the entry going down, entry i
-        lea     r9, [r10+r10+CAND]
-        sub     r9, r15                 ; its first child, entry 2i + 1
-        cmp     r9, r13
-        jae     .popped
-        push    r10                     ; (before and order are leaves: any rsp will do)
-        mov     r10, r9
-        add     r9, CAND                ; the second
-        cmp     r9, r13
-        jae     .one_child              ; (CF clear)
-        call    before                  ; the second goes before the first?
-.one_child:
-        cmovnc  r9, r10                 ; r9 -> the child that goes first (the first on a tie)
-        pop     r10
-        call    order                   ; swapped when the child goes first
-        mov     r10, r9
-        jc      .down
-.popped:                                ; rdi -> the left symbol, edx = the pair's length
+        call    pop_top                 ; rdi -> the left symbol, edx = the pair's length
         cmp     dword [rdi+SYM_LEN], 0
         je      .merge                  ; merged into its own left neighbour since: stale
         push    rdx
@@ -371,6 +348,36 @@ add_pair:
         mov     r9, r10
         jc      .up
 .done:
+        ret
+
+; pop_top: take the heap's first entry off (the last one to the top, then down to its place).
+;   in: r15 -> the heap, r13 its end (not empty)   out: rdi -> the entry's left symbol, edx =
+;   its length; r13 one entry less   clobbers: rax r9 r10 xmm0 xmm1
+pop_top:
+        mov     rdi, [r15+CAND_LEFT]
+        mov     edx, [r15+CAND_LEN]
+        sub     r13, CAND
+        movups  xmm0, [r13]             ; the last entry to the top, then down
+        movups  [r15], xmm0
+        mov     r10, r15
+.down:                                  ; r10 -> the entry going down, entry i
+        lea     r9, [r10+r10+CAND]
+        sub     r9, r15                 ; its first child, entry 2i + 1
+        cmp     r9, r13
+        jae     .ret
+        push    r10                     ; (before and order are leaves: any rsp will do)
+        mov     r10, r9
+        add     r9, CAND                ; the second
+        cmp     r9, r13
+        jae     .one_child              ; (CF clear)
+        call    before                  ; the second goes before the first?
+.one_child:
+        cmovnc  r9, r10                 ; r9 -> the child that goes first (the first on a tie)
+        pop     r10
+        call    order                   ; swapped when the child goes first
+        mov     r10, r9
+        jc      .down
+.ret:
         ret
 
 ; order: swap heap entries r9 and r10 when r9's goes first (before).

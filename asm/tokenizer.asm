@@ -11,9 +11,9 @@
 ; symbols tile it; a symbol merged into its left neighbour keeps length 0. After the last
 ; symbol, the segment's end record: the user piece that ends it, or the text's end.
 SYM             = 32
-SYM_START       = 0             ; u64 address of its first byte; the end record: where the next
+SYM_NEXT        = 0             ; u64 -> the next symbol's record; the end record: 0
+SYM_START       = 8             ; u64 address of its first byte; the end record: where the next
                                 ; segment starts
-SYM_NEXT        = 8             ; u64 -> the next symbol's record; the end record: 0
 SYM_PREV        = 16            ; u64 -> the previous symbol's record (0: the first)
 SYM_LEN         = 24            ; u32 its bytes (0: merged); the end record: the user piece's
                                 ; (>= 1), or 1 at the text's end (so no pair is ever valid with it)

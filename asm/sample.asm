@@ -65,7 +65,7 @@ sample:
         mulss   xmm0, [rbp+V_TOP_P]
         movaps  xmm3, xmm0              ; the nucleus must hold this much
         xor     esi, esi                ; tau bits: lo (always enough), hi (never enough)
-        mov     edx, 0x3F800001         ; just above 1.0, the largest weight
+        mov     edx, 0x40000000         ; 2.0: above 1.0, the largest weight
 .bisect:
         lea     eax, [rsi+rdx]
         shr     eax, 1

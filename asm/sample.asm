@@ -89,9 +89,7 @@ sample:
         call    walk
         pop     rax
         cmp     ecx, [rbx+HDR_VOCAB]
-        jae     .done
-        xchg    eax, ecx
-.done:
+        cmovb   eax, ecx                ; (none reached: the argmax)
         ret
 
 two_to_minus_24:

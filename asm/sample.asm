@@ -32,8 +32,8 @@ walk:
 ;   in: rdi logits [vocab] (overwritten with the weights when T > 0), rbx header,
 ;   rbp front_base   out: eax id < vocab   clobbers: rcx rdx rsi xmm0-xmm4 (x87 empty)
 sample:
-        xor     ecx, ecx
         xor     eax, eax
+        xor     ecx, ecx
         movss   xmm0, [rdi]
 .argmax:
         movss   xmm1, [rdi+rcx*4]

@@ -49,8 +49,8 @@ load_model:
         lea     rsi, [rbp+V_OUT_BUF]    ; kept there for the --logits check (main.asm)
         call    sys_fstat               ; (if it fails, the zeroed mode is no regular file)
         mov     al, [rsi+ST_MODE+1]     ; S_IFMT is in the mode's second byte
-        and     al, S_IFMT shr 8
-        cmp     al, S_IFREG shr 8
+        shr     al, 4                   ; S_IFMT
+        cmp     al, S_IFREG shr 12
         jne     err_cannot_read         ; directory, FIFO, device
         mov     rax, [rsi+ST_SIZE]
         cmp     rax, HEADER_SIZE

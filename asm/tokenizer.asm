@@ -336,12 +336,12 @@ add_pair:
         add     r13, CAND
         mov     eax, [r11+PIECE_SCORE]
         mov     [r9+CAND_SCORE], eax
-        mov     [r9+CAND_LEN], edx
         mov     [r9+CAND_LEFT], rdi
+        mov     [r9+CAND_LEN], edx
 .up:                                    ; r9 -> the entry going up, entry i
         cmp     r9, r15
         je      .done
-        lea     r10, [r9+r15-CAND]
+        lea     r10, [r15+r9-CAND]
         shr     r10, 1
         and     r10, -CAND              ; its parent, entry (i - 1) / 2 (r15: a multiple of CAND)
         call    order

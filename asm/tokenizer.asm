@@ -185,8 +185,8 @@ space_piece = $ + 1                     ; (symbol_piece: the piece of a space, t
         push    rax                     ; the next character
         mov     rdi, r8
         call    symbol_piece            ; its length and id
-        mov     [rdi+SYM_ID], eax
         lea     r8, [rdi+SYM]
+        mov     [rdi+SYM_ID], eax
         mov     [rdi+SYM_NEXT], r8
         mov     [r8+SYM_PREV], rdi
         push    r8
@@ -230,8 +230,8 @@ space_piece = $ + 1                     ; (symbol_piece: the piece of a space, t
         or      eax, -1
         inc     edx
 .ended:                                 ; r8 -> the end record
-        mov     [r8+SYM_ID], eax
         mov     [r8+SYM_LEN], edx
+        mov     [r8+SYM_ID], eax
         mov     [r8+SYM_START], rsi
         and     qword [r8+SYM_NEXT], 0
 

@@ -48,9 +48,9 @@ sample:
         cmp     dword [rbp+V_TEMP], 0
         je      walk.reached            ; T = 0: the argmax
         push    rax                     ; the argmax, kept for logits without a nucleus (NaN)
+        mov     ecx, [rbx+HDR_VOCAB]
         fld     dword [rbp+V_TEMP]
         fld     dword [rdi+rax*4]       ; st0 = max, st1 = T
-        mov     ecx, [rbx+HDR_VOCAB]
 .weight:                                ; (from the last id down: each weight on its own)
         fld     dword [rdi+rcx*4-4]
         fsub    st0, st1

@@ -137,8 +137,8 @@ space_piece = $ + 1                     ; (symbol_piece: the piece of a space, t
         loop    .sum
         jmp     .pass
 .filed:
-        mov     rdi, r12
         imul    eax, [rsp+16], 4        ; the position's bytes
+        mov     rdi, r12
         sub     r12, rax                ; [r12 + 4 position] = the first id
         mov     eax, [rbp+V_PENDING]
         test    eax, eax

@@ -38,15 +38,15 @@ chat_next:
         mov     esi, msg_marker
         call    put_err
 .read:                                  ; the line, at rsi on, bytes one read each
-        mov     rsi, [rbp+V_PROMPT]
-        add     rsi, TURN_MAX + 1
+        mov     esi, TURN_MAX + 1
+        add     rsi, [rbp+V_PROMPT]
         push    rsi
         lea     r13, [rsi+LINE_MAX]
 .byte:
         mov     edi, [rbp+V_STDIN]      ; standard input (-1 when the model took it: no input)
         push    1
         pop     rdx
-        xor     eax, eax                ; SYS_read
+        mov     al, SYS_read
         call    sys_call
         jle     .input_end              ; (a failed read: the same)
         lodsb

@@ -169,8 +169,9 @@ PROMPT_FILE_MAX = 1 shl 24
         lea     edx, [rsi-2]            ; PROMPT_FILE_MAX
         lea     rsi, [rax+1]
         mov     [rbp+V_PROMPT], rsi
+        push    rsi                     ; (for no_nul)
 .read:
-        xor     eax, eax                ; SYS_read (its only call: no wrapper)
+        mov     al, SYS_read        ; (its only call here: no wrapper)
         call    sys_call
 .cannot_read:                           ; (SF set: the open's failure too)
         js      err_cannot_read         ; (a directory: EISDIR)
@@ -180,7 +181,7 @@ PROMPT_FILE_MAX = 1 shl 24
         jnz     .read
         jmp     tokenize.err_long_prompt
 .end:
-        mov     rdi, [rbp+V_PROMPT]
+        pop     rdi
         call    no_nul
         cmp     byte [rsi-1], 10
         jne     .prompt_read

@@ -1,7 +1,7 @@
 ; output.asm: text to stdout through a small buffer (flushed after every token) and
 ; write_all for every file the engine writes.
 
-OUT_BUF_SIZE = 256              ; (put_byte tests bit 8 of the length)
+OUT_BUF_SIZE = 128              ; (put_byte tests bit 7 of the length's byte: its sign)
 
 ; put_piece: append the text of a token and flush: normal and user-defined pieces with
 ; U+2581 as a space, byte pieces as their raw byte, other types as nothing.
@@ -45,10 +45,8 @@ put_piece:
 put_byte:
         mov     ecx, [rbp+V_OUT_LEN]
         mov     [rbp+rcx+V_OUT_BUF], al
-        inc     ecx
-        mov     [rbp+V_OUT_LEN], ecx
-        test    ch, ch                  ; OUT_BUF_SIZE bytes?
-        jz      flush.done
+        inc     byte [rbp+V_OUT_LEN]
+        jns     flush.done              ; (OUT_BUF_SIZE bytes: the sign)
 ; flush: write out_buf to stdout.
 ;   in: rbp front_base   out: -   clobbers: rax rcx rdi r10 r11
 flush:

@@ -57,13 +57,11 @@ fatal_status:                           ; [rsp] the status, [rsp+8] -> the messa
                                         ; bytes)
         mov     esi, msg_newline
         call    put_err
+        mov     edi, r8d
         mov     rcx, [chat_rsp]         ; a conversation's turn being read or tokenized:
-        jrcxz   .exit                   ; that turn is refused, the next one read
+        jrcxz   sys_exit                ; that turn is refused, the next one read
         mov     rsp, rcx
         jmp     chat_refused
-.exit:
-        mov     edi, r8d
-        jmp     sys_exit
 
 ; put_err: write a zero-terminated string (at most 256 bytes of it) to stderr.
 ;   in: rsi string   out: edi = STDERR, rax bytes written or -errno   clobbers: rcx rdx r10 r11
@@ -138,9 +136,10 @@ sys_call:
 .ret:
         ret
 
-; alloc: a zeroed, private, anonymous read-write mapping.
+; alloc: a zeroed, private, anonymous read-write mapping (fd: r8 as it is, which Linux ignores
+; with MAP_ANONYMOUS, as the stub's mmap relies on too).
 ;   in: rdi bytes   out: rax address (fatal "out of memory" on failure), rsi = the bytes
-;   clobbers: rcx rdx rdi r8-r11
+;   clobbers: rcx rdx rdi r9-r11
 alloc:
         push    rdi
         pop     rsi
@@ -148,7 +147,6 @@ alloc:
         pop     rdx
         push    0x22                    ; MAP_PRIVATE | MAP_ANONYMOUS
         pop     rcx
-        or      r8, -1                  ; no file
         call    sys_mmap_0              ; addr 0, offset 0
         jns     sys_call.ret            ; (else -errno; addresses are below 2^47)
 

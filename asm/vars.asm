@@ -79,7 +79,9 @@ pending:        rd 1            ; a conversation: the id that ended the last rep
                                 ; turn must feed it (-n), else -1
 stdin_fd:       rd 1            ; where a conversation reads its turns: 0, or -1 (none: a read
                                 ; fails) when the model took descriptor 0 (load_model)
-out_buf:        rb 256          ; stdout buffer, flushed after every token
+out_buf:        rb 256          ; stdout's buffer in its first OUT_BUF_SIZE bytes, flushed after
+                                ; every token; all 256 hold the model's and the --logits file's
+                                ; struct stat (main.asm LOGITS_STAT) or TCGETS' termios (chat.asm)
 
 V_MODEL         = opt_model - front_base
 V_PROMPT        = opt_prompt - front_base

@@ -49,8 +49,8 @@ load_model:
         lea     rsi, [rbp+V_OUT_BUF]    ; kept there for the --logits check (main.asm)
         call    sys_fstat               ; (if it fails, the zeroed mode is no regular file)
         mov     al, [rsi+ST_MODE+1]     ; S_IFMT is in the mode's second byte
-        and     al, S_IFMT shr 8
-        cmp     al, S_IFREG shr 8
+        shr     al, 4                   ; S_IFMT
+        cmp     al, S_IFREG shr 12
         jne     err_cannot_read         ; directory, FIFO, device
         mov     rax, [rsi+ST_SIZE]
         cmp     rax, HEADER_SIZE
@@ -107,9 +107,10 @@ check_header:                           ; (load_model, after the magic and the v
         cmp     eax, 254                ; n_slots 1 .. 255 (slot operands are bytes)
         ja      err_header
         mov     eax, [rbx+HDR_FLAGS]
-        test    eax, not FLAG_MERGES
-        jnz     err_header
-        shl     eax, MAX_MERGES_BITS - FLAG_MERGES_BIT  ; MERGES: 2^24 merges at most, else none
+        rol     eax, 32 - FLAG_MERGES_BIT       ; MERGES to bit 0, any other flag above it:
+        cmp     eax, 1                  ; no flag but MERGES
+        ja      err_header
+        shl     eax, MAX_MERGES_BITS    ; MERGES: 2^24 merges at most, else none
         cmp     [rbx+HDR_N_MERGES], eax
         ja      err_header
         push    3                       ; bos, eos, eot < vocab

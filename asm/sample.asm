@@ -32,8 +32,8 @@ walk:
 ;   in: rdi logits [vocab] (overwritten with the weights when T > 0), rbx header,
 ;   rbp front_base   out: eax id < vocab   clobbers: rcx rdx rsi xmm0-xmm4 (x87 empty)
 sample:
-        xor     ecx, ecx
         xor     eax, eax
+        xor     ecx, ecx
         movss   xmm0, [rdi]
 .argmax:
         movss   xmm1, [rdi+rcx*4]
@@ -48,9 +48,9 @@ sample:
         cmp     dword [rbp+V_TEMP], 0
         je      walk.reached            ; T = 0: the argmax
         push    rax                     ; the argmax, kept for logits without a nucleus (NaN)
+        mov     ecx, [rbx+HDR_VOCAB]
         fld     dword [rbp+V_TEMP]
         fld     dword [rdi+rax*4]       ; st0 = max, st1 = T
-        mov     ecx, [rbx+HDR_VOCAB]
 .weight:                                ; (from the last id down: each weight on its own)
         fld     dword [rdi+rcx*4-4]
         fsub    st0, st1
@@ -65,7 +65,7 @@ sample:
         mulss   xmm0, [rbp+V_TOP_P]
         movaps  xmm3, xmm0              ; the nucleus must hold this much
         xor     esi, esi                ; tau bits: lo (always enough), hi (never enough)
-        mov     edx, 0x3F800001         ; just above 1.0, the largest weight
+        mov     edx, 0x40000000         ; 2.0: above 1.0, the largest weight
 .bisect:
         lea     eax, [rsi+rdx]
         shr     eax, 1
@@ -89,9 +89,7 @@ sample:
         call    walk
         pop     rax
         cmp     ecx, [rbx+HDR_VOCAB]
-        jae     .done
-        xchg    eax, ecx
-.done:
+        cmovb   eax, ecx                ; (none reached: the argmax)
         ret
 
 two_to_minus_24:

@@ -11,9 +11,9 @@
 ; symbols tile it; a symbol merged into its left neighbour keeps length 0. After the last
 ; symbol, the segment's end record: the user piece that ends it, or the text's end.
 SYM             = 32
-SYM_START       = 0             ; u64 address of its first byte; the end record: where the next
+SYM_NEXT        = 0             ; u64 -> the next symbol's record; the end record: 0
+SYM_START       = 8             ; u64 address of its first byte; the end record: where the next
                                 ; segment starts
-SYM_NEXT        = 8             ; u64 -> the next symbol's record; the end record: 0
 SYM_PREV        = 16            ; u64 -> the previous symbol's record (0: the first)
 SYM_LEN         = 24            ; u32 its bytes (0: merged); the end record: the user piece's
                                 ; (>= 1), or 1 at the text's end (so no pair is ever valid with it)
@@ -72,9 +72,10 @@ tokenize:
         jne     .copy
         test    byte [rbx+HDR_FLAGS], FLAG_MERGES
         jnz     .copy                   ; (symbol_piece makes a space symbol U+2581)
-        mov     ax, 0x96E2              ; U+2581 = E2 96 81
+space_piece = $ + 1                     ; (symbol_piece: the piece of a space, these bytes)
+        mov     eax, 0x8196E2           ; U+2581 = E2 96 81
         stosw
-        mov     al, 0x81
+        shr     eax, 16                 ; (al = 0x81)
 .copy:
         stosb
         test    al, al
@@ -136,8 +137,8 @@ tokenize:
         loop    .sum
         jmp     .pass
 .filed:
-        mov     rdi, r12
         imul    eax, [rsp+16], 4        ; the position's bytes
+        mov     rdi, r12
         sub     r12, rax                ; [r12 + 4 position] = the first id
         mov     eax, [rbp+V_PENDING]
         test    eax, eax
@@ -184,8 +185,8 @@ tokenize:
         push    rax                     ; the next character
         mov     rdi, r8
         call    symbol_piece            ; its length and id
-        mov     [rdi+SYM_ID], eax
         lea     r8, [rdi+SYM]
+        mov     [rdi+SYM_ID], eax
         mov     [rdi+SYM_NEXT], r8
         mov     [r8+SYM_PREV], rdi
         push    r8
@@ -229,41 +230,18 @@ tokenize:
         or      eax, -1
         inc     edx
 .ended:                                 ; r8 -> the end record
-        mov     [r8+SYM_ID], eax
         mov     [r8+SYM_LEN], edx
+        mov     [r8+SYM_ID], eax
         mov     [r8+SYM_START], rsi
         and     qword [r8+SYM_NEXT], 0
 
 ; Merging (sentencepiece's bpe_model.cc), every adjacent pair that merges on the heap: pop
-; the pair that goes first; skip it if stale, else merge it (the merged symbol takes the pair's
-; id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
+; the pair that goes first (pop_top); skip it if stale, else merge it (the merged symbol takes
+; the pair's id) and push the merged symbol's pairs with its neighbours. r13 -> the heap's end.
 .merge:
         cmp     r13, r15
         je      .emit
-        mov     rdi, [r15+CAND_LEFT]
-        mov     edx, [r15+CAND_LEN]
-        sub     r13, CAND
-        movups  xmm0, [r13]             ; the last entry to the top, then down
-        movups  [r15], xmm0
-        mov     r10, r15
-.down:                                  ; r10 -> the entry going down, entry i
-        lea     r9, [r10+r10+CAND]
-        sub     r9, r15                 ; its first child, entry 2i + 1
-        cmp     r9, r13
-        jae     .popped
-        push    r10                     ; (before and order are leaves: any rsp will do)
-        mov     r10, r9
-        add     r9, CAND                ; the second
-        cmp     r9, r13
-        jae     .one_child              ; (CF clear)
-        call    before                  ; the second goes before the first?
-.one_child:
-        cmovnc  r9, r10                 ; r9 -> the child that goes first (the first on a tie)
-        pop     r10
-        call    order                   ; swapped when the child goes first
-        mov     r10, r9
-        jc      .down
-.popped:                                ; rdi -> the left symbol, edx = the pair's length
+        call    pop_top                 ; rdi -> the left symbol, edx = the pair's length
         cmp     dword [rdi+SYM_LEN], 0
         je      .merge                  ; merged into its own left neighbour since: stale
         push    rdx
@@ -340,8 +318,6 @@ no_nul:
         db      'NUL in prompt', 0
 .ret:
         ret
-space_piece:
-        db      0xE2, 0x96, 0x81        ; U+2581, the piece of a space
 
 ; add_pair: push the pair of symbol rdi and the next one onto the heap when the segment has a
 ; next one and the two merge (sentencepiece's MaybeAddNewSymbolPair).
@@ -360,18 +336,48 @@ add_pair:
         add     r13, CAND
         mov     eax, [r11+PIECE_SCORE]
         mov     [r9+CAND_SCORE], eax
-        mov     [r9+CAND_LEN], edx
         mov     [r9+CAND_LEFT], rdi
+        mov     [r9+CAND_LEN], edx
 .up:                                    ; r9 -> the entry going up, entry i
         cmp     r9, r15
         je      .done
-        lea     r10, [r9+r15-CAND]
+        lea     r10, [r15+r9-CAND]
         shr     r10, 1
         and     r10, -CAND              ; its parent, entry (i - 1) / 2 (r15: a multiple of CAND)
         call    order
         mov     r9, r10
         jc      .up
 .done:
+        ret
+
+; pop_top: take the heap's first entry off (the last one to the top, then down to its place).
+;   in: r15 -> the heap, r13 its end (not empty)   out: rdi -> the entry's left symbol, edx =
+;   its length; r13 one entry less   clobbers: rax r9 r10 xmm0 xmm1
+pop_top:
+        mov     rdi, [r15+CAND_LEFT]
+        mov     edx, [r15+CAND_LEN]
+        sub     r13, CAND
+        movups  xmm0, [r13]             ; the last entry to the top, then down
+        movups  [r15], xmm0
+        mov     r10, r15
+.down:                                  ; r10 -> the entry going down, entry i
+        lea     r9, [r10+r10+CAND]
+        sub     r9, r15                 ; its first child, entry 2i + 1
+        cmp     r9, r13
+        jae     .ret
+        push    r10                     ; (before and order are leaves: any rsp will do)
+        mov     r10, r9
+        add     r9, CAND                ; the second
+        cmp     r9, r13
+        jae     .one_child              ; (CF clear)
+        call    before                  ; the second goes before the first?
+.one_child:
+        cmovnc  r9, r10                 ; r9 -> the child that goes first (the first on a tie)
+        pop     r10
+        call    order                   ; swapped when the child goes first
+        mov     r10, r9
+        jc      .down
+.ret:
         ret
 
 ; order: swap heap entries r9 and r10 when r9's goes first (before).

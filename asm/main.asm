@@ -201,6 +201,13 @@ PROMPT_FILE_MAX = 1 shl 24
         ja      err_bad_c
         mov     [rbp+V_CTX_LEN], eax    ; (-n may exceed it: generation stops at a full context)
         call    model_setup             ; (clobbers r12-r15)
+        ; --tokens counts what the context would not hold: ctx_len (<= 2^16: its top byte 0)
+        ; 2^24 larger for tokenize alone (model_setup has sized the cache), which then maps
+        ; 4 x 2^24 more bytes for ids, touched only as they come. A -f file has fewer than 2^24
+        ; bytes, each at most one id, but a space three byte pieces in a model without U+2581:
+        ; only such a prompt is still refused
+        mov     al, [rbp+V_TOKENS]      ; (1 with --tokens, else 0; never with -cnv)
+        mov     [rbp+V_CTX_LEN+3], al
         mov     eax, [rbx+HDR_BOS]      ; the first id (tokenize)
         mov     [rbp+V_PENDING], eax
         xor     r15d, r15d              ; from position 0

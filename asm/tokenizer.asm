@@ -48,7 +48,8 @@ FIRST_INDEX     = (FIRST_BYTES + 2) * 4         ; bytes before the list
 ;   out: r12 -> ids, the first at [r12 + 4 r15] (room up to ctx_len), r13d = r15 + their
 ;   count, r15 kept   clobbers: rax rcx rdx rsi rdi r8-r11 r14 xmm0 xmm1
 ;   (fatal "prompt too long" for r13d > ctx_len: at once when the text alone proves it, more
-;   bytes than ctx_len * max_piece_len, else once the segments so far give more)
+;   bytes than ctx_len * max_piece_len, else once the segments so far give more; --tokens
+;   raised ctx_len by 2^24 for this call, main.asm's setup: past any context)
 tokenize:
         push    r15                     ; (the position, for the end)
         mov     rsi, [rbp+V_PROMPT]     ; (never 0: main.asm's start sets an empty default)

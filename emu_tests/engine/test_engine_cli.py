@@ -369,18 +369,20 @@ def test_unreadable_prompt_file_is_one_line(engine, mqa, tmp_path):
     assert_error(run(engine, "-m", mqa, "-f"), "no value for -f", 2)
 
 
-@pytest.mark.parametrize("size", [300_000, 1 << 24])
-def test_huge_prompt_file_is_refused_early(engine, tmp_path, size):
+@pytest.mark.parametrize("size,flags", [(300_000, []), (1 << 24, []), (1 << 24, ["--tokens"])])
+def test_huge_prompt_file_is_refused_early(engine, tmp_path, size, flags):
     """More text than the context can hold (the synth tiny preset's 512 positions times its
-    longest piece) is refused before the quadratic merging, and a file of 2^24 bytes or more
-    (the most -f reads) is refused as it is read; never by a signal. The timeout is a hang
-    guard, not a speed figure: the refusal takes milliseconds."""
+    longest piece) is refused before the quadratic merging (in tokenize, before any forward
+    pass: a run without --tokens, which counts any prompt), and a file of 2^24 bytes or more
+    (the most -f reads) is refused as it is read, --tokens or not; never by a signal. The
+    timeout is a hang guard, not a speed figure: the refusal takes milliseconds."""
     from builder.models.synth import synth
     model = tmp_path / "tiny.bin"
     synth("tiny", model, progress=False)
     path = tmp_path / "big.txt"
-    path.write_bytes(b"the quick brown fox " * (size // 20))
-    r = subprocess.run([str(engine), "-m", str(model), "-f", str(path), "--tokens"],
+    path.write_bytes(b"the quick brown fox " * (size // 20) + b"x" * (size % 20))
+    assert path.stat().st_size == size
+    r = subprocess.run([str(engine), "-m", str(model), "-f", str(path), *flags],
                        capture_output=True, timeout=10)
     assert_error(r, "prompt too long")
 
@@ -493,6 +495,23 @@ def test_prompt_longer_than_context(engine, mqa):
     assert_error(run(engine, "-m", mqa, "-p", "1 2 3", "-c", n - 1), "prompt too long")
     assert run(engine, "-m", mqa, "-p", "1 2 3", "-c", n, "--tokens").returncode == 0
     assert_error(run(engine, "-m", mqa, "-p", "x" * 100000), "prompt too long")
+
+
+def test_tokens_counts_a_prompt_longer_than_the_context(engine, mqa, tmp_path):
+    """--tokens lists every id of a prompt that -c, or the default context (tiny_mqa's 1,024
+    positions), would refuse: the twin's ids, BOS first, from -p and from -f alike."""
+    rng = np.random.default_rng(9)
+    alphabet = list("abcdefghij klmnop  \t\n<>/b") + ["é", "€", "日本", "😀", "<b>", "</h1>"]
+    text = "".join(rng.choice(alphabet, 3000)).encode() + b"."   # (-f drops a last newline)
+    want = Tokenizer(ModelFile(mqa)).encode(text)
+    assert want[0] == ModelFile(mqa).header.bos and len(want) > 1024
+    assert_error(run(engine, "-m", mqa, "-p", text), "prompt too long")
+    assert tokens(engine, mqa, "-p", text) == want
+    assert tokens(engine, mqa, "-p", text, "-c", 8) == want
+    assert tokens(engine, mqa, "-p", "1 2 3", "-c", 1) == tokens(engine, mqa, "-p", "1 2 3")
+    path = tmp_path / "long.txt"
+    path.write_bytes(text)
+    assert tokens(engine, mqa, "-f", path, "-c", 1) == want
 
 
 def test_error_argument_stays_one_line(engine, tmp_path):

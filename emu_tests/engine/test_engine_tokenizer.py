@@ -5,8 +5,9 @@ pieces are found through a first-byte index, and a prompt too long for the conte
 as soon as the ids of its segments so far exceed the context.
 
 Models: tok_a's vocabulary (the fixtures' 2,048-piece sentencepiece BPE, the tokenizer of
-tiny_mqa) in a tiny model file with a context of 65,536 positions (tiny_mqa's 1,024 cannot
-hold the long texts), zero weights (only --tokens runs), and optionally extra user pieces."""
+tiny_mqa) in a tiny model file with a context of 65,536 positions (the most a file may hold;
+--tokens counts any prompt, the runs refused in tokenize need a -c), zero weights (only
+--tokens runs, or runs refused before any forward pass), and optionally extra user pieces."""
 from __future__ import annotations
 
 import dataclasses
@@ -139,15 +140,19 @@ def test_instruction_counter_counts_exactly():
     assert run_program(prog, ["loop"], count=True).instructions == 1 + 2 * n + 3
 
 
-def tokenize_cost(image, model: bytes, text: str, ctx: int = MAX_CTX) -> tuple[int, bytes]:
-    """(instructions of `--tokens -p text` minus those of the empty prompt's run, stderr)."""
-    def run(prompt: str):
-        r = run_program(image, ["gemma", "-m", "model.bin", "-c", str(ctx), "--tokens", "-p",
+def tokenize_cost(image, model: bytes, text: str, ctx: int = MAX_CTX,
+                  count: bool = True) -> tuple[int, bytes]:
+    """(instructions of `--tokens -p text` minus those of the empty prompt's run, stderr).
+    Without `count`, text's run has no --tokens, so that a prompt too long for -c is refused
+    (--tokens counts any prompt): the refusal comes in tokenize, before any forward pass, and
+    setup runs the same instructions until then with or without --tokens."""
+    def run(prompt: str, flags: list[str]):
+        r = run_program(image, ["gemma", "-m", "model.bin", "-c", str(ctx), *flags, "-p",
                                 prompt], files={"model.bin": model}, count=True, timeout=600)
         return r.instructions, r.stderr
-    empty, err = run("")
+    empty, err = run("", ["--tokens"])
     assert err == b"", err
-    total, err = run(text)
+    total, err = run(text, ["--tokens"] if count else [])
     return total - empty, err
 
 
@@ -218,14 +223,15 @@ def test_too_long_prompt_is_refused_as_soon_as_its_ids_exceed_the_context(image,
     the first of eight copies: the seven more copies cost at most NORMALISE instructions per
     byte (the pass that turns spaces into U+2581 reads every byte; tokenizing costs ~100 per
     byte and more). A user piece of 255 bytes makes the instant byte-length guard (ctx x the
-    longest piece) weak enough to let these texts through."""
+    longest piece) weak enough to let these texts through. The refused runs have no --tokens
+    (which counts any prompt): the refusal comes in tokenize, before any forward pass."""
     vocab = with_user_pieces(tok_a, [b"~" * 255])
     data = write_vocab_model(tmp_path / "long_piece.bin", vocab).read_bytes()
     paragraph = "\n\n".join(words(seed, 300) for seed in range(20, 26))
     ids = Tokenizer(ModelFile(tmp_path / "long_piece.bin")).encode(paragraph.encode())
     assert len(ids) > 200 and 8 * len(paragraph.encode()) < 200 * 255
-    one, err1 = tokenize_cost(image, data, paragraph, ctx=200)
-    eight, err8 = tokenize_cost(image, data, "\n\n".join([paragraph] * 8), ctx=200)
+    one, err1 = tokenize_cost(image, data, paragraph, ctx=200, count=False)
+    eight, err8 = tokenize_cost(image, data, "\n\n".join([paragraph] * 8), ctx=200, count=False)
     assert err1 == err8 == b"gemma: prompt too long\n"
     more = 7 * len(paragraph.encode()) + 2 * 7
     fits, err = tokenize_cost(image, data, paragraph, ctx=len(ids))

@@ -345,10 +345,13 @@ class _Maker:
         for k in (6, 7, 8, 9):       # k control bytes -> k byte pieces + BOS = k+1 tokens
             out.append(Case(f"-c 8, prompt of {k + 1} tokens", argv=(
                 b"-m", MODEL, b"-c", b"8", b"-p", b"\x01" * k, b"-n", b"4"), reject=k + 1 > 8))
-        for n in (ctx - 1, ctx, ctx + 1, 2 * ctx):
+        for n in (ctx - 1, ctx, ctx + 1, 2 * ctx):   # --tokens counts any prompt; without it,
             out.append(Case(f"prompt of {n} byte tokens + BOS (default context {ctx})",
-                            argv=(b"-m", MODEL, b"-p", b"\x01" * n, b"--tokens"),
-                            reject=n + 1 > ctx))
+                            argv=(b"-m", MODEL, b"-p", b"\x01" * n, b"--tokens"), accept=True))
+            if n + 1 > ctx:                         # refused in tokenize, before any forward pass
+                out.append(Case(f"prompt of {n} byte tokens + BOS (default context {ctx}), run",
+                                argv=(b"-m", MODEL, b"-p", b"\x01" * n, b"-n", b"1"),
+                                reject=True))
         for label, p in (("100000 x 'a'", b"a" * 100000), ("131000 bytes \\x01", b"\x01" * 131000),
                          ("40000 x '日'", "日".encode() * 40000),
                          ("120000 random printable", bytes(random.Random(3).choices(
@@ -411,19 +414,22 @@ class _Maker:
 
     def big_contexts(self) -> list[Case]:
         """max_ctx := 65536 (the largest the engine allows): the context filled by -c and by
-        the default (DEFAULT_CTX), one token past each, and a prompt longer than the fixture's
-        1024 positions run through the model."""
+        the default (DEFAULT_CTX), one token past each (refused in tokenize, before any
+        forward pass; --tokens counts them), and a prompt longer than the fixture's 1024
+        positions run through the model."""
         big, dflt = DIM_LIMITS["max_ctx"], DEFAULT_CTX
         base, out = self.header_case(f"max_ctx := {big}", {"max_ctx": big}), []
         for label, argv, ids, limit in (
                 (f"-c {big}, {big} ids", (b"-c", b"%d" % big, b"-p", b"\x01" * (big - 1), b"--tokens"), big, big),
-                (f"-c {big}, {big + 1} ids", (b"-c", b"%d" % big, b"-p", b"\x01" * big, b"--tokens"), big + 1, big),
+                (f"-c {big}, {big + 1} ids", (b"-c", b"%d" % big, b"-p", b"\x01" * big, b"-n", b"1"), big + 1, big),
+                (f"-c {big}, {big + 1} ids, tokens", (b"-c", b"%d" % big, b"-p", b"\x01" * big, b"--tokens"), big + 1, None),
                 (f"default context, {dflt} ids", (b"-p", b"\x01" * (dflt - 1), b"--tokens"), dflt, dflt),
-                (f"default context, {dflt + 1} ids", (b"-p", b"\x01" * dflt, b"--tokens"), dflt + 1, dflt),
+                (f"default context, {dflt + 1} ids", (b"-p", b"\x01" * dflt, b"-n", b"1"), dflt + 1, dflt),
+                (f"default context, {dflt + 1} ids, tokens", (b"-p", b"\x01" * dflt, b"--tokens"), dflt + 1, None),
                 ("-c 1100, 1050 ids run", (b"-c", b"1100", b"-p", b"\x01" * 1049, b"-n", b"20"), 1050, 1100)):
+            fits = limit is None or ids <= limit    # (None: --tokens, which counts any prompt)
             out.append(replace(base, label=f"max_ctx := {big}, {label}",
-                               argv=(b"-m", MODEL) + argv, reject=ids > limit,
-                               accept=ids <= limit))
+                               argv=(b"-m", MODEL) + argv, reject=not fits, accept=fits))
         return out
 
     # -- random fill -----------------------------------------------------------------------

@@ -89,7 +89,8 @@ def write_sparse_2b(out: Path) -> Path:
 
 def shape_cases(names: list[str]) -> list[Case]:
     """Runs of each valid odd-shaped model (case.model = its name): prompts from empty to the
-    whole context, -n up to the context's end, greedy, sampled, --logits, -c 1 and 2, 2 to
+    whole context and one id past it (refused in tokenize, before any forward pass; counted
+    by --tokens), -n up to the context's end, greedy, sampled, --logits, -c 1 and 2, 2 to
     256 threads (more than rows: threads with nothing to do). A run
     whose prompt fits the context and whose -n reaches at most its end must succeed."""
     out = []
@@ -104,7 +105,8 @@ def shape_cases(names: list[str]) -> list[Case]:
                 ("one byte piece", 2, (b"-p", b"\x01", b"-n", n(2))),
                 ("context full, tokens", ctx, (b"-p", fill, b"--tokens")),
                 ("context full, -n 1", ctx, (b"-p", fill, b"-n", b"1")),
-                ("one past the context", ctx + 1, (b"-p", fill + b"\x01", b"--tokens")),
+                ("one past the context", ctx + 1, (b"-p", fill + b"\x01", b"-n", b"1")),
+                ("one past the context, tokens", ctx + 1, (b"-p", fill + b"\x01", b"--tokens")),
                 ("sampled", 1, (b"-p", b"", b"-n", n(1), b"--temp", b"1", b"-s", b"3",
                                 b"--top-p", b"0.8")),
                 ("logits", 2, (b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS)),
@@ -114,9 +116,10 @@ def shape_cases(names: list[str]) -> list[Case]:
                                                  b"--logits", LOGITS))
                   for t in (b"2", b"3", b"7", b"256")),
                 ("baseline", 2, (b"--baseline", b"-p", b"\x01", b"-n", n(2), b"--logits", LOGITS))):
-            fits = tokens <= ctx and (b"--tokens" in argv or tokens < ctx)
+            counted = b"--tokens" in argv           # any prompt, the context or not
             out.append(Case(f"{name}: {label}", argv=(b"-m", MODEL) + argv, model=name,
-                            reject=tokens > ctx, accept=fits and not label.startswith("-c")
+                            reject=tokens > ctx and not counted,
+                            accept=(counted or tokens < ctx) and not label.startswith("-c")
                             and label != "context full, -n 1"))
     return out
 

@@ -1,6 +1,7 @@
 """The tokenizer on the real Gemma 3 270M vocabulary (262,144 pieces, 6,414 user and control
 pieces; the `real_g3` fixture) with long English prose: ids equal to the twin's on 100 KB, and
-a 300 KB file, more than a 32,768-position context holds, refused in well under a second."""
+a 300 KB file, more than a 32,768-position context holds, refused in well under a second
+(--tokens lists its ids all the same)."""
 from __future__ import annotations
 
 import subprocess
@@ -64,15 +65,21 @@ def test_300_kb_too_long_for_the_context_is_refused_at_once(gemma, real_g3, tok,
     """300 KB of prose is 66,292 ids (the twin counts them), twice what -c 32768 holds,
     but fewer bytes than ctx x the longest piece (93 bytes): refused once the paragraphs read
     so far give more ids than the context, in under a second (measured: 0.03 s, after 148 KB, on a busy
-    2-core machine; merging the whole text first took 152 s before the heap)."""
+    2-core machine; merging the whole text first took 152 s before the heap). The refused run
+    has no --tokens: the refusal comes in tokenize, before any forward pass; --tokens counts
+    them all, the twin's ids."""
     text = prose(300_000)
-    assert len(tok.encode(text)) > CTX
+    want = tok.encode(text)
+    assert len(want) > CTX
     assert len(text) < CTX * ModelFile4(real_g3).header.max_piece_len
     path = tmp_path / "prose.txt"
     path.write_bytes(text)
+    argv = [str(gemma.binary), "-m", str(real_g3), "-c", str(CTX), "-f", str(path)]
     start = time.monotonic()
-    r = subprocess.run([str(gemma.binary), "-m", str(real_g3), "-c", str(CTX), "-f", str(path),
-                        "--tokens"], capture_output=True, timeout=60)
+    r = subprocess.run(argv, capture_output=True, timeout=60)
     seconds = time.monotonic() - start
     assert (r.returncode, r.stdout, r.stderr) == (1, b"", b"gemma: prompt too long\n")
     assert seconds < 1.0, f"refused after {seconds:.2f} s"
+    r = subprocess.run(argv + ["--tokens"], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert [int(t) for t in r.stdout.split()] == want

@@ -23,9 +23,9 @@ include 'cpu.asm'               ; CPUID/XGETBV: which kernel (W-fast)
 include 'program.asm'           ; the program's validation and buffers (model_setup)
 include 'forward.asm'           ; forward: the op program's interpreter
 include 'threads.asm'           ; clone/futex: products split by rows (W-fast)
+include 'math.asm'              ; exp, and the rest of the float math
 include 'chat.asm'              ; -cnv: turns from stdin in the model's template
 include 'sys.asm'               ; the only file that holds `syscall`
-include 'math.asm'              ; exp, and the rest of the float math
 include 'format.asm'            ; the model file's layout (constants only)
 include 'main.asm'              ; start-up, command line, generation loop
 include 'text.asm'              ; read-only strings

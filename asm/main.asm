@@ -171,7 +171,7 @@ PROMPT_FILE_MAX = 1 shl 24
         mov     [rbp+V_PROMPT], rsi
         push    rsi                     ; (for no_nul)
 .read:
-        mov     al, SYS_read        ; (its only call here: no wrapper)
+        mov     al, SYS_read            ; (its only call here: no wrapper)
         call    sys_call
 .cannot_read:                           ; (SF set: the open's failure too)
         js      err_cannot_read         ; (a directory: EISDIR)

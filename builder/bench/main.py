@@ -3,8 +3,8 @@ against this machine's memory bandwidth and against llama.cpp on the same weight
 
 Steps: time the start-up of the packed engine against its image, BINARY.elf beside it, on the
 tiny preset's model (builder.bench.startup: the report's start-up block, with --compare B's
-too, in the same rounds; --startup-only does this alone); make (once, cached outside the repo: ~/.cache/gemma-bench/, or --cache) the synthetic
-model of --preset and its GGUF twin with `python -m builder synth`, for each --type (f16: an
+too, in the same rounds; --startup-only does this alone); make (once, cached outside the
+repo: ~/.cache/gemma-bench/, or --cache) the synthetic model of --preset and its GGUF twin with `python -m builder synth`, for each --type (f16: an
 F16 twin; q8_0: a Q8_0 model file and a Q8_0 twin holding the same blocks); read the files
 afresh so they sit in the page cache (neither engine then waits for the disk: the table shows major
 page faults, which count the times it did) as a first read from disk leaves them: in 2 MB
@@ -509,8 +509,6 @@ def bench(cfg: Config) -> Result:
     image = bench_startup.image_of(engine)
     if cfg.compare_image and not image.is_file():
         raise BenchError(f"--compare-image: no image {image} beside the engine (a build writes one)")
-    if cfg.compare and not (cfg.compare.is_file() and os.access(cfg.compare, os.X_OK)):
-        raise BenchError(f"--compare: {cfg.compare} is not an executable file")
     other = image if cfg.compare_image else cfg.compare.resolve() if cfg.compare else None
     programs = [engine, other] if other else [engine]
     start, start_b = startup(cfg, engine)
@@ -712,6 +710,8 @@ def main(argv: list[str]) -> int:
             raise BenchError("--compare-format goes with a preset or --real (a given model file is one version)")
         if a.compare and a.compare_image:
             raise BenchError("--compare and --compare-image exclude each other (one second program)")
+        if a.compare and not (a.compare.is_file() and os.access(a.compare, os.X_OK)):
+            raise BenchError(f"--compare: {a.compare} is not an executable file")
         if a.plot and importlib.util.find_spec("matplotlib") is None:
             raise BenchError("--plot needs matplotlib: pip install matplotlib")
         cfg = Config(a.preset, a.seed, a.cache, a.engine, _ints(a.threads, "--threads") if a.threads else [],
@@ -720,8 +720,6 @@ def main(argv: list[str]) -> int:
                      _types(a.type or ["f16"]), a.real, a.compare_image, a.compare, a.compare_format)
         if a.startup_only:
             load, machine, engine = load_average(), Machine.here(), engine_path(cfg)
-            if cfg.compare and not (cfg.compare.is_file() and os.access(cfg.compare, os.X_OK)):
-                raise BenchError(f"--compare: {cfg.compare} is not an executable file")
             start, start_b = startup(cfg, engine)
             out = {"machine": asdict(machine), "engine": shlex.join([str(engine), *cfg.engine_args]),
                    "load": [load, load_average()], "startup": asdict(start)} | \

@@ -8,9 +8,8 @@ it by every build; the same engine unpacked, which runs too) on the same command
 as users run it: start-up, mapping the model, one forward pass). For each, the two programs
 run alternately, packed, image, packed, image, ... (so drift in the machine's load hits both
 alike; with a second packed program, bench --compare's B, its pair runs after the first's in
-every round), each run's
-wall time taken from spawn to exit (posix_spawn, output to /dev/null; the spawning costs both
-programs the same). The cost is the difference of the two medians: the median ignores the runs
+every round), each run's wall time taken from spawn to exit (posix_spawn, output to
+/dev/null; the spawning costs both programs the same). The cost is the difference of the two medians: the median ignores the runs
 another process delayed, as long as those are under half, and is stable where a minimum is
 not (one lucky run sets a minimum). Its ± is the difference's standard error: each median's
 1.2533 s / sqrt(n), with s estimated from the interquartile range (s = IQR / 1.349, robust to
@@ -80,25 +79,26 @@ def measure(programs: list[tuple[Path, Callable[[], Path]]], extra: list[str]) -
     hits all alike and their costs compare. Each program's tiny() gives the tiny model it
     reads (made when missing). A program with no image beside it is not run: its rows n/a,
     with the reason."""
-    timed = [(packed, image_of(packed), tiny) for packed, tiny in programs if image_of(packed).is_file()]
-    commands = {packed: {HELP: ["-h"], ONE_TOKEN: ["-m", str(tiny()), "-p", PROMPT, "-n", "1", "--temp", "0",
-                                                   *extra]} for packed, _, tiny in timed}
-    rows: dict[Path, list[StartupRow]] = {packed: [] for packed, _, _ in timed}
+    timed = [(i, packed, image_of(packed), tiny) for i, (packed, tiny) in enumerate(programs)
+             if image_of(packed).is_file()]              # (by index: B may be the engine itself)
+    commands = {i: {HELP: ["-h"], ONE_TOKEN: ["-m", str(tiny()), "-p", PROMPT, "-n", "1", "--temp", "0", *extra]}
+                for i, _, _, tiny in timed}
+    rows: dict[int, list[StartupRow]] = {i: [] for i, _, _, _ in timed}
     with tempfile.TemporaryFile() as err, \
             tqdm(total=2 * len(timed) * sum(RUNS.values()), desc="start-up runs", leave=False) as bar:
         for what in RUNS:
-            times: dict[Path, list[float]] = {p: [] for packed, image, _ in timed for p in (packed, image)}
+            times: dict[tuple[int, Path], list[float]] = {(i, p): [] for i, packed, image, _ in timed
+                                                          for p in (packed, image)}
             for _ in range(RUNS[what]):
-                for packed, image, _ in timed:
+                for i, packed, image, _ in timed:
                     for program in (packed, image):
-                        times[program].append(_wall([str(program), *commands[packed][what]], err))
+                        times[i, program].append(_wall([str(program), *commands[i][what]], err))
                         bar.update()
-            for packed, image, _ in timed:
-                a, b = (1e3 * statistics.median(times[p]) for p in (packed, image))
-                error = 1e3 * math.hypot(_median_error(times[packed]), _median_error(times[image]))
-                rows[packed].append(StartupRow(what, shlex.join(commands[packed][what]), RUNS[what], a, b,
-                                               a - b, error))
-    return [Startup(str(packed), str(image_of(packed)), "", rows[packed]) if packed in rows else
+            for i, packed, image, _ in timed:
+                a, b = (1e3 * statistics.median(times[i, p]) for p in (packed, image))
+                error = 1e3 * math.hypot(_median_error(times[i, packed]), _median_error(times[i, image]))
+                rows[i].append(StartupRow(what, shlex.join(commands[i][what]), RUNS[what], a, b, a - b, error))
+    return [Startup(str(packed), str(image_of(packed)), "", rows[i]) if i in rows else
             Startup(str(packed), "", f"no image {image_of(packed)} beside the engine (a build writes one)",
                     [StartupRow(what, "", 0, None, None, None, None) for what in RUNS])
-            for packed, _ in programs]
+            for i, (packed, _) in enumerate(programs)]
